@@ -1,0 +1,48 @@
+"""The ``ccpo-jax`` console entry point: one command, several subcommands.
+
+User errors (:data:`ccpo_jax.errors.USER_ERRORS`) are printed as one line
+``error: ...`` on stderr with exit status 2 and no traceback; Ctrl-C exits 130.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Each module registers its own subcommand(s); keep this list sorted by name.
+COMMAND_MODULES = (
+    "ccpo_jax.commands.data",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ccpo-jax",
+        description="Cost-aware LLM orchestration: CCPO training/evaluation on cached LLM responses, "
+        "and Stackelberg resource governance.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ccpo_jax.errors import USER_ERRORS
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""``ccpo-jax data {check,synth,import,export}``: inspect, generate and convert response caches."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="inspect, generate and convert response caches")
+    dsub = p.add_subparsers(dest="data_command", metavar="ACTION")
+    dsub.required = True
+
+    c = dsub.add_parser("check", help="validate a cache (JSONL file or fast-format dir) and print its statistics")
+    c.add_argument("path", help="cache: a human-format .jsonl file or a fast-format directory")
+    c.set_defaults(func=_check)
+
+    s = dsub.add_parser("synth", help="generate a SYNTHETIC cache calibrated to the paper's marginals")
+    s.add_argument("--profile", default="hotpotqa-llama2", help="generator profile (default: hotpotqa-llama2)")
+    s.add_argument("--questions", type=int, default=1400, help="number of questions (default: 1400)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, help="output: a directory (fast format) or a .jsonl file (human format)")
+    s.set_defaults(func=_synth)
+
+    i = dsub.add_parser("import", help="import a cache from the human JSONL format or a public dataset")
+    i.add_argument("--format", required=True, help="jsonl, or the name of a public-data importer (see --help of 'data formats')")
+    i.add_argument("src", help="source file or directory")
+    i.add_argument("--out", required=True, help="output: a directory (fast format) or a .jsonl file (human format)")
+    i.set_defaults(func=_import)
+
+    e = dsub.add_parser("export", help="write a cache (either format) as human-format JSONL")
+    e.add_argument("path")
+    e.add_argument("--out", required=True, help="output .jsonl file")
+    e.set_defaults(func=_export)
+
+    f = dsub.add_parser("formats", help="list the import formats and synthetic profiles")
+    f.set_defaults(func=_formats)
+
+
+def write_cache(cache, out: str) -> Path:
+    """Write ``cache`` to ``out``: ``*.jsonl`` -> human format, anything else -> fast format."""
+    from envs.cache import save_fast
+    from envs.jsonl import write_jsonl
+
+    out_p = Path(out)
+    if out_p.suffix == ".jsonl":
+        return write_jsonl(cache, out_p)
+    return save_fast(cache, out_p)
+
+
+def _check(args) -> int:
+    from envs.cache import load_cache
+    from envs.report import describe
+
+    print(describe(load_cache(args.path), source=args.path))
+    return 0
+
+
+def _synth(args) -> int:
+    from envs.synthetic import generate
+
+    cache = generate(args.profile, n_questions=args.questions, seed=args.seed)
+    out = write_cache(cache, args.out)
+    print(f"wrote SYNTHETIC cache '{cache.manifest.name}' ({cache.n_questions} questions, T={cache.T}) to {out}")
+    return 0
+
+
+def _import(args) -> int:
+    from envs.importers import import_cache
+
+    cache = import_cache(args.format, args.src)
+    out = write_cache(cache, args.out)
+    kind = cache.manifest.provenance.get("kind")
+    print(f"imported {kind} cache '{cache.manifest.name}' ({cache.n_questions} questions, T={cache.T}) to {out}")
+    return 0
+
+
+def _export(args) -> int:
+    from envs.cache import load_cache
+    from envs.jsonl import write_jsonl
+
+    out = write_jsonl(load_cache(args.path), Path(args.out))
+    print(f"wrote {out}")
+    return 0
+
+
+def _formats(args) -> int:
+    from envs.importers import IMPORTERS
+    from envs.synthetic import PROFILES
+
+    print("import formats:")
+    print("  jsonl            the human JSONL format (DESIGN.md section 3)")
+    for name, imp in IMPORTERS.items():
+        print(f"  {name:16s} {imp.description}")
+    print("synthetic profiles:")
+    for name, prof in PROFILES.items():
+        print(f"  {name:16s} {prof.description}")
+    return 0

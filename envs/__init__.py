@@ -1,0 +1,12 @@
+"""Response caches (schema, formats, validation, synthetic generators, importers)
+and the replay environments. Knows nothing of ``ccpo_jax``."""
+from envs.cache import (  # noqa: F401
+    ACTIONS,
+    CacheError,
+    Manifest,
+    ModelInfo,
+    ResponseCache,
+    load_cache,
+    load_fast,
+    save_fast,
+)

@@ -1,0 +1,414 @@
+"""The response cache: what the LLMs did, for Q questions and up to T rounds.
+
+DESIGN.md section 3. A cache is a :class:`Manifest` (names, prices, provenance)
+plus dense NumPy arrays of shape ``[Q, T]`` (per round) or ``[Q]`` (per
+question). Everything else (JSONL import/export, validation, synthetic
+generators, importers of public data, the replay env) builds on this module.
+
+Array fields (the fast format stores exactly these in ``arrays.npz``):
+
+==========================  ========  ===========  ==========================================
+name                        dtype     shape        meaning
+==========================  ========  ===========  ==========================================
+``round_mask``              bool      [Q, T]       round t exists for question q (prefix)
+``base_answer``             int32     [Q, T]       base answer id (per-question vocabulary)
+``base_correct``            bool      [Q, T]       base answer is correct
+``base_tokens_in``          float32   [Q, T]       base prompt tokens
+``base_tokens_out``         float32   [Q, T]       base completion tokens
+``base_confidence``         float32   [Q, T]       base confidence in [0,1]; NaN = not given
+``guide_verdict``           bool      [Q, T]       guide judged the base answer correct
+``guide_answer``            int32     [Q, T]       guide corrected-answer id
+``guide_correct``           bool      [Q, T]       guide answer is correct
+``guide_tokens_in``         float32   [Q, T]       guide prompt tokens
+``guide_tokens_out``        float32   [Q, T]       guide completion tokens
+``guide_uncertainty``       float32   [Q, T]       guide uncertainty in [0,1]; NaN = not given
+``question_ids``            unicode   [Q]          question id (unique)
+``gold``                    unicode   [Q]          gold answer text ('' = not given)
+``answer_text``             unicode   [Q, 2T]      answer id -> normalised answer text
+``exit_correct``            bool      [Q, M]       cached LLM-EXIT run of model m correct
+``exit_rounds``             int32     [Q, M]       ... its number of rounds
+``exit_cost_cents``         float32   [Q, M]       ... its cost in cents
+``exit_mask``               bool      [Q, M]       the EXIT run of model m exists for q
+``llm_policy_actions``      int32     [Q, M2, T]   LLM-as-policy action per round, -1 = none
+==========================  ========  ===========  ==========================================
+
+Answer ids index ``answer_text[q]``; the same normalised string always gets the
+same id within a question, so "distinct answers" is "distinct ids". Padding
+rounds (``round_mask`` False) hold id -1, zeros and False.
+The model names for the EXIT and LLM-policy columns are in the manifest
+(``exit_models``, ``llm_policy_models``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+#: Actions of the orchestration policy (paper 1.1).
+ACTIONS = ("base", "guide", "next")
+A_BASE, A_GUIDE, A_NEXT = 0, 1, 2
+
+ROUND_FIELDS: dict[str, np.dtype] = {
+    "round_mask": np.dtype(bool),
+    "base_answer": np.dtype(np.int32),
+    "base_correct": np.dtype(bool),
+    "base_tokens_in": np.dtype(np.float32),
+    "base_tokens_out": np.dtype(np.float32),
+    "base_confidence": np.dtype(np.float32),
+    "guide_verdict": np.dtype(bool),
+    "guide_answer": np.dtype(np.int32),
+    "guide_correct": np.dtype(bool),
+    "guide_tokens_in": np.dtype(np.float32),
+    "guide_tokens_out": np.dtype(np.float32),
+    "guide_uncertainty": np.dtype(np.float32),
+}
+TEXT_FIELDS = ("question_ids", "gold", "answer_text")
+BASELINE_FIELDS: dict[str, np.dtype] = {
+    "exit_correct": np.dtype(bool),
+    "exit_rounds": np.dtype(np.int32),
+    "exit_cost_cents": np.dtype(np.float32),
+    "exit_mask": np.dtype(bool),
+    "llm_policy_actions": np.dtype(np.int32),
+}
+ALL_FIELDS = tuple(ROUND_FIELDS) + TEXT_FIELDS + tuple(BASELINE_FIELDS)
+
+
+class CacheError(ValueError):
+    """A user-facing problem with a cache: names the place (file, line, field).
+
+    The CLI prints ``str(err)`` and exits non-zero without a traceback.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """An LLM and its list price in USD per million tokens."""
+
+    name: str
+    price_in: float = 0.0
+    price_out: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "price_in": self.price_in, "price_out": self.price_out}
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """Per-cache metadata (DESIGN.md 3). ``provenance['kind']`` is 'synthetic' or 'real'."""
+
+    name: str
+    task: str
+    T: int
+    base: ModelInfo
+    guide: ModelInfo
+    provenance: dict[str, Any]
+    normalisation: str = "lower-strip-punct-articles"
+    exit_models: tuple[str, ...] = ()
+    llm_policy_models: tuple[str, ...] = ()
+    schema_version: int = SCHEMA_VERSION
+    checksum: str = ""
+
+    @property
+    def is_synthetic(self) -> bool:
+        return self.provenance.get("kind") == "synthetic"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "task": self.task,
+            "T": self.T,
+            "models": {"base": self.base.to_dict(), "guide": self.guide.to_dict()},
+            "provenance": dict(self.provenance),
+            "normalisation": self.normalisation,
+            "exit_models": list(self.exit_models),
+            "llm_policy_models": list(self.llm_policy_models),
+            "schema_version": self.schema_version,
+            "checksum": self.checksum,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "manifest") -> "Manifest":
+        def need(obj: dict, key: str, typ, ctx: str):
+            if not isinstance(obj, dict) or key not in obj:
+                raise CacheError(f"{ctx}: missing field '{key}'")
+            val = obj[key]
+            if typ is float and isinstance(val, int) and not isinstance(val, bool):
+                val = float(val)
+            if not isinstance(val, typ) or isinstance(val, bool) and typ is not bool:
+                raise CacheError(f"{ctx}.{key}: expected {typ.__name__}, got {type(val).__name__}")
+            return val
+
+        models = need(d, "models", dict, where)
+        infos = {}
+        for role in ("base", "guide"):
+            m = need(models, role, dict, f"{where}.models")
+            ctx = f"{where}.models.{role}"
+            name = need(m, "name", str, ctx)
+            prices = []
+            for p in ("price_in", "price_out"):
+                v = m.get(p, 0.0)
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise CacheError(f"{ctx}.{p}: expected a number, got {type(v).__name__}")
+                if not np.isfinite(v) or v < 0:
+                    raise CacheError(f"{ctx}.{p}: price must be finite and >= 0, got {v}")
+                prices.append(float(v))
+            infos[role] = ModelInfo(name, *prices)
+        T = need(d, "T", int, where)
+        if not 1 <= T <= 64:
+            raise CacheError(f"{where}.T: must be between 1 and 64, got {T}")
+        prov = need(d, "provenance", dict, where)
+        if prov.get("kind") not in ("synthetic", "real"):
+            raise CacheError(f"{where}.provenance.kind: must be 'synthetic' or 'real', got {prov.get('kind')!r}")
+        version = d.get("schema_version", SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise CacheError(f"{where}.schema_version: unsupported version {version!r} (this build reads {SCHEMA_VERSION})")
+        return cls(
+            name=need(d, "name", str, where),
+            task=str(d.get("task", "unknown")),
+            T=T,
+            base=infos["base"],
+            guide=infos["guide"],
+            provenance=dict(prov),
+            normalisation=str(d.get("normalisation", "lower-strip-punct-articles")),
+            exit_models=tuple(d.get("exit_models", ())),
+            llm_policy_models=tuple(d.get("llm_policy_models", ())),
+            checksum=str(d.get("checksum", "")),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ResponseCache:
+    """A manifest plus the dense arrays of the module docstring (NumPy, host memory)."""
+
+    manifest: Manifest
+    arrays: dict[str, np.ndarray]
+
+    # -- shapes -----------------------------------------------------------
+    @property
+    def n_questions(self) -> int:
+        return int(self.arrays["round_mask"].shape[0])
+
+    @property
+    def T(self) -> int:
+        return self.manifest.T
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        arrays = self.__dict__.get("arrays")
+        if arrays is not None and name in arrays:
+            return arrays[name]
+        raise AttributeError(name)
+
+    # -- derived quantities -----------------------------------------------
+    @property
+    def n_rounds(self) -> np.ndarray:
+        """[Q] number of existing rounds."""
+        return self.arrays["round_mask"].sum(axis=1).astype(np.int32)
+
+    @property
+    def unsolvable(self) -> np.ndarray:
+        """[Q] no answer of any existing round is correct (paper: Y* not in the answer set)."""
+        a = self.arrays
+        any_ok = ((a["base_correct"] | a["guide_correct"]) & a["round_mask"]).any(axis=1)
+        return ~any_ok
+
+    def round_cost_cents(self) -> np.ndarray:
+        """[Q, T] API cost of round t in cents (base + guide call; 0 on padding rounds)."""
+        a, m = self.arrays, self.manifest
+        usd = (
+            a["base_tokens_in"] * m.base.price_in
+            + a["base_tokens_out"] * m.base.price_out
+            + a["guide_tokens_in"] * m.guide.price_in
+            + a["guide_tokens_out"] * m.guide.price_out
+        ) / 1e6
+        return np.where(a["round_mask"], usd * 100.0, 0.0).astype(np.float32)
+
+    def checksum(self) -> str:
+        return arrays_checksum(self.arrays)
+
+    def with_checksum(self) -> "ResponseCache":
+        man = dataclasses.replace(self.manifest, checksum=self.checksum())
+        return ResponseCache(man, self.arrays)
+
+    def subset(self, idx: np.ndarray) -> "ResponseCache":
+        """The cache restricted to questions ``idx`` (same manifest, new checksum)."""
+        arrays = {k: v[idx] for k, v in self.arrays.items()}
+        return ResponseCache(self.manifest, arrays).with_checksum()
+
+
+def arrays_checksum(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 over every array's name, dtype, shape and bytes, in sorted name order."""
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        v = np.ascontiguousarray(arrays[k])
+        h.update(k.encode())
+        h.update(str(v.dtype.str).encode())
+        h.update(str(v.shape).encode())
+        h.update(v.tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+def empty_arrays(Q: int, T: int, n_exit: int = 0, n_llm_policy: int = 0) -> dict[str, np.ndarray]:
+    """Arrays of the right shapes, filled with padding values (ids -1, NaN for optional floats)."""
+    out: dict[str, np.ndarray] = {}
+    for k, dt in ROUND_FIELDS.items():
+        if k in ("base_answer", "guide_answer"):
+            out[k] = np.full((Q, T), -1, dt)
+        elif k in ("base_confidence", "guide_uncertainty"):
+            out[k] = np.full((Q, T), np.nan, dt)
+        else:
+            out[k] = np.zeros((Q, T), dt)
+    out["question_ids"] = np.array([f"q-{i}" for i in range(Q)]) if Q else np.zeros((0,), "<U1")
+    out["gold"] = np.full((Q,), "", dtype="<U1")
+    out["answer_text"] = np.full((Q, 2 * T), "", dtype="<U1")
+    out["exit_correct"] = np.zeros((Q, n_exit), bool)
+    out["exit_rounds"] = np.zeros((Q, n_exit), np.int32)
+    out["exit_cost_cents"] = np.zeros((Q, n_exit), np.float32)
+    out["exit_mask"] = np.zeros((Q, n_exit), bool)
+    out["llm_policy_actions"] = np.full((Q, n_llm_policy, T), -1, np.int32)
+    return out
+
+
+def check_arrays(manifest: Manifest, arrays: dict[str, np.ndarray], where: str) -> None:
+    """Structural checks shared by every loader: names, dtypes, shapes, finiteness, ranges."""
+    missing = [k for k in ALL_FIELDS if k not in arrays]
+    if missing:
+        raise CacheError(f"{where}: missing array(s) {', '.join(missing)}")
+    T = manifest.T
+    Q = arrays["round_mask"].shape[0] if arrays["round_mask"].ndim == 2 else -1
+    for k, dt in ROUND_FIELDS.items():
+        v = arrays[k]
+        if v.shape != (Q, T):
+            raise CacheError(f"{where}: array '{k}' has shape {v.shape}, expected (Q, T) = ({Q}, {T})")
+        if v.dtype != dt:
+            raise CacheError(f"{where}: array '{k}' has dtype {v.dtype}, expected {dt}")
+    for k in ("question_ids", "gold"):
+        if arrays[k].shape != (Q,) or arrays[k].dtype.kind != "U":
+            raise CacheError(f"{where}: array '{k}' must be a unicode array of shape ({Q},)")
+    if arrays["answer_text"].shape != (Q, 2 * T) or arrays["answer_text"].dtype.kind != "U":
+        raise CacheError(f"{where}: array 'answer_text' must be a unicode array of shape ({Q}, {2 * T})")
+    M, M2 = len(manifest.exit_models), len(manifest.llm_policy_models)
+    for k in ("exit_correct", "exit_rounds", "exit_cost_cents", "exit_mask"):
+        if arrays[k].shape != (Q, M) or arrays[k].dtype != BASELINE_FIELDS[k]:
+            raise CacheError(f"{where}: array '{k}' must be {BASELINE_FIELDS[k]} of shape ({Q}, {M})")
+    if arrays["llm_policy_actions"].shape != (Q, M2, T):
+        raise CacheError(f"{where}: array 'llm_policy_actions' must have shape ({Q}, {M2}, {T})")
+    mask = arrays["round_mask"]
+    if Q and not mask[:, 0].all():
+        q = int(np.argmin(mask[:, 0]))
+        raise CacheError(f"{where}: question {arrays['question_ids'][q]!r} has no rounds")
+    if (mask[:, 1:] & ~mask[:, :-1]).any():
+        raise CacheError(f"{where}: round_mask must be a prefix (rounds 1..n) for every question")
+    for k in ("base_tokens_in", "base_tokens_out", "guide_tokens_in", "guide_tokens_out"):
+        v = arrays[k]
+        bad = ~np.isfinite(v) | (v < 0) | (v > 1e7)
+        if bad.any():
+            q, t = map(int, np.argwhere(bad)[0])
+            raise CacheError(
+                f"{where}: question {arrays['question_ids'][q]!r} round {t + 1}: {k} = {v[q, t]} "
+                "(must be finite, >= 0 and <= 1e7)"
+            )
+    for k in ("base_confidence", "guide_uncertainty"):
+        v = arrays[k]
+        bad = np.isinf(v) | (v < 0) | (v > 1)
+        if bad.any():
+            q, t = map(int, np.argwhere(bad)[0])
+            raise CacheError(f"{where}: question {arrays['question_ids'][q]!r} round {t + 1}: {k} = {v[q, t]} (must be in [0, 1])")
+    for k in ("base_answer", "guide_answer"):
+        v = arrays[k]
+        if ((v < -1) | (v >= 2 * T)).any() or (mask & (v < 0)).any():
+            raise CacheError(f"{where}: array '{k}' holds answer ids outside [0, 2T) on existing rounds")
+    ids = arrays["question_ids"]
+    if len(np.unique(ids)) != len(ids):
+        vals, counts = np.unique(ids, return_counts=True)
+        raise CacheError(f"{where}: duplicate question id {vals[counts > 1][0]!r}")
+    if not np.isfinite(arrays["exit_cost_cents"]).all():
+        raise CacheError(f"{where}: exit_cost_cents holds NaN or inf")
+
+
+# -- fast format ------------------------------------------------------------
+
+MANIFEST_FILE = "manifest.json"
+ARRAYS_FILE = "arrays.npz"
+
+
+def save_fast(cache: ResponseCache, path: str | os.PathLike) -> Path:
+    """Write ``path/manifest.json`` and ``path/arrays.npz`` atomically.
+
+    The directory is built under a temporary name beside ``path`` and renamed
+    into place, so a killed write leaves no half-written cache. An existing
+    cache at ``path`` is replaced.
+    """
+    path = Path(path)
+    cache = cache.with_checksum()
+    check_arrays(cache.manifest, cache.arrays, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        with open(tmp / ARRAYS_FILE, "wb") as f:
+            np.savez_compressed(f, **cache.arrays)
+        with open(tmp / MANIFEST_FILE, "w") as f:
+            json.dump(cache.manifest.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def load_fast(path: str | os.PathLike) -> ResponseCache:
+    """Read a fast-format directory and verify its checksum."""
+    path = Path(path)
+    mpath, apath = path / MANIFEST_FILE, path / ARRAYS_FILE
+    for p in (mpath, apath):
+        if not p.is_file():
+            raise CacheError(f"{path}: not a fast-format cache (missing {p.name})")
+    try:
+        with open(mpath) as f:
+            mdict = json.load(f)
+    except json.JSONDecodeError as e:
+        raise CacheError(f"{mpath}: line {e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(mdict, dict):
+        raise CacheError(f"{mpath}: must hold a JSON object")
+    manifest = Manifest.from_dict(mdict, where=str(mpath))
+    try:
+        with np.load(apath, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as e:  # zipfile / format errors: the file is damaged
+        raise CacheError(f"{apath}: cannot read arrays ({type(e).__name__}: {e})") from None
+    check_arrays(manifest, arrays, str(apath))
+    got = arrays_checksum(arrays)
+    if manifest.checksum and got != manifest.checksum:
+        raise CacheError(f"{apath}: checksum mismatch (manifest says {manifest.checksum}, arrays hash to {got}); the cache is damaged or was edited")
+    if not manifest.checksum:
+        raise CacheError(f"{mpath}: missing field 'checksum'")
+    return ResponseCache(manifest, arrays)
+
+
+def load_cache(path: str | os.PathLike) -> ResponseCache:
+    """Load a cache in either format: a fast-format directory or a human JSONL file."""
+    path = Path(path)
+    if not path.exists():
+        raise CacheError(f"{path}: no such file or directory")
+    if path.is_dir():
+        return load_fast(path)
+    from envs.jsonl import read_jsonl  # local import: jsonl builds on this module
+
+    return read_jsonl(path)
