@@ -1,0 +1,46 @@
+"""Policy and critic networks (paper 1.11: three layers of 64 units, trained from scratch).
+
+Params are plain pytrees, so they ``vmap`` over splits and seeds. The policy
+masks unavailable actions ("next" at a question's last round) before the
+softmax, so ``pi(next | o) = 0`` exactly there.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+N_ACTIONS = 3
+HIDDEN = (64, 64, 64)
+
+
+class MLP(nn.Module):
+    """tanh MLP with ``len(hidden)`` hidden layers and a linear head of ``out`` units."""
+
+    out: int
+    hidden: Sequence[int] = HIDDEN
+    final_scale: float = 0.01
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for h in self.hidden:
+            x = jnp.tanh(nn.Dense(h, kernel_init=nn.initializers.orthogonal(jnp.sqrt(2.0)))(x))
+        return nn.Dense(self.out, kernel_init=nn.initializers.orthogonal(self.final_scale))(x)
+
+
+def policy_net(hidden: Sequence[int] = HIDDEN) -> MLP:
+    """Logits over (base, guide, next); a small final scale starts near uniform."""
+    return MLP(out=N_ACTIONS, hidden=tuple(hidden), final_scale=0.01)
+
+
+def critic_net(hidden: Sequence[int] = HIDDEN) -> MLP:
+    return MLP(out=1, hidden=tuple(hidden), final_scale=1.0)
+
+
+def masked_probs(logits: jax.Array, available: jax.Array) -> jax.Array:
+    """Softmax over available actions. ``logits``, ``available``: ``[..., 3]``."""
+    logits = jnp.where(available, logits, -1e9)
+    p = jax.nn.softmax(logits, axis=-1)
+    return jnp.where(available, p, 0.0)
