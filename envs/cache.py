@@ -244,11 +244,27 @@ class ResponseCache:
         return ResponseCache(self.manifest, arrays).with_checksum()
 
 
+def _canonical(v: np.ndarray) -> np.ndarray:
+    """The representation that is hashed: equal data -> equal bytes, whatever the storage.
+
+    Unicode arrays at their minimal width (``<U20`` and ``<U7`` holding the same
+    texts hash alike), one NaN bit pattern, and -0.0 as 0.0, so a cache keeps its
+    checksum through JSONL export and import.
+    """
+    if v.dtype.kind == "U":
+        width = int(np.char.str_len(v).max()) if v.size else 0
+        return v.astype(f"<U{max(width, 1)}")
+    if v.dtype.kind == "f":
+        return np.where(np.isnan(v), np.array(np.nan, v.dtype), v + v.dtype.type(0))
+    return v
+
+
 def arrays_checksum(arrays: dict[str, np.ndarray]) -> str:
-    """sha256 over every array's name, dtype, shape and bytes, in sorted name order."""
+    """sha256 over every array's name, dtype, shape and bytes, in sorted name order
+    (of the canonical representation, :func:`_canonical`)."""
     h = hashlib.sha256()
     for k in sorted(arrays):
-        v = np.ascontiguousarray(arrays[k])
+        v = np.ascontiguousarray(_canonical(np.asarray(arrays[k])))
         h.update(k.encode())
         h.update(str(v.dtype.str).encode())
         h.update(str(v.shape).encode())
@@ -350,9 +366,20 @@ def save_fast(cache: ResponseCache, path: str | os.PathLike) -> Path:
     path = Path(path)
     cache = cache.with_checksum()
     check_arrays(cache.manifest, cache.arrays, str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    if path.exists() and not path.is_dir():
+        raise CacheError(f"{path}: exists and is not a directory (a fast-format cache is a directory)")
+    if path.is_dir() and any(path.iterdir()) and not (path / MANIFEST_FILE).is_file():
+        # Never replace a directory that holds something other than a cache.
+        raise CacheError(f"{path}: exists and is not a fast-format cache; refusing to replace it")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    except OSError as e:
+        raise CacheError(f"{path}: cannot write ({e.strerror or e})") from None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; give the cache the usual mode
         with open(tmp / ARRAYS_FILE, "wb") as f:
             np.savez_compressed(f, **cache.arrays)
         with open(tmp / MANIFEST_FILE, "w") as f:
@@ -367,8 +394,10 @@ def save_fast(cache: ResponseCache, path: str | os.PathLike) -> Path:
             shutil.rmtree(old)
         else:
             os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise CacheError(f"{path}: cannot write ({e.strerror or e})") from None
         raise
     return path
 

@@ -65,9 +65,15 @@ def _synth(args) -> int:
 
 
 def _import(args) -> int:
-    from envs.importers import import_cache
+    if args.format == "jsonl":
+        # The human format needs no importer (and none of the importers' dependencies).
+        from envs.jsonl import read_jsonl
 
-    cache = import_cache(args.format, args.src)
+        cache = read_jsonl(args.src)
+    else:
+        from envs.importers import import_cache
+
+        cache = import_cache(args.format, args.src)
     out = write_cache(cache, args.out)
     kind = cache.manifest.provenance.get("kind")
     print(f"imported {kind} cache '{cache.manifest.name}' ({cache.n_questions} questions, T={cache.T}) to {out}")

@@ -1,0 +1,524 @@
+"""The human format of a response cache: JSON Lines, one question per line
+(DESIGN.md section 3; the field names are a public contract).
+
+::
+
+    {"manifest": {"name": ..., "task": ..., "T": 4,
+                  "models": {"base": {"name", "price_in", "price_out"}, "guide": {...}},
+                  "provenance": {"kind": "real"|"synthetic", ...}}}        <- optional
+    {"id": "q-17", "gold": "...",                                          <- gold optional
+     "rounds": [{"base":  {"answer", "correct", "tokens_in", "tokens_out", "confidence"?},
+                 "guide": {"verdict", "answer", "correct", "tokens_in", "tokens_out",
+                           "uncertainty"?}}, ...],
+     "baselines": {"exit": {"<model>": {"correct", "rounds", "cost_cents"}},  <- optional
+                   "llm_policy": {"<model>": [2, 1]}}}
+
+:func:`read_jsonl` validates every field and raises :class:`envs.cache.CacheError`
+with ``FILE:LINE: FIELD: problem`` (round indices are 0-based, as in JSON).
+:func:`write_jsonl` writes the same format atomically. The rules are listed in
+``docs/readme/cache.md``; the ones the design leaves open:
+
+* Without a manifest line: name = file stem, task = "unknown", T = most rounds
+  of any question, models "base" and "guide" at price 0, provenance
+  ``{"kind": "real", "source": <path>, "license": "unknown"}``.
+* With one: ``models``, ``T`` and ``provenance`` are required; ``name``
+  defaults to the file stem, ``task`` to "unknown". A ``checksum`` there is
+  informational: the checksum is recomputed from the arrays on every read.
+* Answers are normalised (:func:`envs.normalise.normalise_answer`) and numbered
+  per question in order of first appearance (round 0 base, round 0 guide,
+  round 1 base, ...); base and guide share the numbering. Only the normalised
+  text is kept (``answer_text``), so an export writes normalised answers.
+* Contradictions: within one question, answers with the same normalised text
+  must carry the same ``correct`` flag, and an answer whose normalised text
+  equals the normalised ``gold`` must have ``correct: true``. (``correct:
+  true`` on a different text is allowed: tasks judge by aliases, F1 or a judge.)
+* ``baselines.llm_policy.<model>`` is the LLM-as-policy's action per round
+  (0 base, 1 guide, 2 next) until it answers: every action but the last is 2,
+  the last is 0 or 1, and there are at most as many as the question's rounds.
+* ``baselines.exit.<model>.rounds`` is an integer in [1, T].
+* Extra fields anywhere are allowed and ignored.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from envs.cache import (
+    CacheError,
+    Manifest,
+    ResponseCache,
+    SCHEMA_VERSION,
+    empty_arrays,
+)
+from envs.normalise import NORMALISATION, normalise_answer
+
+#: Largest token count accepted for one call (anything above is a data error).
+MAX_TOKENS = 1e7
+#: Largest T accepted (Manifest.from_dict enforces the same bound).
+MAX_T = 64
+
+
+def _typename(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return type(v).__name__
+
+
+def _show(v: Any) -> str:
+    """A short rendering of a JSON value for error messages."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    if isinstance(v, (dict, list)):
+        return _typename(v)
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Line:
+    """Field accessors for one JSONL line that raise CacheError naming FILE:LINE: FIELD."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, field: str, msg: str) -> CacheError:
+        return CacheError(f"{self.where}: {field}: {msg}" if field else f"{self.where}: {msg}")
+
+    def get(self, obj: dict, key: str, ctx: str, required: bool = True) -> Any:
+        field = f"{ctx}.{key}" if ctx else key
+        if key not in obj or (obj[key] is None and not required):
+            if required:
+                raise self.fail(field, "missing required field")
+            return None
+        return obj[key]
+
+    def obj(self, obj: dict, key: str, ctx: str, required: bool = True) -> dict | None:
+        v = self.get(obj, key, ctx, required)
+        if v is not None and not isinstance(v, dict):
+            raise self.fail(_join(ctx, key), f"expected an object, got {_typename(v)}")
+        return v
+
+    def boolean(self, obj: dict, key: str, ctx: str) -> bool:
+        v = self.get(obj, key, ctx)
+        if not isinstance(v, bool):
+            raise self.fail(_join(ctx, key), f"expected true or false, got {_show(v)}")
+        return v
+
+    def string(self, obj: dict, key: str, ctx: str, required: bool = True) -> str | None:
+        v = self.get(obj, key, ctx, required)
+        if v is not None and not isinstance(v, str):
+            raise self.fail(_join(ctx, key), f"expected a string, got {_typename(v)} {_show(v)}")
+        return v
+
+    def number(self, obj: dict, key: str, ctx: str, lo: float, hi: float, what: str,
+               required: bool = True) -> float | None:
+        v = self.get(obj, key, ctx, required)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(_join(ctx, key), f"expected {what}, got {_typename(v)} {_show(v)}")
+        if not math.isfinite(v) or not lo <= v <= hi:
+            raise self.fail(_join(ctx, key), f"expected {what}, got {_show(v)}")
+        return float(v)
+
+    def tokens(self, obj: dict, key: str, ctx: str) -> float:
+        return self.number(obj, key, ctx, 0.0, MAX_TOKENS, f"a number >= 0 and <= {MAX_TOKENS:.0e}")
+
+    def unit(self, obj: dict, key: str, ctx: str) -> float:
+        v = self.number(obj, key, ctx, 0.0, 1.0, "a number in [0, 1] or null", required=False)
+        return math.nan if v is None else v
+
+
+def _join(ctx: str, key: str) -> str:
+    return f"{ctx}.{key}" if ctx else key
+
+
+def _reject_constant(name: str) -> float:
+    # json.loads accepts NaN / Infinity / -Infinity (not JSON). Keep them as
+    # floats so the field check reports them with the field's name; fields the
+    # reader ignores may hold them harmlessly.
+    return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
+
+
+def _parse_lines(path: Path) -> list[tuple[int, Any]]:
+    """[(line number, parsed JSON value)] for the non-blank lines of ``path``."""
+    try:
+        raw = path.read_bytes()
+    except IsADirectoryError:
+        raise CacheError(f"{path}: is a directory (expected a .jsonl file)") from None
+    except FileNotFoundError:
+        raise CacheError(f"{path}: no such file or directory") from None
+    except OSError as e:
+        raise CacheError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise CacheError(f"{path}:{line}: not UTF-8 text (byte {e.start})") from None
+    hint = "" if path.suffix.lower() in (".jsonl", ".json", ".ndjson") else (
+        " (data commands read the human JSONL format or a fast-format directory; "
+        "other formats go through 'ccpo-jax data import --format NAME')"
+    )
+    out = []
+    for i, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            val = json.loads(line, parse_constant=_reject_constant)
+        except json.JSONDecodeError as e:
+            raise CacheError(
+                f"{path}:{i}: not valid JSON ({e.msg} at column {e.colno}; truncated line?){hint}"
+            ) from None
+        except RecursionError:
+            raise CacheError(f"{path}:{i}: JSON nested too deeply") from None
+        if not isinstance(val, dict):
+            raise CacheError(f"{path}:{i}: expected a JSON object, got {_typename(val)}{hint}")
+        out.append((i, val))
+    return out
+
+
+def _manifest(path: Path, line_no: int | None, mdict: dict | None, max_rounds: int,
+              exit_seen: list[str], policy_seen: list[str]) -> Manifest:
+    """The manifest from the first line (or the defaults), with baseline model lists."""
+    where = f"{path}:{line_no}" if line_no else str(path)
+    if mdict is None:
+        if max_rounds > MAX_T:
+            raise CacheError(f"{path}: a question has {max_rounds} rounds; at most {MAX_T} are supported")
+        d: dict[str, Any] = {
+            "name": path.stem,
+            "task": "unknown",
+            "T": max_rounds,
+            "models": {"base": {"name": "base"}, "guide": {"name": "guide"}},
+            "provenance": {"kind": "real", "source": str(path), "license": "unknown"},
+        }
+    else:
+        d = dict(mdict)
+        d.setdefault("name", path.stem)
+        d.setdefault("task", "unknown")
+        for key in ("models", "T", "provenance"):
+            if key not in d:
+                raise CacheError(f"{where}: manifest.{key}: missing required field")
+        norm = d.get("normalisation", NORMALISATION)
+        if norm != NORMALISATION:
+            raise CacheError(
+                f"{where}: manifest.normalisation: only {NORMALISATION!r} is supported, got {_show(norm)}"
+            )
+        if "schema_version" in d and d["schema_version"] != SCHEMA_VERSION:
+            raise CacheError(
+                f"{where}: manifest.schema_version: this build reads version {SCHEMA_VERSION}, got {_show(d['schema_version'])}"
+            )
+    # Model order of the baseline columns: as listed in the manifest, then as first seen.
+    lists = {}
+    for key, seen in (("exit_models", exit_seen), ("llm_policy_models", policy_seen)):
+        listed = d.get(key, [])
+        if not isinstance(listed, list) or not all(isinstance(m, str) for m in listed):
+            raise CacheError(f"{where}: manifest.{key}: expected an array of model names")
+        if len(set(listed)) != len(listed):
+            raise CacheError(f"{where}: manifest.{key}: duplicate model name")
+        lists[key] = listed + [m for m in seen if m not in listed]
+    d["exit_models"], d["llm_policy_models"] = lists["exit_models"], lists["llm_policy_models"]
+    d["checksum"] = ""
+    try:
+        man = Manifest.from_dict(d, where="manifest")
+    except CacheError as e:
+        raise CacheError(f"{where}: {e}") from None
+    return man
+
+
+def read_jsonl(path: str | os.PathLike) -> ResponseCache:
+    """Read and validate a human-format cache (module docstring); returns it with its checksum."""
+    path = Path(path)
+    lines = _parse_lines(path)
+    if not lines:
+        raise CacheError(f"{path}: empty file (no manifest and no questions)")
+    mline, mdict = None, None
+    if "manifest" in lines[0][1]:
+        mline, mobj = lines[0]
+        mdict = mobj["manifest"]
+        if not isinstance(mdict, dict):
+            raise CacheError(f"{path}:{mline}: manifest: expected an object, got {_typename(mdict)}")
+        lines = lines[1:]
+        _manifest(path, mline, mdict, 0, [], [])  # report manifest errors before question errors
+    if not lines:
+        raise CacheError(f"{path}: no questions (the file holds only a manifest)")
+    T_limit = mdict.get("T") if mdict is not None else None
+    if not (isinstance(T_limit, int) and not isinstance(T_limit, bool)):
+        T_limit = None  # a bad or missing T is reported by the manifest check below
+
+    questions = []
+    first_line: dict[str, int] = {}
+    exit_seen: list[str] = []
+    policy_seen: list[str] = []
+    for line_no, obj in lines:
+        L = _Line(f"{path}:{line_no}")
+        if "manifest" in obj:
+            raise L.fail("manifest", "the manifest must be on the first line")
+        q = _read_question(L, obj, T_limit)
+        if q["id"] in first_line:
+            raise L.fail("id", f"duplicate question id {q['id']!r} (first on line {first_line[q['id']]})")
+        first_line[q["id"]] = line_no
+        for m in q["exit"]:
+            if m not in exit_seen:
+                exit_seen.append(m)
+        for m in q["llm_policy"]:
+            if m not in policy_seen:
+                policy_seen.append(m)
+        q["line"] = line_no
+        questions.append(q)
+
+    max_rounds = max(len(q["rounds"]) for q in questions)
+    man = _manifest(path, mline, mdict, max_rounds, exit_seen, policy_seen)
+    T = man.T
+    for q in questions:
+        if len(q["rounds"]) > T:  # only reachable when T was unusable above
+            raise CacheError(f"{path}:{q['line']}: rounds: {len(q['rounds'])} rounds, more than T = {T}")
+        for m, ex in q["exit"].items():
+            if ex["rounds"] > T:
+                raise CacheError(
+                    f"{path}:{q['line']}: baselines.exit.{m}.rounds: expected an integer in [1, {T}], got {ex['rounds']}"
+                )
+    return ResponseCache(man, _to_arrays(questions, man)).with_checksum()
+
+
+def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
+    qid = L.get(obj, "id", "")
+    if isinstance(qid, int) and not isinstance(qid, bool):
+        qid = str(qid)
+    if not isinstance(qid, str) or not qid:
+        raise L.fail("id", f"expected a non-empty string, got {_typename(qid)} {_show(qid)}")
+    gold = L.string(obj, "gold", "", required=False)
+    rounds = L.get(obj, "rounds", "")
+    if not isinstance(rounds, list):
+        raise L.fail("rounds", f"expected an array of rounds, got {_typename(rounds)}")
+    if not rounds:
+        raise L.fail("rounds", "a question needs at least one round, got 0")
+    if T_limit is not None and 1 <= T_limit < len(rounds):
+        raise L.fail("rounds", f"{len(rounds)} rounds, more than the manifest's T = {T_limit}")
+
+    ids: dict[str, int] = {}
+    texts: list[str] = []
+    id_correct: dict[int, tuple[bool, str]] = {}
+    gold_norm = normalise_answer(gold) if gold else None
+    out_rounds = []
+    for t, rnd in enumerate(rounds):
+        ctx = f"rounds[{t}]"
+        if not isinstance(rnd, dict):
+            raise L.fail(ctx, f"expected an object, got {_typename(rnd)}")
+        rec = {}
+        for role in ("base", "guide"):
+            rctx = f"{ctx}.{role}"
+            r = L.obj(rnd, role, ctx)
+            if role == "guide":
+                rec["guide_verdict"] = L.boolean(r, "verdict", rctx)
+            text = L.string(r, "answer", rctx)
+            correct = L.boolean(r, "correct", rctx)
+            norm = normalise_answer(text)
+            if norm not in ids:
+                ids[norm] = len(texts)
+                texts.append(norm)
+            aid = ids[norm]
+            if aid in id_correct and id_correct[aid][0] != correct:
+                prev_correct, prev_field = id_correct[aid]
+                raise L.fail(
+                    f"{rctx}.correct",
+                    f"{correct} contradicts {prev_field}.correct = {prev_correct} for the same "
+                    f"normalised answer {norm!r}",
+                )
+            id_correct.setdefault(aid, (correct, rctx))
+            if gold_norm is not None and norm == gold_norm and not correct:
+                raise L.fail(
+                    f"{rctx}.correct",
+                    f"false, but the answer {text!r} equals the gold answer {gold!r} after normalisation",
+                )
+            rec[f"{role}_answer"] = aid
+            rec[f"{role}_correct"] = correct
+            rec[f"{role}_tokens_in"] = L.tokens(r, "tokens_in", rctx)
+            rec[f"{role}_tokens_out"] = L.tokens(r, "tokens_out", rctx)
+            if role == "base":
+                rec["base_confidence"] = L.unit(r, "confidence", rctx)
+            else:
+                rec["guide_uncertainty"] = L.unit(r, "uncertainty", rctx)
+        out_rounds.append(rec)
+
+    exits: dict[str, dict] = {}
+    policies: dict[str, list[int]] = {}
+    base = L.obj(obj, "baselines", "", required=False)
+    if base is not None:
+        ex = L.obj(base, "exit", "baselines", required=False) or {}
+        for m, rec in ex.items():
+            ctx = f"baselines.exit.{m}"
+            if not isinstance(rec, dict):
+                raise L.fail(ctx, f"expected an object, got {_typename(rec)}")
+            n = L.get(rec, "rounds", ctx)
+            hi = T_limit if T_limit is not None and T_limit >= 1 else MAX_T
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= hi:
+                raise L.fail(f"{ctx}.rounds", f"expected an integer in [1, {hi}], got {_show(n)}")
+            exits[m] = {
+                "correct": L.boolean(rec, "correct", ctx),
+                "rounds": n,
+                "cost_cents": L.number(rec, "cost_cents", ctx, 0.0, math.inf, "a finite number >= 0"),
+            }
+        pol = L.obj(base, "llm_policy", "baselines", required=False) or {}
+        for m, acts in pol.items():
+            ctx = f"baselines.llm_policy.{m}"
+            if not isinstance(acts, list) or not acts:
+                raise L.fail(ctx, f"expected a non-empty array of actions, got {_show(acts)}")
+            if len(acts) > len(rounds):
+                raise L.fail(ctx, f"{len(acts)} actions, but the question has {len(rounds)} rounds")
+            for t, a in enumerate(acts):
+                if isinstance(a, bool) or a not in (0, 1, 2) or not isinstance(a, int):
+                    raise L.fail(f"{ctx}[{t}]", f"expected an action 0 (base), 1 (guide) or 2 (next), got {_show(a)}")
+                last = t == len(acts) - 1
+                if not last and a != 2:
+                    raise L.fail(f"{ctx}[{t}]", f"action {a} answers and ends the episode, but more actions follow")
+                if last and a == 2:
+                    raise L.fail(f"{ctx}[{t}]", "the last action must answer (0 or 1), got 2 (next)")
+            policies[m] = list(acts)
+    return {"id": qid, "gold": gold or "", "rounds": out_rounds, "texts": texts,
+            "exit": exits, "llm_policy": policies}
+
+
+def _to_arrays(questions: list[dict], man: Manifest) -> dict[str, np.ndarray]:
+    Q, T = len(questions), man.T
+    M, M2 = len(man.exit_models), len(man.llm_policy_models)
+    a = empty_arrays(Q, T, M, M2)
+    e_idx = {m: j for j, m in enumerate(man.exit_models)}
+    p_idx = {m: j for j, m in enumerate(man.llm_policy_models)}
+    answer_text = [[""] * (2 * T) for _ in range(Q)]
+    for i, q in enumerate(questions):
+        for t, rec in enumerate(q["rounds"]):
+            a["round_mask"][i, t] = True
+            for k, v in rec.items():
+                a[k][i, t] = v
+        answer_text[i][: len(q["texts"])] = q["texts"]
+        for m, ex in q["exit"].items():
+            j = e_idx[m]
+            a["exit_mask"][i, j] = True
+            a["exit_correct"][i, j] = ex["correct"]
+            a["exit_rounds"][i, j] = ex["rounds"]
+            a["exit_cost_cents"][i, j] = ex["cost_cents"]
+        for m, acts in q["llm_policy"].items():
+            a["llm_policy_actions"][i, p_idx[m], : len(acts)] = acts
+    a["question_ids"] = np.array([q["id"] for q in questions], dtype=str)
+    a["gold"] = np.array([q["gold"] for q in questions], dtype=str)
+    a["answer_text"] = np.array(answer_text, dtype=str).reshape(Q, 2 * T)
+    return a
+
+
+# -- writing -----------------------------------------------------------------
+
+def _num(v: Any) -> int | float:
+    """A float32 value as JSON: integral values as ints (tokens), else the shortest
+    decimal that reads back as the same float32 (0.4, not 0.4000000059604645)."""
+    v32 = np.float32(v)
+    f = float(v32)
+    return int(f) if f.is_integer() and abs(f) < 2**53 else float(str(v32))
+
+
+def cache_to_records(cache: ResponseCache) -> list[dict]:
+    """The question lines of the human format (without the manifest line)."""
+    a, man = cache.arrays, cache.manifest
+    out = []
+    for i in range(cache.n_questions):
+        texts = a["answer_text"][i]
+        rounds = []
+        for t in range(man.T):
+            if not a["round_mask"][i, t]:
+                break
+            base = {
+                "answer": str(texts[a["base_answer"][i, t]]),
+                "correct": bool(a["base_correct"][i, t]),
+                "tokens_in": _num(a["base_tokens_in"][i, t]),
+                "tokens_out": _num(a["base_tokens_out"][i, t]),
+            }
+            if not np.isnan(a["base_confidence"][i, t]):
+                base["confidence"] = _num(a["base_confidence"][i, t])
+            guide = {
+                "verdict": bool(a["guide_verdict"][i, t]),
+                "answer": str(texts[a["guide_answer"][i, t]]),
+                "correct": bool(a["guide_correct"][i, t]),
+                "tokens_in": _num(a["guide_tokens_in"][i, t]),
+                "tokens_out": _num(a["guide_tokens_out"][i, t]),
+            }
+            if not np.isnan(a["guide_uncertainty"][i, t]):
+                guide["uncertainty"] = _num(a["guide_uncertainty"][i, t])
+            rounds.append({"base": base, "guide": guide})
+        rec: dict[str, Any] = {"id": str(a["question_ids"][i])}
+        if a["gold"][i]:
+            rec["gold"] = str(a["gold"][i])
+        rec["rounds"] = rounds
+        baselines: dict[str, Any] = {}
+        exits = {
+            m: {
+                "correct": bool(a["exit_correct"][i, j]),
+                "rounds": int(a["exit_rounds"][i, j]),
+                "cost_cents": _num(a["exit_cost_cents"][i, j]),
+            }
+            for j, m in enumerate(man.exit_models)
+            if a["exit_mask"][i, j]
+        }
+        if exits:
+            baselines["exit"] = exits
+        pols = {}
+        for j, m in enumerate(man.llm_policy_models):
+            acts = a["llm_policy_actions"][i, j]
+            acts = [int(x) for x in acts[acts >= 0]]
+            if acts:
+                pols[m] = acts
+        if pols:
+            baselines["llm_policy"] = pols
+        if baselines:
+            rec["baselines"] = baselines
+        out.append(rec)
+    return out
+
+
+def write_jsonl(cache: ResponseCache, path: str | os.PathLike) -> Path:
+    """Write ``cache`` in the human format: manifest line, then one line per question.
+
+    Atomic: written to a temporary file beside ``path`` and renamed into place,
+    so a failed or killed write leaves nothing behind (an existing file stays).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CacheError(f"{path}: is a directory; give a file name ending in .jsonl")
+    cache = cache.with_checksum()
+    lines = [json.dumps({"manifest": cache.manifest.to_dict()}, allow_nan=False)]
+    lines += [json.dumps(r, ensure_ascii=False, allow_nan=False) for r in cache_to_records(cache)]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise CacheError(f"{path}: cannot write ({e.strerror or e})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines))
+            f.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise CacheError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise
+    return path

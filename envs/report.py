@@ -1,0 +1,135 @@
+"""Statistics of a response cache: the text of ``ccpo-jax data check PATH``.
+
+:func:`cache_stats` computes the numbers (NumPy, host), :func:`describe` lays
+them out. Accuracy of round t is over the questions that have round t;
+"verdict accuracy" is how often the guide's verdict (base answer judged
+correct) equals the base answer's true correctness (paper 1.1: the guide judges
+and corrects). Costs use the manifest's prices (USD per million tokens) and are
+reported in cents, like the paper's tables.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from envs.cache import ResponseCache
+
+
+def _mean(x: np.ndarray) -> float:
+    return float(x.mean()) if x.size else float("nan")
+
+
+def cache_stats(cache: ResponseCache) -> dict[str, Any]:
+    """Numbers shown by :func:`describe` (plain floats / lists, per round lists of length T)."""
+    a, man = cache.arrays, cache.manifest
+    mask = a["round_mask"]
+    T = man.T
+    n_rounds = cache.n_rounds
+    per_round = lambda x: [_mean(x[:, t][mask[:, t]]) for t in range(T)]  # noqa: E731
+    guide_cents = (a["guide_tokens_in"] * man.guide.price_in + a["guide_tokens_out"] * man.guide.price_out) / 1e4
+    base_cents = (a["base_tokens_in"] * man.base.price_in + a["base_tokens_out"] * man.base.price_out) / 1e4
+    verdict_ok = a["guide_verdict"] == a["base_correct"]
+    n_answers = np.array([len(set(row[m].tolist()) | set(g[m].tolist()))
+                          for row, g, m in zip(a["base_answer"], a["guide_answer"], mask)])
+    stats: dict[str, Any] = {
+        "questions": cache.n_questions,
+        "T": T,
+        "rounds_hist": [int((n_rounds == k).sum()) for k in range(1, T + 1)],
+        "questions_per_round": [int(mask[:, t].sum()) for t in range(T)],
+        "base_acc": per_round(a["base_correct"]),
+        "guide_acc": per_round(a["guide_correct"]),
+        "verdict_acc": per_round(verdict_ok),
+        "base_acc_all": _mean(a["base_correct"][mask]),
+        "guide_acc_all": _mean(a["guide_correct"][mask]),
+        "verdict_acc_all": _mean(verdict_ok[mask]),
+        "verdict_says_correct": _mean(a["guide_verdict"][mask]),
+        "unsolvable_share": _mean(cache.unsolvable),
+        "gold_given": int((a["gold"] != "").sum()),
+        "distinct_answers_mean": _mean(n_answers),
+        "guide_tokens_in_mean": _mean(a["guide_tokens_in"][mask]),
+        "guide_tokens_out_mean": _mean(a["guide_tokens_out"][mask]),
+        "base_tokens_in_mean": _mean(a["base_tokens_in"][mask]),
+        "base_tokens_out_mean": _mean(a["base_tokens_out"][mask]),
+        "guide_cents_per_call": _mean(guide_cents[mask]),
+        "base_cents_per_call": _mean(base_cents[mask]),
+        "all_rounds_cents": float(cache.round_cost_cents().astype(np.float64).sum()),
+        "confidence_given": _mean(~np.isnan(a["base_confidence"][mask])),
+        "uncertainty_given": _mean(~np.isnan(a["guide_uncertainty"][mask])),
+        "exit": {},
+        "llm_policy": {},
+    }
+    for j, m in enumerate(man.exit_models):
+        em = a["exit_mask"][:, j]
+        stats["exit"][m] = {
+            "questions": int(em.sum()),
+            "accuracy": _mean(a["exit_correct"][:, j][em]),
+            "rounds_mean": _mean(a["exit_rounds"][:, j][em]),
+            "cost_cents_mean": _mean(a["exit_cost_cents"][:, j][em]),
+        }
+    for j, m in enumerate(man.llm_policy_models):
+        acts = a["llm_policy_actions"][:, j]
+        has = (acts >= 0).any(axis=1)
+        length = (acts >= 0).sum(axis=1)
+        stats["llm_policy"][m] = {"questions": int(has.sum()), "rounds_mean": _mean(length[has])}
+    return stats
+
+
+def _f(x: float, spec: str = ".3f") -> str:
+    return "-" if x != x else format(x, spec)
+
+
+def describe(cache: ResponseCache, source: str) -> str:
+    """Human-readable summary of ``cache`` (loaded from ``source``); SYNTHETIC caches say so loudly."""
+    man = cache.manifest
+    s = cache_stats(cache)
+    T = s["T"]
+    prov = dict(man.provenance)
+    kind = str(prov.pop("kind", "?"))
+    banner = []
+    if man.is_synthetic:
+        detail = ", ".join(f"{k}={v}" for k, v in prov.items())
+        banner = ["=" * 72,
+                  "SYNTHETIC CACHE: generated data, NOT real LLM responses" + (f" ({detail})" if detail else ""),
+                  "=" * 72]
+    lines = list(banner)
+    lines += [
+        f"cache:       {source}",
+        f"name:        {man.name}   task: {man.task}   schema: v{man.schema_version}",
+        f"provenance:  {kind.upper() if kind == 'synthetic' else kind}"
+        + "".join(f"; {k}: {v}" for k, v in prov.items()),
+        f"base model:  {man.base.name}  (${man.base.price_in:g} in / ${man.base.price_out:g} out per 1M tokens)",
+        f"guide model: {man.guide.name}  (${man.guide.price_in:g} in / ${man.guide.price_out:g} out per 1M tokens)",
+        f"normalisation: {man.normalisation}",
+        f"questions:   {s['questions']}   T: {T}   gold answers given: {s['gold_given']}",
+        "rounds per question: " + ", ".join(
+            f"{k + 1}: {n} ({n / max(s['questions'], 1):.1%})" for k, n in enumerate(s["rounds_hist"])),
+        "",
+        "round              " + "".join(f"{t + 1:>8d}" for t in range(T)) + "     all",
+        "questions          " + "".join(f"{n:>8d}" for n in s["questions_per_round"]) + f"{sum(s['questions_per_round']):>8d}",
+        "base accuracy      " + "".join(f"{_f(x):>8s}" for x in s["base_acc"]) + f"{_f(s['base_acc_all']):>8s}",
+        "guide accuracy     " + "".join(f"{_f(x):>8s}" for x in s["guide_acc"]) + f"{_f(s['guide_acc_all']):>8s}",
+        "verdict accuracy   " + "".join(f"{_f(x):>8s}" for x in s["verdict_acc"]) + f"{_f(s['verdict_acc_all']):>8s}",
+        "",
+        f"unsolvable share (no correct answer in any round): {_f(s['unsolvable_share'])}",
+        f"guide verdict 'base is correct' rate: {_f(s['verdict_says_correct'])}",
+        f"distinct normalised answers per question (mean): {_f(s['distinct_answers_mean'], '.2f')}",
+        f"guide tokens per call (mean): in {_f(s['guide_tokens_in_mean'], '.1f')}, out {_f(s['guide_tokens_out_mean'], '.1f')}",
+        f"base tokens per call (mean):  in {_f(s['base_tokens_in_mean'], '.1f')}, out {_f(s['base_tokens_out_mean'], '.1f')}",
+        f"cents per guide call (mean): {_f(s['guide_cents_per_call'], '.4f')}   per base call: {_f(s['base_cents_per_call'], '.4f')}",
+        f"cost of every existing round, all questions: {_f(s['all_rounds_cents'], '.2f')} cents",
+        f"base confidence given: {_f(s['confidence_given'], '.0%')} of rounds; "
+        f"guide uncertainty given: {_f(s['uncertainty_given'], '.0%')} of rounds",
+    ]
+    if s["exit"] or s["llm_policy"]:
+        lines.append("cached baselines:")
+        for m, e in s["exit"].items():
+            lines.append(f"  {m} EXIT: {e['questions']} questions, accuracy {_f(e['accuracy'])}, "
+                         f"rounds {_f(e['rounds_mean'], '.2f')}, cost {_f(e['cost_cents_mean'], '.4f')} cents/question")
+        for m, p in s["llm_policy"].items():
+            lines.append(f"  LLM policy ({m}): {p['questions']} questions, rounds {_f(p['rounds_mean'], '.2f')}")
+    else:
+        lines.append("cached baselines: none")
+    lines.append(f"checksum:    {cache.checksum()}")
+    lines += banner
+    return "\n".join(lines)
