@@ -1,0 +1,224 @@
+"""Importers of public cached-LLM-response datasets into a :class:`ResponseCache`.
+
+DESIGN.md section 3 ("Real caches") and ``shared/data/SOURCES.md``. Each
+importer reads one public format and returns a checksummed cache whose
+manifest says ``provenance.kind = 'real'`` with the upstream repository,
+commit, path and license, and which protocol the data follows (none of these
+sources has the CCPO multi-round base/guide protocol; see each module).
+
+Formats (``ccpo-jax data import --format NAME SRC --out PATH``):
+
+- ``jsonl``: the human format (``envs.jsonl.read_jsonl``);
+- ``routellm-mmlu``, ``routellm-gsm8k``: RouteLLM's cached correctness
+  (Mixtral-8x7B base, GPT-4-1106 guide), T = 1 (``envs.importers.routellm``);
+- ``uala-hotpotqa``: UALA HotpotQA runs (Llama-2-70B base,
+  gpt-3.5-turbo-instruct guide), T = 2 (``envs.importers.uala``);
+- ``omnisbench``: OmnisBench results (gpt-5-nano base, claude-opus-5 guide),
+  T = 1 (``envs.importers.omnisbench``).
+
+Rules shared by the importers (documented in ``docs/readme/importers.md``):
+
+- *answer ids*: per question, normalised answer strings get ids in order of
+  first appearance (round 1 base, round 1 guide, round 2 base, ...); when a
+  source gives correctness but no comparable answer text, a correct answer is
+  the key ``<gold>`` and an incorrect one ``<wrong>`` (see
+  :func:`correctness_key`);
+- *guide verdict* of a cascade round = the guide's answer id equals the base's
+  (the guide "agrees"), i.e. what a judge that outputs its own answer would say;
+- *token estimate* where a source records none: ``ceil(chars / 4)``
+  (:func:`estimate_tokens`).
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib
+import math
+import os
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from envs.cache import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays
+
+#: Protocol string of every single-round pair-of-models import (SOURCES.md).
+CASCADE_PROTOCOL = "single-round cascade (T = 1), not the CCPO multi-round protocol"
+GOLD_KEY = "<gold>"
+WRONG_KEY = "<wrong>"
+CHARS_PER_TOKEN = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Importer:
+    """A public-data format: ``load(src)`` reads ``src`` and returns a checksummed cache."""
+
+    name: str
+    description: str
+    target: str  # "module:function", imported on first use (keeps ``envs.importers`` import cheap)
+
+    def load(self, src: str | os.PathLike) -> ResponseCache:
+        mod_name, fn_name = self.target.split(":")
+        fn: Callable[[Path], ResponseCache] = getattr(importlib.import_module(mod_name), fn_name)
+        src = Path(src)
+        if not src.exists():
+            raise CacheError(f"{src}: no such file or directory (format '{self.name}')")
+        return fn(src)
+
+
+IMPORTERS: dict[str, Importer] = {
+    imp.name: imp
+    for imp in (
+        Importer(
+            "routellm-mmlu",
+            "RouteLLM MMLU correctness CSVs (folder of 57 or one CSV); Mixtral base, GPT-4 guide, T=1",
+            "envs.importers.routellm:load_mmlu",
+        ),
+        Importer(
+            "routellm-gsm8k",
+            "RouteLLM gsm8k_responses.csv (or its folder); Mixtral base, GPT-4 guide, T=1",
+            "envs.importers.routellm:load_gsm8k",
+        ),
+        Importer(
+            "uala-hotpotqa",
+            "UALA HotpotQA runs (the uala folder); Llama-2-70B base, gpt-3.5-turbo-instruct guide, T=2 (CoT, then ReAct)",
+            "envs.importers.uala:load_hotpotqa",
+        ),
+        Importer(
+            "omnisbench",
+            "OmnisBench results JSON (or its folder, every results*.json); gpt-5-nano base, claude-opus-5 guide, T=1",
+            "envs.importers.omnisbench:load",
+        ),
+    )
+}
+
+
+def import_cache(fmt: str, src: str | os.PathLike) -> ResponseCache:
+    """Read ``src`` in format ``fmt`` ('jsonl' or a name in :data:`IMPORTERS`)."""
+    if fmt == "jsonl":
+        from envs.jsonl import read_jsonl  # written by another module; imported lazily
+
+        path = Path(src)
+        if not path.exists():
+            raise CacheError(f"{path}: no such file or directory (format 'jsonl')")
+        return read_jsonl(path)
+    if fmt not in IMPORTERS:
+        raise CacheError(f"--format: unknown format {fmt!r}; known formats: {', '.join(['jsonl', *IMPORTERS])}")
+    return IMPORTERS[fmt].load(src)
+
+
+# -- helpers shared by the importers -------------------------------------------
+
+
+def estimate_tokens(text: str) -> int:
+    """Token estimate for text whose token count the source does not record: ceil(chars / 4)."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def correctness_key(correct: bool) -> str:
+    """Answer key when only correctness is known: all correct answers share the gold key,
+    all incorrect ones share one 'wrong' key (so two wrong answers count as agreeing)."""
+    return GOLD_KEY if correct else WRONG_KEY
+
+
+def parse_bool(cell: str, where: str) -> bool:
+    """'True'/'False' (any case, also 1/0) -> bool; anything else is a :class:`CacheError`."""
+    s = cell.strip().lower()
+    if s in ("true", "1"):
+        return True
+    if s in ("false", "0"):
+        return False
+    raise CacheError(f"{where}: expected True or False, got {cell!r}")
+
+
+def read_csv(path: Path, columns: Sequence[str]) -> list[dict[str, str]]:
+    """Rows of a CSV file with a header; every name in ``columns`` must be a column."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            header = reader.fieldnames
+            if not header:
+                raise CacheError(f"{path}: empty file (no CSV header)")
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise CacheError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)} (header: {header})")
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise CacheError(f"{path}: cannot read CSV ({type(e).__name__}: {e})") from None
+    if not rows:
+        raise CacheError(f"{path}: no data rows")
+    for i, r in enumerate(rows):
+        if None in r or any(r[c] is None for c in columns):
+            raise CacheError(f"{path}: row {i + 2}: wrong number of fields")
+    return rows
+
+
+class AnswerVocab:
+    """Per-question answer ids: same key -> same id, ids in order of first appearance."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def __call__(self, key: str) -> int:
+        if key not in self.ids:
+            self.ids[key] = len(self.ids)
+        return self.ids[key]
+
+    def texts(self, width: int) -> list[str]:
+        out = [""] * width
+        for k, i in self.ids.items():
+            out[i] = k
+        return out
+
+
+@dataclasses.dataclass
+class Side:
+    """One model's response in one round (the importers' intermediate record)."""
+
+    key: str  # normalised answer (or GOLD_KEY / WRONG_KEY)
+    correct: bool
+    tokens_in: float
+    tokens_out: float
+    score: float = float("nan")  # base: confidence; guide: uncertainty; both in [0, 1]
+
+
+def build_cache(
+    *,
+    name: str,
+    task: str,
+    base: ModelInfo,
+    guide: ModelInfo,
+    provenance: dict,
+    question_ids: Sequence[str],
+    gold: Sequence[str],
+    rounds: Sequence[Sequence[tuple[Side, Side]]],
+    T: int,
+    normalisation: str,
+) -> ResponseCache:
+    """Dense arrays from per-question lists of (base, guide) rounds; verdict = same answer id.
+
+    ``rounds[q]`` holds 1..T rounds of question q. Returns the checksummed cache.
+    """
+    Q = len(question_ids)
+    a = empty_arrays(Q, T)
+    texts = []
+    for q, rs in enumerate(rounds):
+        vocab = AnswerVocab()
+        for t, (b, g) in enumerate(rs):
+            a["round_mask"][q, t] = True
+            bid, gid = vocab(b.key), vocab(g.key)
+            a["base_answer"][q, t], a["guide_answer"][q, t] = bid, gid
+            a["base_correct"][q, t], a["guide_correct"][q, t] = b.correct, g.correct
+            a["base_tokens_in"][q, t], a["base_tokens_out"][q, t] = b.tokens_in, b.tokens_out
+            a["guide_tokens_in"][q, t], a["guide_tokens_out"][q, t] = g.tokens_in, g.tokens_out
+            a["base_confidence"][q, t] = b.score
+            a["guide_uncertainty"][q, t] = g.score
+            a["guide_verdict"][q, t] = bid == gid
+        texts.append(vocab.texts(2 * T))
+    a["question_ids"] = np.array(list(question_ids), dtype=str) if Q else a["question_ids"]
+    a["gold"] = np.array(list(gold), dtype=str) if Q else a["gold"]
+    a["answer_text"] = np.array(texts, dtype=str).reshape(Q, 2 * T) if Q else a["answer_text"]
+    manifest = Manifest(
+        name=name, task=task, T=T, base=base, guide=guide, provenance=provenance, normalisation=normalisation
+    )
+    return ResponseCache(manifest, a).with_checksum()
