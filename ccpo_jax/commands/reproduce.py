@@ -1,0 +1,55 @@
+"""``ccpo-jax reproduce``: reproduce one of the paper's tables (DESIGN 6; ``ccpo_jax.pipeline``)."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help="train and evaluate every row of a paper table over many splits; write results.json, table.md, plots",
+        description="Reproduce one table of the CCPO paper. Default: Table 2's setting "
+        "(hotpotqa-llama2-a0.1) on the built-in SYNTHETIC cache with 100 splits.",
+    )
+    p.add_argument("--setting", default=None, help="setting name (default: hotpotqa-llama2-a0.1; see --list-settings)")
+    p.add_argument("--cache", default=None, help="response cache: a human-format .jsonl file or a fast-format directory "
+                   "(default: the setting's built-in SYNTHETIC cache)")
+    p.add_argument("--splits", type=int, default=None, help="number of evaluation splits (default: 100)")
+    p.add_argument("--iterations", type=int, default=None, help="training iterations (default: the trainer's, paper 1500)")
+    p.add_argument("--alpha", type=float, default=None, help="miscoverage in (0, 1) (default: the setting's)")
+    p.add_argument("--protocol", choices=("recalibrate", "retrain"), default=None,
+                   help="recalibrate (default): one policy per row, calibration/test redrawn per split; "
+                   "retrain: every split trains its own policy")
+    p.add_argument("--split-sizes", default=None, metavar="TRAIN,CAL,TEST",
+                   help="questions per split part, e.g. 60,20,20 (default: the setting's, 1000,200,200 HotpotQA / 560,200,200 MMLU)")
+    p.add_argument("--seed", type=int, default=None, help="PRNG seed of splits, baselines and training (default: 0)")
+    p.add_argument("--out", default=None, help="output directory, must not exist (default: runs/<setting>-<timestamp>)")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the killed run whose --out was DIR, with its saved configuration")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--list-settings", action="store_true", help="list the settings (one per paper table) and exit")
+    p.set_defaults(func=_reproduce)
+
+
+def _reproduce(args) -> int:
+    from experiments.settings import settings_table
+
+    if args.list_settings:
+        print(settings_table())
+        return 0
+    from ccpo_jax.pipeline import reproduce
+
+    reproduce(
+        args.setting,
+        cache=args.cache,
+        n_splits=args.splits,
+        protocol=args.protocol,
+        alpha=args.alpha,
+        iterations=args.iterations,
+        split_sizes=args.split_sizes,
+        out_dir=args.out,
+        seed=args.seed,
+        resume=args.resume,
+        progress=not args.no_progress,
+    )
+    return 0

@@ -1,0 +1,328 @@
+"""Outputs of ``ccpo-jax reproduce``: results.json, table.md, box plots, TensorBoard scalars.
+
+DESIGN 6 fixes the schema of ``results.json``::
+
+    {"setting", "alpha", "protocol", "splits",
+     "cache": {"name", "provenance", "checksum", "n_questions"},
+     "policies": {"<row>": {"cost_cents": {"mean", "median", "q05", "q95"}, "coverage": {...},
+                            "avg_len": {...}, "set_size": {...},
+                            "per_split": {"cost_cents": [...], ...}}},
+     "timing": {"total_s", "compile_s", "train_s", "eval_s"},
+     "environment": {"jax", "backend", "devices"}}
+
+Summary statistics over splits (BRIEF 1.12, the paper's box plots over 100
+splits): mean, median and the 5 % / 95 % quantiles (``numpy.quantile``'s
+default linear interpolation). Non-finite values are written as JSON ``null``
+and left out of the statistics. Every file is written under a temporary name
+and renamed into place.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from experiments.settings import METRICS, Setting, row_key, row_order_key
+
+METRIC_TITLES = {
+    "cost_cents": "Cost (cents)",
+    "coverage": "Coverage",
+    "avg_len": "Avg. Len.",
+    "set_size": "Set Size",
+}
+RESULTS_FILE = "results.json"
+TABLE_FILE = "table.md"
+COST_PNG = "boxplot_cost.png"
+COVERAGE_PNG = "boxplot_coverage.png"
+TIMING_KEYS = ("total_s", "compile_s", "train_s", "eval_s")
+
+
+# -- atomic writes ---------------------------------------------------------------
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+# -- results.json ---------------------------------------------------------------
+
+def summary_stats(values: Any) -> dict[str, float | None]:
+    """mean, median, q05, q95 of the finite values (None where there are none)."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return {"mean": None, "median": None, "q05": None, "q95": None}
+    return {
+        "mean": float(np.mean(v)),
+        "median": float(np.median(v)),
+        "q05": float(np.quantile(v, 0.05)),
+        "q95": float(np.quantile(v, 0.95)),
+    }
+
+
+def _json_float(x: Any) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def policy_entry(metrics: Mapping[str, Any], n_splits: int | None = None, row: str = "?") -> dict[str, Any]:
+    """One row of ``policies``: summary stats per metric plus the per-split lists.
+
+    ``metrics`` maps every name in METRICS to an array of shape [S].
+    """
+    missing = [m for m in METRICS if m not in metrics]
+    if missing:
+        raise ValueError(f"row {row!r}: missing metric(s) {missing}")
+    entry: dict[str, Any] = {}
+    per_split: dict[str, list] = {}
+    for m in METRICS:
+        v = np.asarray(metrics[m], dtype=np.float64).reshape(-1)
+        if n_splits is not None and v.shape[0] != n_splits:
+            raise ValueError(f"row {row!r}, metric {m}: {v.shape[0]} values for {n_splits} splits")
+        entry[m] = summary_stats(v)
+        per_split[m] = [_json_float(x) for x in v]
+    entry["per_split"] = per_split
+    return entry
+
+
+def cache_info(cache) -> dict[str, Any]:
+    """The ``cache`` block of results.json for an ``envs.cache.ResponseCache``."""
+    return {
+        "name": cache.manifest.name,
+        "provenance": dict(cache.manifest.provenance),
+        "checksum": cache.manifest.checksum or cache.checksum(),
+        "n_questions": int(cache.n_questions),
+    }
+
+
+def environment_info() -> dict[str, Any]:
+    """jax version, default backend and the devices (``platform:id (kind)``)."""
+    import jax
+
+    return {
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": [f"{d.platform}:{d.id} ({d.device_kind})" for d in jax.devices()],
+    }
+
+
+def build_results(
+    *,
+    setting: str,
+    alpha: float,
+    protocol: str,
+    n_splits: int,
+    cache: Mapping[str, Any],
+    rows: Mapping[str, Mapping[str, Any]],
+    timing: Mapping[str, float],
+    environment: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The results.json dict of DESIGN 6. ``rows``: row name -> metric -> array [S]; rows in paper order."""
+    policies = {
+        name: policy_entry(rows[name], n_splits, name) for name in sorted(rows, key=row_order_key)
+    }
+    return {
+        "setting": str(setting),
+        "alpha": float(alpha),
+        "protocol": str(protocol),
+        "splits": int(n_splits),
+        "cache": {k: cache[k] for k in ("name", "provenance", "checksum", "n_questions")},
+        "policies": policies,
+        "timing": {k: float(timing.get(k, 0.0)) for k in TIMING_KEYS},
+        "environment": dict(environment if environment is not None else environment_info()),
+    }
+
+
+def write_results(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> Path:
+    """Write ``out_dir/results.json`` atomically (strict JSON: no NaN)."""
+    text = json.dumps(results, indent=2, allow_nan=False) + "\n"
+    return atomic_write_text(Path(out_dir) / RESULTS_FILE, text)
+
+
+# -- table.md -------------------------------------------------------------------
+
+def is_synthetic(results: Mapping[str, Any]) -> bool:
+    return results["cache"]["provenance"].get("kind") == "synthetic"
+
+
+def _fmt(metric: str, x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    if metric == "cost_cents":
+        return f"{x:.4g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
+    if metric == "coverage":
+        return f"{x:.3f}"
+    return f"{x:.2f}"
+
+
+def format_table(
+    results: Mapping[str, Any],
+    setting: Setting | None = None,
+    split_sizes: tuple[int, int, int] | None = None,
+    compare_paper: bool = False,
+) -> str:
+    """Markdown table in the paper's layout (Policy | Cost (cents) | Coverage | Avg. Len. | Set Size).
+
+    Each cell is ``mean [q05, q95]`` over splits; with ``compare_paper`` and a
+    ``setting``, the paper's number follows as ``(paper x)``.
+    """
+    lines: list[str] = []
+    cache = results["cache"]
+    prov = cache["provenance"]
+    title = f"# {results['setting']}"
+    if setting is not None:
+        title += f": {setting.description}"
+    lines.append(title)
+    lines.append("")
+    if is_synthetic(results):
+        gen = ", ".join(f"{k}={v}" for k, v in prov.items() if k != "kind")
+        lines.append(
+            "> **SYNTHETIC DATA.** These numbers come from a synthetic response cache "
+            f"(`{cache['name']}`{'; ' + gen if gen else ''}), not from real LLM runs."
+        )
+        if compare_paper:
+            lines.append("> The paper's values (in parentheses) are shown for side-by-side comparison only.")
+        lines.append("")
+    sizes = f" (train/cal/test = {'/'.join(map(str, split_sizes))})" if split_sizes else ""
+    lines.append(f"- alpha: {results['alpha']:g} (target coverage {1 - results['alpha']:g})")
+    lines.append(f"- protocol: {results['protocol']}")
+    lines.append(f"- splits: {results['splits']}{sizes}")
+    lines.append(
+        f"- cache: `{cache['name']}` ({prov.get('kind', '?')}, {cache['n_questions']} questions, {cache['checksum']})"
+    )
+    lines.append("- cells: mean [5%, 95%] over splits")
+    lines.append("")
+    header = ["Policy"] + [METRIC_TITLES[m] for m in METRICS]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "---|" * len(header))
+    for row, entry in results["policies"].items():
+        paper = setting.paper_row(row) if (setting is not None and compare_paper) else None
+        cells = [row]
+        for m in METRICS:
+            s = entry[m]
+            cell = f"{_fmt(m, s['mean'])} [{_fmt(m, s['q05'])}, {_fmt(m, s['q95'])}]"
+            if paper is not None:
+                cell += f" (paper {paper[m]:g})"
+            cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    if setting is not None and compare_paper:
+        have = {row_key(x) for x in results["policies"]}
+        absent = [r for r in setting.paper if row_key(r) not in have]
+        if absent:
+            lines.append("")
+            lines.append(f"Paper rows absent here (the cache lacks their data or they were not run): {', '.join(absent)}.")
+    t = results["timing"]
+    lines.append("")
+    lines.append(
+        f"Timing: total {t['total_s']:.1f} s (compile {t['compile_s']:.1f} s, train {t['train_s']:.1f} s, "
+        f"eval {t['eval_s']:.1f} s) on {results['environment']['backend']}."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def write_table(
+    out_dir: str | os.PathLike,
+    results: Mapping[str, Any],
+    setting: Setting | None = None,
+    split_sizes: tuple[int, int, int] | None = None,
+    compare_paper: bool = False,
+) -> Path:
+    """Write ``out_dir/table.md`` (see :func:`format_table`) atomically."""
+    return atomic_write_text(Path(out_dir) / TABLE_FILE, format_table(results, setting, split_sizes, compare_paper))
+
+
+# -- box plots ------------------------------------------------------------------
+
+def write_boxplots(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> list[Path]:
+    """Box plots of cost and coverage over splits, one box per row (as the paper's Figs 2-9).
+
+    The coverage plot has a dashed line at 1 - alpha. Uses the Agg canvas
+    directly (no global pyplot state). Returns the two PNG paths.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out_dir = Path(out_dir)
+    rows = list(results["policies"])
+    synth = " [SYNTHETIC cache]" if is_synthetic(results) else ""
+    paths = []
+    for metric, fname in (("cost_cents", COST_PNG), ("coverage", COVERAGE_PNG)):
+        data = []
+        for r in rows:
+            v = np.asarray([x for x in results["policies"][r]["per_split"][metric] if x is not None], float)
+            data.append(v if v.size else np.array([np.nan]))
+        fig = Figure(figsize=(max(6.0, 0.8 * len(rows) + 2), 4.5))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        if rows:
+            ax.boxplot(data, tick_labels=rows, whis=(5, 95), showfliers=True)
+        ax.tick_params(axis="x", labelrotation=45)
+        for lab in ax.get_xticklabels():
+            lab.set_horizontalalignment("right")
+        if metric == "coverage":
+            ax.axhline(1 - results["alpha"], color="k", linestyle="--", linewidth=1, label=f"1 - alpha = {1 - results['alpha']:g}")
+            ax.legend(loc="lower right")
+        else:
+            finite = np.concatenate([d[np.isfinite(d)] for d in data]) if data else np.array([])
+            pos = finite[finite > 0]
+            if pos.size and finite.max() / max(pos.min(), 1e-9) > 50:
+                ax.set_yscale("symlog", linthresh=1.0)  # EXIT rows cost ~100x the others
+        ax.set_ylabel(METRIC_TITLES[metric])
+        ax.set_title(
+            f"{results['setting']}: {METRIC_TITLES[metric].lower()} over {results['splits']} splits "
+            f"(whiskers 5-95%){synth}",
+            fontsize=9,
+        )
+        fig.tight_layout()
+        path = out_dir / fname
+        fd, tmp = tempfile.mkstemp(prefix=f".{fname}.", suffix=".png", dir=out_dir)
+        os.close(fd)
+        try:
+            fig.savefig(tmp, format="png", dpi=110)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        paths.append(path)
+    return paths
+
+
+# -- TensorBoard ----------------------------------------------------------------
+
+def write_scalars(logdir: str | os.PathLike, tag_prefix: str, metrics: Mapping[str, Any]) -> int:
+    """Per-iteration training curves as TensorBoard scalars ``<tag_prefix>/<metric>``.
+
+    ``metrics``: name -> array [iters] (one run), or [S, iters] (one run per
+    split, e.g. ``--protocol retrain``: the mean over splits is written).
+    Non-finite values are skipped. Returns the number of scalars written.
+    """
+    from tensorboardX import SummaryWriter
+
+    n = 0
+    with SummaryWriter(logdir=str(logdir)) as w:
+        for name, values in metrics.items():
+            v = np.asarray(values, dtype=np.float64)
+            if v.ndim == 2:
+                v = np.nanmean(v, axis=0) if v.shape[0] else np.zeros(v.shape[1])
+            v = v.reshape(-1)
+            for i, x in enumerate(v):
+                if np.isfinite(x):
+                    w.add_scalar(f"{tag_prefix}/{name}", float(x), global_step=i)
+                    n += 1
+    return n

@@ -1,0 +1,1 @@
+"""Experiment settings: one per table of the CCPO paper (``experiments.settings``)."""

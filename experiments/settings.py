@@ -1,0 +1,289 @@
+"""One setting per table of the CCPO paper (arXiv 2511.11828, Tables 2-9; BRIEF 1.14).
+
+A :class:`Setting` says which task, base model, alpha and lambda values a
+table used, how the questions were split (BRIEF 1.12: 1000/200/200 for
+HotpotQA, 560/200/200 for MMLU) and which synthetic profile stands in for the
+paper's (unreleased) response cache. It also carries the paper's published
+numbers for that table, used only for the side-by-side column of ``table.md``
+(never as a target of anything).
+
+Row names follow DESIGN.md 6; the paper's rows map to them as follows:
+
+===============================  ==========================================
+paper row                        project row
+===============================  ==========================================
+``GPT-4o EXIT``                  ``GPT-4o EXIT``
+``LLaMA-2 EXIT``                 ``LLaMA-2-7B EXIT`` (``<model> EXIT``)
+``Random``                       ``Random``
+``GPT-4o``                       ``LLM policy (GPT-4o)``
+``LLaMA-2-7B`` / ``LLaMA-3.2-3b``  ``LLM policy (LLaMA-2-7B)`` / ``LLM policy (LLaMA-3.2-3B)``
+``UALA``                         ``UALA``
+``CPO`` / ``CPO batch`` /        same
+``CPO online``
+``CCPO (λ=0)``                   ``CCPO (lambda=0)``
+``CCPO (λ=2e-4)``                ``CCPO (lambda=2e-4)`` (:func:`lambda_row_name`)
+===============================  ==========================================
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from types import MappingProxyType
+from typing import Mapping
+
+import numpy as np
+
+from ccpo_jax.errors import UserError
+
+#: Per-split metrics, in the paper's column order (Cost (cents) / Coverage / Avg. Len. / Set Size).
+METRICS = ("cost_cents", "coverage", "avg_len", "set_size")
+
+GUIDE_MODEL = "GPT-4o"
+BASE_MODELS = {"llama2": "LLaMA-2-7B", "llama3": "LLaMA-3.2-3B"}
+
+
+def format_lambda(lam: float) -> str:
+    """Stable text of a set-size penalty: ``0``, ``1e-4``, ``2e-4``, ``1.5e-4``, ``0.05``, ``1``.
+
+    Scientific notation with the shortest mantissa below 0.01, plain decimal
+    otherwise; the same float always gives the same text.
+    """
+    lam = float(lam)
+    if not np.isfinite(lam):
+        raise UserError(f"lambda must be finite, got {lam}")
+    if lam == 0.0:
+        return "0"
+    if abs(lam) < 1e-2:
+        return np.format_float_scientific(lam, unique=True, trim="-", exp_digits=1)
+    return np.format_float_positional(lam, unique=True, trim="-")
+
+
+def lambda_row_name(lam: float) -> str:
+    """Row name of CCPO with set-size penalty ``lam`` (DESIGN 6): ``CCPO (lambda=2e-4)``."""
+    return f"CCPO (lambda={format_lambda(lam)})"
+
+
+def llm_policy_row_name(model: str) -> str:
+    """Row of the prompted-LLM policy baseline (BRIEF 1.13): ``LLM policy (GPT-4o)``."""
+    return f"LLM policy ({model})"
+
+
+def exit_row_name(model: str) -> str:
+    """Row of the LLM-EXIT baseline of ``model`` (BRIEF 1.13): ``GPT-4o EXIT``."""
+    return f"{model} EXIT"
+
+
+#: Rows in the paper's table order; rows not listed here sort after them.
+def row_order_key(name: str) -> tuple[int, str]:
+    """Sort key putting rows in the paper's order: EXIT rows, Random, LLM policies, UALA, CPO..., CCPO."""
+    fixed = {"Random": 1, "UALA": 3, "CPO": 4, "CPO batch": 5, "CPO online": 6}
+    if name.endswith(" EXIT"):
+        # the guide's EXIT row first, as in the paper
+        return (0, "" if name.startswith(GUIDE_MODEL) else name)
+    if name in fixed:
+        return (fixed[name], "")
+    if name.startswith("LLM policy ("):
+        return (2, "" if GUIDE_MODEL in name else name)
+    m = re.fullmatch(r"CCPO \(lambda=(.*)\)", name)
+    if m:
+        try:
+            return (7, f"{float(m.group(1)):030.15f}")
+        except ValueError:
+            return (7, m.group(1))
+    return (8, name)
+
+
+def row_key(name: str) -> str:
+    """Loose key for matching a row name to the paper's (case, spaces, punctuation ignored)."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One paper table: task, models, alpha, lambda, split sizes, and the published numbers."""
+
+    name: str
+    """Name used on the command line (``--setting``), e.g. ``hotpotqa-llama2-a0.1``."""
+    table: int
+    """Number of the paper's table (2-9) this setting reproduces."""
+    task: str
+    """Task of the questions: ``hotpotqa`` or ``mmlu``."""
+    base_model: str
+    """Display name of the cheap base model (``LLaMA-2-7B`` or ``LLaMA-3.2-3B``)."""
+    guide_model: str
+    """Display name of the expensive guide model (``GPT-4o``)."""
+    profile: str
+    """Synthetic-cache profile (``envs.synthetic.PROFILES``) that stands in for the paper's data."""
+    n_questions: int
+    """Questions in the built-in synthetic cache: n_train + n_cal + n_test of the paper."""
+    alpha: float
+    """Miscoverage level: the target coverage is 1 - alpha."""
+    lambdas: tuple[float, ...]
+    """Nonzero set-size penalties of the table's ``CCPO (lambda=...)`` row(s); lambda = 0 always runs too."""
+    n_train: int
+    """Training questions per split (paper: 1000 HotpotQA, 560 MMLU)."""
+    n_cal: int
+    """Calibration questions per split (paper: 200)."""
+    n_test: int
+    """Test questions per split (paper: 200)."""
+    paper: Mapping[str, Mapping[str, float]]
+    """The paper's published numbers of the table: row name -> {metric in METRICS: value}.
+    For side-by-side comparison in table.md only."""
+
+    @property
+    def split_sizes(self) -> tuple[int, int, int]:
+        """(n_train, n_cal, n_test)."""
+        return (self.n_train, self.n_cal, self.n_test)
+
+    @property
+    def all_lambdas(self) -> tuple[float, ...]:
+        """Every CCPO lambda of the table, 0 first."""
+        return (0.0,) + tuple(self.lambdas)
+
+    @property
+    def description(self) -> str:
+        return (
+            f"paper Table {self.table}: {self.task_title}, {self.base_model} + {self.guide_model}, "
+            f"alpha={self.alpha:g}, lambda={', '.join(format_lambda(x) for x in self.all_lambdas)}"
+        )
+
+    @property
+    def task_title(self) -> str:
+        return {"hotpotqa": "HotpotQA", "mmlu": "MMLU"}.get(self.task, self.task)
+
+    def paper_row(self, row: str) -> Mapping[str, float] | None:
+        """The paper's numbers for project row ``row`` (matched loosely), or None."""
+        if row in self.paper:
+            return self.paper[row]
+        k = row_key(row)
+        for name, vals in self.paper.items():
+            if row_key(name) == k:
+                return vals
+        return None
+
+
+# Paper rows in table order, as (kind, cost cents, coverage, avg len, set size). Kinds:
+# "GX" guide EXIT, "BX" base EXIT, "GP"/"BP" LLM policy of guide/base, "L0" CCPO lambda=0,
+# "L" CCPO with the table's nonzero lambda; other kinds are the row names themselves.
+_TABLES: dict[int, list[tuple[str, float, float, float, float]]] = {
+    2: [("GX", 827.0, 0.908, 2.39, 2.39), ("BX", 0.000, 0.653, 2.55, 2.55),
+        ("Random", 6.811, 0.578, 1.44, 1.00), ("GP", 18.65, 0.780, 1.20, 1.00),
+        ("BP", 4.551, 0.675, 1.03, 1.00), ("UALA", 9.153, 0.923, 2.00, 2.00),
+        ("CPO", 4.704, 0.832, 1.004, 1.00), ("CPO batch", 7.835, 0.905, 1.70, 2.19),
+        ("CPO online", 7.484, 0.897, 1.58, 2.38), ("L0", 6.552, 0.902, 1.34, 2.35),
+        ("L", 7.026, 0.903, 1.48, 2.22)],
+    3: [("GX", 827.0, 0.908, 2.39, 2.39), ("BX", 0.000, 0.718, 4.00, 4.00),
+        ("Random", 1.411, 0.61, 1.51, 1.00), ("GP", 18.09, 0.850, 1.15, 1.00),
+        ("BP", 4.449, 0.615, 1.00, 1.00), ("UALA", 8.012, 0.923, 2.00, 2.00),
+        ("CPO", 4.655, 0.829, 1.00, 1.00), ("CPO batch", 8.007, 0.932, 1.79, 3.58),
+        ("CPO online", 8.829, 0.875, 1.856, 3.11), ("L0", 7.061, 0.901, 1.59, 3.18),
+        ("L", 7.397, 0.902, 1.66, 2.78)],
+    4: [("GX", 104.6, 0.960, 1.39, 1.39), ("BX", 0.000, 0.790, 3.14, 3.14),
+        ("Random", 12.99, 0.545, 1.53, 1.00), ("GP", 25.35, 0.930, 1.08, 1.00),
+        ("BP", 8.682, 0.660, 1.11, 1.00), ("UALA", 16.99, 0.920, 2.00, 2.00),
+        ("CPO", 9.174, 0.70, 1.195, 1.00), ("CPO batch", 22.25, 0.902, 2.86, 4.20),
+        ("CPO online", 19.07, 0.901, 2.48, 3.46), ("L0", 7.949, 0.920, 1.08, 2.14),
+        ("L", 8.071, 0.907, 1.11, 1.48)],
+    5: [("GX", 104.6, 0.960, 1.39, 1.39), ("BX", 0.000, 0.840, 3.97, 3.97),
+        ("Random", 12.74, 0.607, 1.55, 1.00), ("GP", 26.87, 0.913, 1.19, 1.00),
+        ("BP", 8.540, 0.580, 1.03, 1.00), ("UALA", 16.10, 0.893, 2.00, 2.00),
+        ("CPO", 6.846, 0.860, 1.01, 1.00), ("CPO batch", 12.12, 0.917, 1.51, 2.36),
+        ("CPO online", 11.76, 0.878, 1.51, 2.53), ("L0", 10.82, 0.901, 1.34, 2.66),
+        ("L", 10.90, 0.900, 1.35, 2.70)],
+    6: [("Random", 6.811, 0.578, 1.44, 1.00), ("GP", 19.25, 0.810, 1.16, 1.00),
+        ("BP", 4.524, 0.685, 1.02, 1.00), ("UALA", 4.635, 0.850, 1.00, 1.00),
+        ("CPO", 4.711, 0.840, 1.00, 1.00), ("CPO batch", 4.663, 0.841, 1.00, 1.00),
+        ("CPO online", 4.709, 0.819, 1.00, 1.00), ("L0", 4.640, 0.862, 1.00, 1.00),
+        ("L", 4.647, 0.815, 1.00, 1.00)],
+    7: [("Random", 1.411, 0.610, 1.51, 1.00), ("GP", 18.77, 0.845, 1.12, 1.00),
+        ("BP", 4.495, 0.605, 1.00, 1.00), ("UALA", 13.25, 0.970, 3.00, 3.00),
+        ("CPO", 4.722, 0.846, 1.02, 1.00), ("CPO batch", 8.717, 0.979, 1.97, 3.66),
+        ("CPO online", 10.02, 0.894, 2.11, 3.68), ("L0", 8.126, 0.954, 1.86, 3.39),
+        ("L", 8.575, 0.951, 1.95, 3.20)],
+    8: [("Random", 12.99, 0.545, 1.53, 1.00), ("GP", 27.15, 0.887, 1.31, 1.00),
+        ("BP", 8.712, 0.520, 1.12, 1.00), ("UALA", 7.612, 0.889, 1.00, 1.00),
+        ("CPO", 7.521, 0.860, 1.00, 1.00), ("CPO batch", 8.024, 0.886, 1.00, 1.00),
+        ("CPO online", 7.643, 0.828, 1.00, 0.95), ("L0", 7.612, 0.801, 1.00, 0.90),
+        ("L", 7.670, 0.805, 1.00, 0.90)],
+    9: [("Random", 12.74, 0.607, 1.55, 1.00), ("GP", 26.87, 0.913, 1.19, 1.00),
+        ("BP", 8.547, 0.580, 1.03, 1.00), ("UALA", 7.755, 0.839, 1.00, 1.00),
+        ("CPO", 7.121, 0.805, 1.00, 1.00), ("CPO batch", 7.767, 0.805, 1.00, 0.91),
+        ("CPO online", 7.620, 0.818, 1.00, 0.98), ("L0", 7.735, 0.806, 1.00, 1.02),
+        ("L", 7.742, 0.806, 1.00, 0.89)],
+}
+
+
+def _paper_rows(table: int, base_model: str, lam: float) -> Mapping[str, Mapping[str, float]]:
+    names = {
+        "GX": exit_row_name(GUIDE_MODEL),
+        "BX": exit_row_name(base_model),
+        "GP": llm_policy_row_name(GUIDE_MODEL),
+        "BP": llm_policy_row_name(base_model),
+        "L0": lambda_row_name(0.0),
+        "L": lambda_row_name(lam),
+    }
+    out = {}
+    for kind, *vals in _TABLES[table]:
+        out[names.get(kind, kind)] = MappingProxyType(dict(zip(METRICS, map(float, vals))))
+    return MappingProxyType(out)
+
+
+def _setting(task: str, model: str, alpha: float, table: int, lam: float) -> Setting:
+    base = BASE_MODELS[model]
+    n_train = {"hotpotqa": 1000, "mmlu": 560}[task]
+    n_cal = n_test = 200
+    return Setting(
+        name=f"{task}-{model}-a{alpha:g}",
+        table=table,
+        task=task,
+        base_model=base,
+        guide_model=GUIDE_MODEL,
+        profile=f"{task}-{model}",
+        n_questions=n_train + n_cal + n_test,
+        alpha=alpha,
+        lambdas=(lam,),
+        n_train=n_train,
+        n_cal=n_cal,
+        n_test=n_test,
+        paper=_paper_rows(table, base, lam),
+    )
+
+
+#: Every setting, by name, in table order (BRIEF 1.11 for the lambda of each table).
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        _setting("hotpotqa", "llama2", 0.1, 2, 2e-4),
+        _setting("hotpotqa", "llama3", 0.1, 3, 1e-4),
+        _setting("mmlu", "llama2", 0.1, 4, 2e-4),
+        _setting("mmlu", "llama3", 0.1, 5, 1e-4),
+        _setting("hotpotqa", "llama2", 0.2, 6, 1e-4),
+        _setting("hotpotqa", "llama3", 0.05, 7, 1e-4),
+        _setting("mmlu", "llama2", 0.2, 8, 2e-4),
+        _setting("mmlu", "llama3", 0.2, 9, 2e-4),
+    )
+}
+
+#: Table 2's setting: the default of ``ccpo-jax reproduce``.
+DEFAULT_SETTING = "hotpotqa-llama2-a0.1"
+
+
+def get_setting(name: str) -> Setting:
+    """The setting called ``name``; a :class:`UserError` listing the valid names otherwise."""
+    try:
+        return SETTINGS[name]
+    except KeyError:
+        raise UserError(
+            f"--setting: unknown setting {name!r}; valid settings: {', '.join(SETTINGS)} "
+            "(see `ccpo-jax reproduce --list-settings`)"
+        ) from None
+
+
+def settings_table() -> str:
+    """Text listing of every setting (``ccpo-jax reproduce --list-settings``)."""
+    lines = [f"{'setting':24s} {'table':5s} {'alpha':5s} {'lambda':8s} {'splits':12s} profile"]
+    for s in SETTINGS.values():
+        lam = ",".join(format_lambda(x) for x in s.lambdas)
+        sizes = "/".join(map(str, s.split_sizes))
+        lines.append(f"{s.name:24s} {s.table:<5d} {s.alpha:<5g} {lam:8s} {sizes:12s} {s.profile} (synthetic)")
+    return "\n".join(lines)
