@@ -336,7 +336,7 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
                 prev_correct, prev_field = id_correct[aid]
                 raise L.fail(
                     f"{rctx}.correct",
-                    f"{correct} contradicts {prev_field}.correct = {prev_correct} for the same "
+                    f"{json.dumps(correct)} contradicts {prev_field}.correct = {json.dumps(prev_correct)} for the same "
                     f"normalised answer {norm!r}",
                 )
             id_correct.setdefault(aid, (correct, rctx))
