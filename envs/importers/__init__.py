@@ -21,8 +21,10 @@ Rules shared by the importers (documented in ``docs/readme/importers.md``):
 - *answer ids*: per question, normalised answer strings get ids in order of
   first appearance (round 1 base, round 1 guide, round 2 base, ...); when a
   source gives correctness but no comparable answer text, a correct answer is
-  the key ``<gold>`` and an incorrect one ``<wrong>`` (see
-  :func:`correctness_key`);
+  the text ``gold answer`` and an incorrect one ``wrong answer`` (see
+  :func:`correctness_key`); every answer text goes through
+  ``envs.normalise.normalise_answer`` (the manifest's normalisation), so a
+  cache written as JSONL and read back has the same ids;
 - *guide verdict* of a cascade round = the guide's answer id equals the base's
   (the guide "agrees"), i.e. what a judge that outputs its own answer would say;
 - *token estimate* where a source records none: ``ceil(chars / 4)``
@@ -44,8 +46,10 @@ from envs.cache import CacheError, Manifest, ModelInfo, ResponseCache, empty_arr
 
 #: Protocol string of every single-round pair-of-models import (SOURCES.md).
 CASCADE_PROTOCOL = "single-round cascade (T = 1), not the CCPO multi-round protocol"
-GOLD_KEY = "<gold>"
-WRONG_KEY = "<wrong>"
+#: Answer texts standing for "the gold answer" / "some wrong answer" where a source gives
+#: correctness only. Already in normalised form, so they survive a JSONL round trip.
+GOLD_KEY = "gold answer"
+WRONG_KEY = "wrong answer"
 CHARS_PER_TOKEN = 4
 
 
@@ -121,6 +125,12 @@ def correctness_key(correct: bool) -> str:
     return GOLD_KEY if correct else WRONG_KEY
 
 
+def number_key(num: str) -> str:
+    """A number as an answer text that the SQuAD normalisation (which deletes '-' and '.')
+    keeps distinct: '-3.5' -> 'minus 3 point 5'."""
+    return " ".join(num.replace("-", " minus ").replace(".", " point ").split())
+
+
 def parse_bool(cell: str, where: str) -> bool:
     """'True'/'False' (any case, also 1/0) -> bool; anything else is a :class:`CacheError`."""
     s = cell.strip().lower()
@@ -175,7 +185,7 @@ class AnswerVocab:
 class Side:
     """One model's response in one round (the importers' intermediate record)."""
 
-    key: str  # normalised answer (or GOLD_KEY / WRONG_KEY)
+    key: str  # answer text (normalised by build_cache), or GOLD_KEY / WRONG_KEY
     correct: bool
     tokens_in: float
     tokens_out: float
@@ -193,12 +203,14 @@ def build_cache(
     gold: Sequence[str],
     rounds: Sequence[Sequence[tuple[Side, Side]]],
     T: int,
-    normalisation: str,
 ) -> ResponseCache:
     """Dense arrays from per-question lists of (base, guide) rounds; verdict = same answer id.
 
-    ``rounds[q]`` holds 1..T rounds of question q. Returns the checksummed cache.
+    ``rounds[q]`` holds 1..T rounds of question q; answer keys are normalised with
+    ``envs.normalise.normalise_answer`` before ids are given. Returns the checksummed cache.
     """
+    from envs.normalise import NORMALISATION, normalise_answer
+
     Q = len(question_ids)
     a = empty_arrays(Q, T)
     texts = []
@@ -206,7 +218,7 @@ def build_cache(
         vocab = AnswerVocab()
         for t, (b, g) in enumerate(rs):
             a["round_mask"][q, t] = True
-            bid, gid = vocab(b.key), vocab(g.key)
+            bid, gid = vocab(normalise_answer(b.key)), vocab(normalise_answer(g.key))
             a["base_answer"][q, t], a["guide_answer"][q, t] = bid, gid
             a["base_correct"][q, t], a["guide_correct"][q, t] = b.correct, g.correct
             a["base_tokens_in"][q, t], a["base_tokens_out"][q, t] = b.tokens_in, b.tokens_out
@@ -219,6 +231,6 @@ def build_cache(
     a["gold"] = np.array(list(gold), dtype=str) if Q else a["gold"]
     a["answer_text"] = np.array(texts, dtype=str).reshape(Q, 2 * T) if Q else a["answer_text"]
     manifest = Manifest(
-        name=name, task=task, T=T, base=base, guide=guide, provenance=provenance, normalisation=normalisation
+        name=name, task=task, T=T, base=base, guide=guide, provenance=provenance, normalisation=NORMALISATION
     )
     return ResponseCache(manifest, a).with_checksum()

@@ -20,8 +20,10 @@ imported (no EXIT / LLM-policy rows).
   tokens x prices against each record's ``cost_usd`` and stores the largest
   deviation in the provenance (``cost_check``); the cache's cents are
   tokens x prices, i.e. ``cost_usd * 100`` up to that deviation;
-- *answers*: GSM8K: a passed answer is the gold (``reference``) answer, a
-  failed one is keyed by the last number of its response (as RouteLLM GSM8K);
+- *answers*: GSM8K: gold = the ``reference`` number (written 'minus 3 point 5',
+  as RouteLLM GSM8K answers), a passed answer is the gold answer, a failed one
+  is keyed by the last number of its response (a failed one whose number equals
+  the gold is kept apart as '<n> graded wrong');
   code tasks: a passed solution gets the gold id and all failed ones share one
   'wrong' id (two failing programs count as the same answer; set size is then a
   lower bound). Guide verdict = same answer id (agreement);
@@ -38,7 +40,7 @@ import math
 from pathlib import Path
 
 from envs.cache import CacheError, ModelInfo, ResponseCache
-from envs.importers import CASCADE_PROTOCOL, GOLD_KEY, Side, build_cache, correctness_key
+from envs.importers import CASCADE_PROTOCOL, GOLD_KEY, Side, build_cache, correctness_key, number_key
 from envs.importers.routellm import final_number
 
 REPO = "Fortitude-Group/OmnisBench @15674d9b"
@@ -118,8 +120,9 @@ def _answer_key(it: dict, gold: str, role: str) -> str:
             return gold or GOLD_KEY
         num = final_number(str(it.get("response_text", "")))
         if num is None:
-            return f"<no number: {role}>"
-        return num if num != gold else f"{num} (graded wrong)"
+            return f"no number ({role})"
+        key = number_key(num)
+        return key if key != gold else f"{key} (graded wrong)"
     return correctness_key(it["passed"])
 
 
@@ -172,7 +175,8 @@ def load(src: Path) -> ResponseCache:
             g_text = ""
             if ds == "gsm8k":
                 ref = str(b_it.get("reference", "")).strip()
-                g_text = final_number(ref) or ref
+                num = final_number(ref)
+                g_text = number_key(num) if num is not None else ref
             b = Side(_answer_key(b_it, g_text, "base"), b_it["passed"], b_it["input_tokens"], b_it["output_tokens"])
             g = Side(_answer_key(g_it, g_text, "guide"), g_it["passed"], g_it["input_tokens"], g_it["output_tokens"])
             ids.append(f"{run}/{ds}/{item_id}")
@@ -207,5 +211,4 @@ def load(src: Path) -> ResponseCache:
         gold=gold,
         rounds=rounds,
         T=1,
-        normalisation="gsm8k final number; code: correctness-class (<gold> / <wrong>)",
     )

@@ -16,9 +16,10 @@ the guide whose answer is the "corrected answer". Rules where the data is silent
   size is a lower bound (MMLU has 3 wrong options per question).
 - *answers* (GSM8K): a correct answer gets the gold id; an incorrect one is
   keyed by the final number of its response (after the last ``####`` if
-  present, else the last number in the text), so two wrong responses agree only
-  when their final numbers are equal; a wrong response with no number gets its
-  own id.
+  present, else the last number in the text; written 'minus 3 point 5' so that
+  the SQuAD normalisation keeps numbers apart), so two wrong responses agree
+  only when their final numbers are equal; a wrong response with no number gets
+  its own id.
 - *guide verdict* = the guide's answer id equals the base's (the guide would
   say "Yes"). On MMLU this is "both correct or both wrong".
 - *tokens*: input = ceil(chars(prompt) / 4) for both models (the prompt column
@@ -42,6 +43,7 @@ from envs.importers import (
     build_cache,
     correctness_key,
     estimate_tokens,
+    number_key,
     parse_bool,
     read_csv,
 )
@@ -111,7 +113,6 @@ def load_mmlu(src: Path) -> ResponseCache:
         gold=[""] * len(ids),
         rounds=rounds,
         T=1,
-        normalisation="correctness-class (<gold> / <wrong>)",
     )
 
 
@@ -132,7 +133,7 @@ def _gsm8k_key(correct: bool, response: str, role: str) -> str:
     if correct:
         return GOLD_KEY
     num = final_number(response)
-    return num if num is not None else f"<no number: {role}>"
+    return number_key(num) if num is not None else f"no number ({role})"
 
 
 def load_gsm8k(src: Path) -> ResponseCache:
@@ -169,5 +170,4 @@ def load_gsm8k(src: Path) -> ResponseCache:
         gold=[""] * len(ids),
         rounds=rounds,
         T=1,
-        normalisation="gsm8k final number (<gold> for correct answers)",
     )

@@ -32,9 +32,10 @@ cascade of two independent agents, not the CCPO judge protocol. Rounds:
   Questions without escalation have one round: the data has no second Llama
   attempt for them, and none is invented.
 
-Correctness = HotpotQA exact match after SQuAD normalisation (lower case, no
-punctuation, no articles, single spaces), which reproduces every ``em`` field
-of these files; answer ids use the same normalisation. Guide verdict = the two
+Correctness = exact match after ``envs.normalise.normalise_answer`` (SQuAD
+style: lower case, no punctuation, no articles, single spaces), which
+reproduces every ``em`` field of these three files (tested); answer ids use the
+same normalisation. Guide verdict = the two
 normalised answers are equal. Gold = ``gt_answer``.
 
 Tokens (not recorded): ceil(chars / 4) of the recorded trajectory text of that
@@ -51,11 +52,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import string
 from pathlib import Path
 
 from envs.cache import CacheError, ResponseCache
 from envs.importers import Side, build_cache, estimate_tokens
+from envs.normalise import normalise_answer
 from envs.pricing import model_info, price_sources
 
 BASE = "meta-llama/Llama-2-70b-hf"
@@ -67,14 +68,6 @@ UALA_THRESHOLD = 1.79
 
 _MEASURE = re.compile(r"^Action 1: MeasureUncertainty \[(.*?)\]\s*$", re.M | re.S)
 _UNC = re.compile(r"Answer.s uncertainty is ([0-9.]+)")
-_PUNCT = set(string.punctuation)
-
-
-def em_normalise(text: str) -> str:
-    """HotpotQA / SQuAD answer normalisation (the one behind the source's ``em`` fields)."""
-    s = "".join(ch for ch in text.lower() if ch not in _PUNCT)
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
 
 
 def _read_jsonl(path: Path, fields: tuple[str, ...]) -> dict[int, dict]:
@@ -171,18 +164,18 @@ def load_hotpotqa(src: Path) -> ResponseCache:
         gt = lr["gt_answer"]
         if gr["gt_answer"] != gt or rr["gt_answer"] != gt:
             raise CacheError(f"{paths[1]}: line {gr['_line']}: gt_answer differs from {paths[0]} for question_idx {qi}")
-        g_norm = em_normalise(gt)
+        g_norm = normalise_answer(gt)
 
         b_ans, b_u, b_lines = _cot_part(lr, paths[0])
         g_ans, g_u, g_lines = _cot_part(gr, paths[1])
-        b_key, g_key = em_normalise(b_ans), em_normalise(g_ans)
+        b_key, g_key = normalise_answer(b_ans), normalise_answer(g_ans)
         b = Side(b_key, b_key == g_norm, *_split_tokens(b_lines), score=math.exp(-b_u))
         g = Side(g_key, g_key == g_norm, *_split_tokens(g_lines), score=1.0 - math.exp(-g_u))
         rs = [(b, g)]
         if "Activate Tool" in lr["traj"]:
             tool_lines, tool_u = _tool_part(lr)
-            b2 = Side(em_normalise(lr["answer"]), bool(lr["em"]), *_split_tokens(tool_lines), score=math.exp(-tool_u))
-            g2 = Side(em_normalise(rr["answer"]), bool(rr["em"]), *_split_tokens(rr["traj"].split("\n")))
+            b2 = Side(normalise_answer(lr["answer"]), bool(lr["em"]), *_split_tokens(tool_lines), score=math.exp(-tool_u))
+            g2 = Side(normalise_answer(rr["answer"]), bool(rr["em"]), *_split_tokens(rr["traj"].split("\n")))
             rs.append((b2, g2))
         ids.append(f"hotpotqa-dev/{qi}")
         gold.append(gt)
@@ -215,5 +208,4 @@ def load_hotpotqa(src: Path) -> ResponseCache:
         gold=gold,
         rounds=rounds,
         T=2,
-        normalisation="squad (lower, strip punctuation and articles, collapse spaces)",
     )
