@@ -332,6 +332,11 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
                 ids[norm] = len(texts)
                 texts.append(norm)
             aid = ids[norm]
+            if gold_norm is not None and norm == gold_norm and not correct:
+                raise L.fail(
+                    f"{rctx}.correct",
+                    f"false, but the answer {text!r} equals the gold answer {gold!r} after normalisation",
+                )
             if aid in id_correct and id_correct[aid][0] != correct:
                 prev_correct, prev_field = id_correct[aid]
                 raise L.fail(
@@ -340,11 +345,6 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
                     f"normalised answer {norm!r}",
                 )
             id_correct.setdefault(aid, (correct, rctx))
-            if gold_norm is not None and norm == gold_norm and not correct:
-                raise L.fail(
-                    f"{rctx}.correct",
-                    f"false, but the answer {text!r} equals the gold answer {gold!r} after normalisation",
-                )
             rec[f"{role}_answer"] = aid
             rec[f"{role}_correct"] = correct
             rec[f"{role}_tokens_in"] = L.tokens(r, "tokens_in", rctx)
