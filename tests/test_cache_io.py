@@ -350,3 +350,35 @@ def test_nan_in_ignored_field_is_harmless_and_in_read_field_is_an_error(tmp_path
     p.write_text(json.dumps({"manifest": MANIFEST}) + "\n" + line.replace('"tokens_out": 5', '"tokens_out": Infinity') + "\n")
     with pytest.raises(CacheError, match=r"n.jsonl:2: rounds\[0\].base.tokens_out: .* got Infinity"):
         read_jsonl(p)
+
+
+# -- other producers of caches survive a JSONL round trip --------------------------
+
+def test_synthetic_cache_survives_jsonl_round_trip_up_to_id_renumbering(tmp_path):
+    """Synthetic ids are not in first-appearance order, so the reader renumbers them;
+    every equality between answers, every flag and every number must survive."""
+    from envs.synthetic import generate
+
+    c1 = generate("hotpotqa-llama2", n_questions=40, seed=5)
+    c2 = read_jsonl(write_jsonl(c1, tmp_path / "s.jsonl"))
+    assert c2.manifest.provenance == c1.manifest.provenance and c2.manifest.is_synthetic
+    a1, a2 = c1.arrays, c2.arrays
+    for k in a1:
+        if k not in ("base_answer", "guide_answer", "answer_text"):
+            np.testing.assert_array_equal(a1[k], a2[k], err_msg=k)
+    m = a1["round_mask"]
+    for q in range(c1.n_questions):
+        old = np.concatenate([a1["base_answer"][q][m[q]], a1["guide_answer"][q][m[q]]])
+        new = np.concatenate([a2["base_answer"][q][m[q]], a2["guide_answer"][q][m[q]]])
+        np.testing.assert_array_equal(old[:, None] == old[None, :], new[:, None] == new[None, :])
+        texts_old = [normalise_answer(str(a1["answer_text"][q][i])) for i in old]
+        assert texts_old == a2["answer_text"][q][new].tolist()
+
+
+@pytest.mark.parametrize("fmt, rel", [("uala-hotpotqa", "uala"), ("omnisbench", "omnisbench")])
+def test_real_imports_survive_jsonl_round_trip_with_same_checksum(shared_data, tmp_path, fmt, rel):
+    from envs.importers import import_cache
+
+    c1 = import_cache(fmt, shared_data / rel)
+    c2 = read_jsonl(write_jsonl(c1, tmp_path / "r.jsonl"))
+    assert c2.checksum() == c1.checksum() and c2.manifest.provenance == c1.manifest.provenance
