@@ -55,7 +55,7 @@ import re
 from pathlib import Path
 
 from envs.cache import CacheError, ResponseCache
-from envs.importers import Side, build_cache, estimate_tokens
+from envs.importers import CHARS_PER_TOKEN, Side, build_cache
 from envs.normalise import normalise_answer
 from envs.pricing import model_info, price_sources
 
@@ -116,7 +116,7 @@ def _split_tokens(lines: list[str]) -> tuple[int, int]:
             n_in += len(line) + 1
         else:
             n_out += len(line) + 1
-    return math.ceil(n_in / 4), math.ceil(n_out / 4)
+    return math.ceil(n_in / CHARS_PER_TOKEN), math.ceil(n_out / CHARS_PER_TOKEN)
 
 
 def _cot_part(rec: dict, path: Path) -> tuple[str, float, list[str]]:
