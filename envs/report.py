@@ -88,10 +88,7 @@ def describe(cache: ResponseCache, source: str) -> str:
     kind = str(prov.pop("kind", "?"))
     banner = []
     if man.is_synthetic:
-        detail = ", ".join(f"{k}={v}" for k, v in prov.items())
-        banner = ["=" * 72,
-                  "SYNTHETIC CACHE: generated data, NOT real LLM responses" + (f" ({detail})" if detail else ""),
-                  "=" * 72]
+        banner = ["=" * 72, "SYNTHETIC CACHE: generated data, NOT real LLM responses", "=" * 72]
     lines = list(banner)
     lines += [
         f"cache:       {source}",
