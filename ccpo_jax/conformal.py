@@ -1,0 +1,214 @@
+"""Conformal policy, online threshold and exact batch calibration (paper 1.5, 1.10).
+
+Actions are (base, guide, next) = (0, 1, 2). ``probs`` are pi(.|o) from
+:func:`ccpo_jax.networks.masked_probs`; ``available`` is the action mask
+("next" is False at a question's last round, envs.features.available_actions).
+
+Sets are nested in kappa: C_{pi,kappa}(o) = {a : pi(a|o) >= kappa} shrinks as
+kappa grows, so a question's coverage is monotone in kappa. That makes the
+batch calibration exact (no grid, :func:`largest_covering_kappa`).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+BASE, GUIDE, NEXT = 0, 1, 2
+#: Score of an unsolvable question (covered at every kappa). Any value > 1 works
+#: because kappa lives in [0, 1]; +inf keeps the order exact.
+UNSOLVABLE_SCORE = jnp.inf
+#: Score of a question that no kappa covers (no correct answer is ever reached).
+UNCOVERABLE_SCORE = -jnp.inf
+
+
+def _available(probs: Array, available: Array | None) -> Array:
+    return jnp.ones(probs.shape, bool) if available is None else available.astype(bool)
+
+
+def conformal_set(probs: Array, kappa: Array | float, available: Array | None = None) -> Array:
+    """C_{pi,kappa}(o) = {a available : pi(a|o) >= kappa} (paper Eq. 2).
+
+    Args:
+      probs: ``[..., A]`` pi(a|o).
+      kappa: scalar or broadcastable to ``[...]`` (a trailing axis is added).
+      available: ``[..., A]`` bool; unavailable actions are never in the set.
+
+    Returns:
+      ``[..., A]`` bool. The set MAY BE EMPTY (every pi(a|o) < kappa, possible
+      only when kappa > 1/|available|); :func:`stochastic_conformal_policy`
+      documents what the policy does then.
+    """
+    kappa = jnp.asarray(kappa, probs.dtype)[..., None]
+    return (probs >= kappa) & _available(probs, available)
+
+
+def stochastic_conformal_policy(probs: Array, kappa: Array | float, available: Array | None = None) -> Array:
+    """S_{pi,kappa}(a|o): uniform over the conformal set (paper Eq. 3).
+
+    Empty-set rule (the paper is silent, BRIEF 1.5): when C_{pi,kappa}(o) is
+    empty, S is a point mass on argmax_a pi(a|o) over the available actions
+    (the set {argmax pi}, as in the follow-up RLCP paper). This keeps S a
+    distribution and equals the limit of the set as kappa decreases to max pi.
+
+    Returns ``[..., A]``, rows sum to 1 (if any action is available).
+    """
+    avail = _available(probs, available)
+    in_set = conformal_set(probs, kappa, avail)
+    n = jnp.sum(in_set, axis=-1, keepdims=True)
+    arg = jnp.argmax(jnp.where(avail, probs, -jnp.inf), axis=-1)
+    fallback = jax.nn.one_hot(arg, probs.shape[-1], dtype=probs.dtype)
+    uniform = in_set.astype(probs.dtype) / jnp.maximum(n, 1).astype(probs.dtype)
+    return jnp.where(n > 0, uniform, fallback)
+
+
+def softmask(probs: Array, kappa: Array | float, eps: float = 0.01) -> Array:
+    """softmask(a, o; kappa) = sigmoid((pi(a|o) - kappa) / eps), eps = 0.01 (paper 1.5). ``[..., A]``."""
+    kappa = jnp.asarray(kappa, probs.dtype)[..., None]
+    return jax.nn.sigmoid((probs - kappa) / eps)
+
+
+def soft_conformal_policy(
+    probs: Array, kappa: Array | float, available: Array | None = None, eps: float = 0.01
+) -> Array:
+    """S~(a|o) = softmask(a) / sum_{a' available} softmask(a') (BRIEF 1.5 [I]).
+
+    Computed as a softmax of log-sigmoids over the available actions, so it is
+    exactly normalised and finite (no 0/0) even when every softmask underflows
+    (all pi(a|o) << kappa: then it tends to a point mass on argmax pi, the same
+    rule as the hard policy's empty set). Unavailable actions get 0. A row with
+    no available action at all (padding) returns the uniform distribution, so
+    logs stay finite; mask such steps out downstream.
+
+    Returns ``[..., A]``, differentiable in ``probs`` and ``kappa``.
+    """
+    logp, use = _soft_logits(probs, kappa, available, eps)
+    return jnp.where(use, jnp.exp(logp), 0.0)
+
+
+def _soft_logits(probs, kappa, available, eps):
+    avail = _available(probs, available)
+    kappa = jnp.asarray(kappa, probs.dtype)[..., None]
+    logits = jax.nn.log_sigmoid((probs - kappa) / eps)
+    any_avail = jnp.any(avail, axis=-1, keepdims=True)
+    use = avail | ~any_avail
+    return jax.nn.log_softmax(jnp.where(use, logits, -jnp.inf), axis=-1), use
+
+
+def soft_conformal_log_policy(
+    probs: Array, kappa: Array | float, available: Array | None = None, eps: float = 0.01
+) -> Array:
+    """log S~(a|o), ``[..., A]``: finite (>= about -1/eps - log A) on available actions even where
+    S~ underflows to 0, ``-inf`` on unavailable ones. Use it for ratios and KLs (gradients stay finite)."""
+    logp, use = _soft_logits(probs, kappa, available, eps)
+    return jnp.where(use, logp, -jnp.inf)
+
+
+def soft_policy_kl(logp_old: Array, logp_new: Array) -> Array:
+    """KL(S~_old || S~_new) over the last axis from log-policies (``-inf`` = unavailable in both). ``[...]``."""
+    p_old = jnp.exp(logp_old)
+    diff = jnp.where(jnp.isfinite(logp_old), logp_old - jnp.where(jnp.isfinite(logp_new), logp_new, 0.0), 0.0)
+    return jnp.sum(p_old * diff, axis=-1)
+
+
+# ----------------------------------------------------------------------------- online kappa
+
+
+def kappa_step(
+    kappa: Array | float, err: Array | float, k: Array | int, alpha: float, eta0: float, xi: float = 0.1
+) -> Array:
+    """One online conformal step (paper Eq. 9 with the ABB-2024 sign, BRIEF 1.10):
+
+        kappa_{k+1} = clip(kappa_k + eta_k (alpha - err_k), 0, 1),  eta_k = eta0 k^-(1/2 + xi).
+
+    A miss (err = 1) LOWERS kappa, i.e. enlarges the sets C = {pi >= kappa}.
+    (The Chinese summary's sign is the opposite and is wrong.)
+
+    Args:
+      kappa: current threshold.
+      err: 1 - 1[Y* in C_{pi_{k+1},kappa_k}(Q) or unsolvable] for one question,
+        or the batch mean of that over a batch of questions (one step per batch;
+        the long-run bound |mean err - alpha| <= range(kappa) / (K eta_K) holds for
+        any err in [0, 1]).
+      k: the 1-based step counter (values < 1 are treated as 1).
+      alpha: target miscoverage. eta0: initial step. xi: decay exponent (paper 0.1).
+    """
+    k = jnp.maximum(jnp.asarray(k, jnp.float32), 1.0)
+    eta = eta0 * k ** (-(0.5 + xi))
+    return jnp.clip(kappa + eta * (alpha - jnp.asarray(err, jnp.float32)), 0.0, 1.0)
+
+
+# ----------------------------------------------------------------------------- batch calibration
+
+
+def largest_covering_kappa(
+    probs: Array, base_correct: Array, guide_correct: Array, round_mask: Array, unsolvable: Array
+) -> Array:
+    """Largest kappa at which the set-valued rollout of C_{pi,kappa} covers one question.
+
+    Set-valued rollout (DESIGN 4): round t is reached iff "next" is in the set at
+    every earlier round; at a reached round the base (guide) answer is collected
+    iff "base" ("guide") is in the set. Because C = {a : pi(a|o) >= kappa} is
+    nested, the question is covered at kappa iff for some existing round t
+
+        pi(next|o_s) >= kappa for all s < t  and  pi(a*|o_t) >= kappa for a correct a* at t,
+
+    so  kappa_i = max_t min( min_{s<t} pi(next|o_s), max_{correct a at t} pi(a|o_t) ),
+    and the question is covered at kappa iff kappa <= kappa_i.
+
+    Args:
+      probs: ``[T, 3]`` pi(.|o_t) along the question's fixed chain of observations.
+      base_correct, guide_correct, round_mask: ``[T]`` bool.
+      unsolvable: scalar bool.
+
+    Returns:
+      scalar: kappa_i in [0, 1]; ``+inf`` (UNSOLVABLE_SCORE) if unsolvable
+      (covered for every kappa, even by an empty set); ``-inf``
+      (UNCOVERABLE_SCORE) if no existing round has a correct answer.
+    """
+    p_next = probs[:, NEXT]
+    # reach[t] = min_{s<t} pi(next|o_s)  (1 at t = 0): an exclusive cumulative min.
+    reach = jnp.concatenate([jnp.ones((1,), probs.dtype), jax.lax.cummin(p_next)[:-1]])
+    ans = jnp.maximum(
+        jnp.where(base_correct, probs[:, BASE], -jnp.inf),
+        jnp.where(guide_correct, probs[:, GUIDE], -jnp.inf),
+    )
+    per_round = jnp.where(round_mask, jnp.minimum(reach, ans), -jnp.inf)
+    score = jnp.max(per_round)
+    return jnp.where(unsolvable, UNSOLVABLE_SCORE, score)
+
+
+def conformal_rank(n: int, alpha: Array | float) -> Array:
+    """k = ceil((n + 1)(1 - alpha)) as int32 (a 1e-4 slack absorbs float32 rounding,
+    e.g. 100 * (1 - 0.2) = 80.0000012 in float32 must give 80, not 81)."""
+    return jnp.ceil((n + 1) * (1.0 - jnp.asarray(alpha, jnp.float32)) - 1e-4).astype(jnp.int32)
+
+
+def calibrate_kappa(kappa_i: Array, alpha: Array | float) -> Array:
+    """Exact split-conformal threshold (DESIGN 5): kappa-hat = the
+    ceil((n+1)(1-alpha))-th LARGEST kappa_i, clipped to [0, 1].
+
+    Then at least ceil((n+1)(1-alpha)) calibration questions have kappa_i >=
+    kappa-hat, i.e. are covered, and by exchangeability a fresh test question
+    is covered with probability in [1-alpha, 1-alpha+1/(n+1)] (upper end for
+    distinct scores). When that rank exceeds n the guarantee needs "include
+    everything", so kappa-hat = 0.0. Clipping +inf (unsolvable) to 1 and -inf
+    to 0 only enlarges sets, so coverage stays valid.
+
+    Args:
+      kappa_i: ``[n]`` scores from :func:`largest_covering_kappa` (n static).
+      alpha: miscoverage level (may be traced, e.g. vmapped over alpha).
+    Returns: scalar kappa-hat in [0, 1].
+    """
+    n = kappa_i.shape[0]
+    k = conformal_rank(n, alpha)
+    desc = -jnp.sort(-kappa_i)
+    val = desc[jnp.clip(k - 1, 0, n - 1)]
+    return jnp.where(k > n, 0.0, jnp.clip(val, 0.0, 1.0)).astype(jnp.float32)
+
+
+def covered_at(kappa: Array | float, kappa_i: Array) -> Array:
+    """Coverage of each question at threshold kappa: ``kappa <= kappa_i`` (same shape as kappa_i).
+    Use it for the online err_k = 1 - covered_at(kappa_k, kappa_i) of the questions just seen."""
+    return jnp.asarray(kappa) <= kappa_i
