@@ -1,0 +1,138 @@
+"""Exact batch calibration (paper 1.10, DESIGN 5) against a NumPy set-valued rollout,
+the paper's 1e-6 grid search, and the split-conformal coverage guarantee."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ccpo_jax import conformal as cf
+
+T = 4
+
+
+def _pool(seed, Q):
+    """Random policies on random chains: probs [Q,T,3] (next masked at the last round), flags [Q,T]."""
+    rng = np.random.default_rng(seed)
+    n_rounds = rng.integers(2, T + 1, Q)
+    round_mask = np.arange(T)[None] < n_rounds[:, None]
+    avail = np.ones((Q, T, 3), bool)
+    avail[np.arange(Q), n_rounds - 1, 2] = False
+    probs = rng.dirichlet(np.ones(3), (Q, T)) * avail
+    probs = (probs / probs.sum(-1, keepdims=True)).astype(np.float32)
+    base_c = (rng.random((Q, T)) < 0.4) & round_mask
+    guide_c = (rng.random((Q, T)) < 0.4) & round_mask
+    unsolvable = ~(base_c | guide_c).any(-1)
+    return probs, avail, base_c, guide_c, round_mask, unsolvable
+
+
+def covered_np(kappa, probs, avail, base_c, guide_c, round_mask, unsolvable):
+    """Reference: walk each question's chain with the set C = {a available: pi(a|o) >= kappa}.
+    kappa: scalar or [Q]. Returns covered [Q]."""
+    kappa = np.broadcast_to(np.asarray(kappa, np.float64), unsolvable.shape)[:, None]
+    reached = np.ones(unsolvable.shape, bool)
+    covered = np.zeros(unsolvable.shape, bool)
+    for t in range(probs.shape[1]):
+        in_set = (probs[:, t].astype(np.float64) >= kappa) & avail[:, t]
+        live = reached & round_mask[:, t]
+        covered |= live & ((in_set[:, 0] & base_c[:, t]) | (in_set[:, 1] & guide_c[:, t]))
+        reached = live & in_set[:, 2]
+    return covered | unsolvable
+
+
+@pytest.fixture(scope="module")
+def pool():
+    data = _pool(0, 400)
+    probs, avail, base_c, guide_c, round_mask, unsolvable = data
+    scores = jax.jit(jax.vmap(cf.largest_covering_kappa))(probs, base_c, guide_c, round_mask, unsolvable)
+    return data, np.asarray(scores)
+
+
+def test_score_is_the_exact_coverage_boundary(pool):
+    data, scores = pool
+    unsolv = data[-1]
+    assert np.isposinf(scores[unsolv]).all() and np.isfinite(scores[~unsolv]).all()
+    s = scores[~unsolv].astype(np.float64)
+    sub = [x[~unsolv] for x in data]
+    # covered exactly at kappa_i, not covered just above it (the reference walks the chain)
+    assert covered_np(s, *sub).all()
+    assert not covered_np(np.nextafter(s.astype(np.float32), np.float32(2)), *sub).any()
+    # a question with no correct answer on existing rounds, marked solvable: never covered
+    probs, avail, base_c, guide_c, rm, _ = [x[:1] for x in data]
+    none = cf.largest_covering_kappa(probs[0], np.zeros(T, bool), np.zeros(T, bool), rm[0], False)
+    assert np.isneginf(float(none))
+
+
+def test_calibrate_kappa_rank_by_hand_and_include_all():
+    kap = jnp.array([0.9, 0.1, 0.5, 0.7, 0.3, 0.2, 0.8, 0.6, 0.4])  # n = 9
+    # alpha = 0.2: ceil(10 * 0.8) = 8 -> 8th largest = 0.2
+    np.testing.assert_allclose(cf.calibrate_kappa(kap, 0.2), 0.2)
+    # alpha = 0.05: ceil(10 * 0.95) = 10 > 9 -> include everything
+    assert float(cf.calibrate_kappa(kap, 0.05)) == 0.0
+    # float32 rounding must not bump the rank: n = 99, alpha = 0.2 -> k = 80 exactly
+    kap = jnp.arange(99, dtype=jnp.float32) / 100
+    np.testing.assert_allclose(cf.calibrate_kappa(kap, 0.2), np.sort(np.asarray(kap))[::-1][79])
+    # +inf (unsolvable) clips to 1, -inf (uncoverable) to 0
+    assert float(cf.calibrate_kappa(jnp.array([jnp.inf] * 5), 0.5)) == 1.0
+    assert float(cf.calibrate_kappa(jnp.array([-jnp.inf] * 5), 0.5)) == 0.0
+
+
+def _grid_search(cal, alpha, grid=1e-6):
+    """The paper's procedure: the largest kappa on a 1e-6 grid whose calibration coverage count is
+    >= ceil((n+1)(1-alpha)), coverage evaluated by walking the chains. Coverage is monotone in kappa
+    (checked on a coarse grid first), so the largest such grid point is found by bisection over
+    the 10^6 grid indices instead of a 10^6-point scan."""
+    n = len(cal[0])
+    k = math.ceil(round((n + 1) * (1 - alpha), 9))
+    coarse = np.array([covered_np(kk, *cal).sum() for kk in np.linspace(0, 1, 201)])
+    assert (np.diff(coarse) <= 0).all(), "coverage must be monotone in kappa"
+    if k > n:
+        return 0.0
+    lo, hi = 0, int(round(1 / grid))  # invariant: count(lo) >= k
+    if covered_np(hi * grid, *cal).sum() >= k:
+        return hi * grid
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if covered_np(mid * grid, *cal).sum() >= k:
+            lo = mid
+        else:
+            hi = mid
+    return lo * grid
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.2])
+def test_exact_calibration_matches_grid_search(pool, alpha):
+    data, scores = pool
+    rng = np.random.default_rng(int(alpha * 100))
+    for _ in range(3):
+        perm = rng.permutation(len(scores))
+        cal, test = perm[:200], perm[200:]
+        kap_exact = float(cf.calibrate_kappa(jnp.asarray(scores[cal]), alpha))
+        kap_grid = _grid_search([x[cal] for x in data], alpha)
+        assert abs(kap_exact - kap_grid) <= 1e-6 + 1e-7
+        for idx in (cal, test):
+            sub = [x[idx] for x in data]
+            np.testing.assert_array_equal(covered_np(kap_exact, *sub), covered_np(kap_grid, *sub))
+        assert covered_np(kap_exact, *[x[cal] for x in data]).sum() >= math.ceil(201 * (1 - alpha) - 1e-9)
+
+
+def test_split_conformal_coverage_over_2000_draws(pool):
+    data, scores = pool
+    n, m, alpha, D = 100, 100, 0.2, 2000
+    keys = jax.random.split(jax.random.PRNGKey(0), D)
+
+    @jax.jit
+    def draw(key, s):
+        perm = jax.random.permutation(key, s.shape[0])
+        return cf.calibrate_kappa(s[perm[:n]], alpha), perm[n:n + m]
+
+    kap, test_idx = jax.vmap(draw, in_axes=(0, None))(keys, jnp.asarray(scores))  # one vmapped call
+    kap, test_idx = np.asarray(kap), np.asarray(test_idx)
+    flat = [x[test_idx.reshape(-1)] for x in data]
+    cov = covered_np(np.repeat(kap, m), *flat).reshape(D, m).mean(1)
+    se = cov.std(ddof=1) / math.sqrt(D)
+    lo, hi = 1 - alpha, 1 - alpha + 1 / (n + 1)
+    assert lo - 4 * se <= cov.mean() <= hi + 4 * se, (cov.mean(), lo, hi, se)
