@@ -60,6 +60,8 @@ from envs.normalise import NORMALISATION, normalise_answer
 
 #: Largest token count accepted for one call (anything above is a data error).
 MAX_TOKENS = 1e7
+#: Largest cached EXIT cost of one question, in cents (float32-safe; anything above is a data error).
+MAX_CENTS = 1e9
 #: Largest T accepted (Manifest.from_dict enforces the same bound).
 MAX_T = 64
 
@@ -132,7 +134,8 @@ class _Line:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise self.fail(_join(ctx, key), f"expected {what}, got {_typename(v)} {_show(v)}")
-        if not math.isfinite(v) or not lo <= v <= hi:
+        # (ints are compared exactly: math.isfinite would overflow on 10**400)
+        if (isinstance(v, float) and not math.isfinite(v)) or not lo <= v <= hi:
             raise self.fail(_join(ctx, key), f"expected {what}, got {_show(v)}")
         return float(v)
 
@@ -186,6 +189,8 @@ def _parse_lines(path: Path) -> list[tuple[int, Any]]:
             ) from None
         except RecursionError:
             raise CacheError(f"{path}:{i}: JSON nested too deeply") from None
+        except ValueError as e:  # e.g. an integer with more than 4300 digits
+            raise CacheError(f"{path}:{i}: not valid JSON ({e})") from None
         if not isinstance(val, dict):
             raise CacheError(f"{path}:{i}: expected a JSON object, got {_typename(val)}{hint}")
         out.append((i, val))
@@ -371,7 +376,7 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
             exits[m] = {
                 "correct": L.boolean(rec, "correct", ctx),
                 "rounds": n,
-                "cost_cents": L.number(rec, "cost_cents", ctx, 0.0, math.inf, "a finite number >= 0"),
+                "cost_cents": L.number(rec, "cost_cents", ctx, 0.0, MAX_CENTS, f"a number >= 0 and <= {MAX_CENTS:.0e}"),
             }
         pol = L.obj(base, "llm_policy", "baselines", required=False) or {}
         for m, acts in pol.items():

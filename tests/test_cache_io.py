@@ -313,7 +313,7 @@ def _mutate(fn):
     (lambda r: r[0]["baselines"]["exit"]["llama"].update(rounds=4),
      "bad.jsonl:2: baselines.exit.llama.rounds: expected an integer in [1, 3], got 4"),
     (lambda r: r[2]["baselines"]["exit"]["gpt-4o"].update(cost_cents=-0.1),
-     "baselines.exit.gpt-4o.cost_cents: expected a finite number >= 0, got -0.1"),
+     "baselines.exit.gpt-4o.cost_cents: expected a number >= 0 and <= 1e+09, got -0.1"),
     (lambda r: r[0]["rounds"][0]["base"].update(tokens_in=True),
      "rounds[0].base.tokens_in: expected a number >= 0 and <= 1e+07, got boolean true"),
     (lambda r: r[0]["rounds"][0]["base"].update(confidence=-0.5),

@@ -64,6 +64,8 @@ CASES = {
                         ["data.jsonl:3:", "rounds[1].guide.tokens_in", "got -3"]),
     "absurd_tokens": (_lines(_q(rounds=[_round(base__tokens_in=2e9)])),
                       ["data.jsonl:2:", "rounds[0].base.tokens_in", "<= 1e+07"]),
+    "huge_integer_tokens": (_lines(json.dumps(_q()).replace('"tokens_in": 100', '"tokens_in": 1' + '0' * 400)),
+                            ["data.jsonl:2:", "rounds[0].base.tokens_in", "<= 1e+07"]),
     "too_many_rounds": (_lines(GOOD, _q(rounds=[_round()] * 3)),
                         ["data.jsonl:3:", "rounds", "3 rounds, more than the manifest's T = 2"]),
     "zero_rounds": (_lines(GOOD, _q(rounds=[])), ["data.jsonl:3:", "rounds", "at least one round"]),
