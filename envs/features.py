@@ -98,7 +98,7 @@ def _next_exists(mask: jax.Array) -> jax.Array:
 def _prev_equal(ids: jax.Array, mask: jax.Array) -> jax.Array:
     """[..., T] bool: id at t equals id at t-1 (both rounds exist); False at t = 0."""
     same = (ids[..., 1:] == ids[..., :-1]) & mask[..., 1:] & mask[..., :-1]
-    return jnp.concatenate([jnp.zeros_like(same[..., :1]), same], axis=-1)
+    return jnp.concatenate([jnp.zeros(ids.shape[:-1] + (1,), bool), same], axis=-1)  # T = 1 safe
 
 
 def distinct_so_far(base_answer: jax.Array, guide_answer: jax.Array, mask: jax.Array) -> jax.Array:
