@@ -175,8 +175,10 @@ def is_setting_profile(setting: Setting, cache) -> bool:
     prov = cache.manifest.provenance
     if prov.get("kind") != "synthetic":
         return False
-    vals = {str(v) for v in prov.values() if isinstance(v, (str, int, float))}
-    return setting.profile in vals or cache.manifest.name.startswith(setting.profile)
+    prof = setting.profile
+    vals = [str(v) for v in prov.values() if isinstance(v, str)]  # e.g. generator "envs.synthetic/<profile>"
+    name = cache.manifest.name
+    return any(v == prof or v.endswith("/" + prof) for v in vals) or name == prof or f"-{prof}-" in f"-{name}-"
 
 
 def describe_cache(cache) -> str:

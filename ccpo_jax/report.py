@@ -44,10 +44,23 @@ TIMING_KEYS = ("total_s", "compile_s", "train_s", "eval_s")
 
 # -- atomic writes ---------------------------------------------------------------
 
+def _umask() -> int:
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _mkstemp(path: Path, suffix: str) -> tuple[int, str]:
+    """A temporary file beside ``path`` with the permissions a plain ``open`` would give."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.chmod(tmp, 0o666 & ~_umask())
+    return fd, tmp
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _mkstemp(path, ".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -198,6 +211,12 @@ def format_table(
         if compare_paper:
             lines.append("> The paper's values (in parentheses) are shown for side-by-side comparison only.")
         lines.append("")
+    if compare_paper and setting is not None and split_sizes is not None and split_sizes[2] != setting.n_test:
+        lines.append(
+            f"Note: cost is summed over the test set; the paper's costs are for {setting.n_test} test "
+            f"questions, these for {split_sizes[2]}."
+        )
+        lines.append("")
     sizes = f" (train/cal/test = {'/'.join(map(str, split_sizes))})" if split_sizes else ""
     lines.append(f"- alpha: {results['alpha']:g} (target coverage {1 - results['alpha']:g})")
     lines.append(f"- protocol: {results['protocol']}")
@@ -280,8 +299,10 @@ def write_boxplots(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> li
         else:
             finite = np.concatenate([d[np.isfinite(d)] for d in data]) if data else np.array([])
             pos = finite[finite > 0]
-            if pos.size and finite.max() / max(pos.min(), 1e-9) > 50:
-                ax.set_yscale("symlog", linthresh=1.0)  # EXIT rows cost ~100x the others
+            if pos.size and finite.max() / max(pos.min(), 1e-9) > 50 and finite.min() >= 0:
+                # EXIT rows cost ~100x the others: log scale, linear only below the cheapest nonzero cost
+                ax.set_yscale("symlog", linthresh=float(max(pos.min(), 1e-6)))
+                ax.set_ylim(0.0, float(finite.max()) * 2.0)
         ax.set_ylabel(METRIC_TITLES[metric])
         ax.set_title(
             f"{results['setting']}: {METRIC_TITLES[metric].lower()} over {results['splits']} splits "
@@ -290,7 +311,7 @@ def write_boxplots(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> li
         )
         fig.tight_layout()
         path = out_dir / fname
-        fd, tmp = tempfile.mkstemp(prefix=f".{fname}.", suffix=".png", dir=out_dir)
+        fd, tmp = _mkstemp(path, ".png")
         os.close(fd)
         try:
             fig.savefig(tmp, format="png", dpi=110)

@@ -77,13 +77,14 @@ def exit_row_name(model: str) -> str:
 def row_order_key(name: str) -> tuple[int, str]:
     """Sort key putting rows in the paper's order: EXIT rows, Random, LLM policies, UALA, CPO..., CCPO."""
     fixed = {"Random": 1, "UALA": 3, "CPO": 4, "CPO batch": 5, "CPO online": 6}
+    guide = row_key(GUIDE_MODEL)
     if name.endswith(" EXIT"):
         # the guide's EXIT row first, as in the paper
-        return (0, "" if name.startswith(GUIDE_MODEL) else name)
+        return (0, "" if row_key(name).startswith(guide) else name)
     if name in fixed:
         return (fixed[name], "")
     if name.startswith("LLM policy ("):
-        return (2, "" if GUIDE_MODEL in name else name)
+        return (2, "" if guide in row_key(name) else name)
     m = re.fullmatch(r"CCPO \(lambda=(.*)\)", name)
     if m:
         try:

@@ -1,0 +1,166 @@
+"""results.json schema (DESIGN 6), summary statistics vs numpy, table.md, box plots, TensorBoard."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ccpo_jax import report
+from experiments.settings import METRICS, get_setting
+
+S = 21
+SCHEMA_TOP = {"setting", "alpha", "protocol", "splits", "cache", "policies", "timing", "environment"}
+STATS = {"mean", "median", "q05", "q95"}
+
+
+def _rows(rng) -> dict[str, dict[str, np.ndarray]]:
+    rows = {}
+    # deliberately out of the paper's order
+    for name in ("CCPO (lambda=2e-4)", "Random", "CPO", "GPT-4o EXIT", "UALA", "CCPO (lambda=0)"):
+        rows[name] = {
+            "cost_cents": rng.gamma(2.0, 3.0, S),
+            "coverage": rng.uniform(0.8, 1.0, S),
+            "avg_len": rng.uniform(1, 3, S),
+            "set_size": rng.uniform(1, 3, S),
+        }
+    return rows
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    rng = np.random.default_rng(0)
+    rows = _rows(rng)
+    rows["UALA"]["coverage"][3] = np.nan  # a split without a value
+    cache = {"name": "synthetic-hotpotqa-llama2", "provenance": {"kind": "synthetic", "profile": "hotpotqa-llama2", "seed": 0},
+             "checksum": "sha256:abc", "n_questions": 1400}
+    return report.build_results(
+        setting="hotpotqa-llama2-a0.1", alpha=0.1, protocol="recalibrate", n_splits=S, cache=cache, rows=rows,
+        timing={"total_s": 3.0, "compile_s": 1.0, "train_s": 1.5, "eval_s": 0.5},
+        environment={"jax": "x", "backend": "cpu", "devices": ["cpu:0 (cpu)"]},
+    ), rows
+
+
+def test_results_schema_matches_design(tmp_path, results):
+    res, rows = results
+    path = report.write_results(tmp_path, res)
+    assert path == tmp_path / "results.json"
+    # strict JSON (no NaN tokens)
+    back = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert set(back) == SCHEMA_TOP
+    assert isinstance(back["setting"], str) and isinstance(back["alpha"], float)
+    assert back["protocol"] in ("retrain", "recalibrate") and back["splits"] == S
+    assert set(back["cache"]) == {"name", "provenance", "checksum", "n_questions"}
+    assert set(back["timing"]) == {"total_s", "compile_s", "train_s", "eval_s"}
+    assert set(back["environment"]) == {"jax", "backend", "devices"}
+    assert set(back["policies"]) == set(rows)
+    for name, entry in back["policies"].items():
+        assert set(entry) == set(METRICS) | {"per_split"}
+        assert set(entry["per_split"]) == set(METRICS)
+        for m in METRICS:
+            assert set(entry[m]) == STATS
+            assert len(entry["per_split"][m]) == S
+    # rows in the paper's order
+    assert list(back["policies"]) == ["GPT-4o EXIT", "Random", "UALA", "CPO", "CCPO (lambda=0)", "CCPO (lambda=2e-4)"]
+    assert not list(tmp_path.glob(".*"))  # no temp files left
+
+
+def test_summary_stats_agree_with_numpy(results):
+    res, rows = results
+    for name, ms in rows.items():
+        for m in METRICS:
+            v = np.asarray(ms[m], float)
+            v = v[np.isfinite(v)]
+            got = res["policies"][name][m]
+            assert got["mean"] == pytest.approx(np.mean(v), rel=1e-12)
+            assert got["median"] == pytest.approx(np.median(v), rel=1e-12)
+            assert got["q05"] == pytest.approx(np.quantile(v, 0.05), rel=1e-12)
+            assert got["q95"] == pytest.approx(np.quantile(v, 0.95), rel=1e-12)
+            np.testing.assert_allclose(
+                [x for x in res["policies"][name]["per_split"][m] if x is not None], v, rtol=0, atol=0)
+    assert res["policies"]["UALA"]["per_split"]["coverage"][3] is None
+
+
+def test_summary_stats_hand_computed():
+    # 0..20: linear-interpolated 5% quantile at position 0.05 * 20 = 1 -> 1.0; 95% -> 19.0
+    s = report.summary_stats(np.arange(21.0)[::-1])
+    assert s == {"mean": 10.0, "median": 10.0, "q05": 1.0, "q95": 19.0}
+    s = report.summary_stats([1.0, 2.0])  # position 0.05 -> 1.05
+    assert s["q05"] == pytest.approx(1.05) and s["q95"] == pytest.approx(1.95) and s["median"] == 1.5
+    assert report.summary_stats([np.nan]) == {"mean": None, "median": None, "q05": None, "q95": None}
+
+
+def test_missing_metric_or_wrong_length_rejected():
+    with pytest.raises(ValueError, match="set_size"):
+        report.policy_entry({"cost_cents": [1], "coverage": [1], "avg_len": [1]}, 1, "X")
+    with pytest.raises(ValueError, match="3 values for 2 splits"):
+        report.policy_entry({m: [1, 2, 3] for m in METRICS}, 2, "X")
+
+
+def test_table_layout_synthetic_label_and_paper_values(tmp_path, results):
+    res, rows = results
+    st = get_setting("hotpotqa-llama2-a0.1")
+    path = report.write_table(tmp_path, res, st, (1000, 200, 200), compare_paper=True)
+    text = path.read_text()
+    assert "SYNTHETIC" in text and "hotpotqa-llama2-a0.1" in text and "Table 2" in text
+    assert "| Policy | Cost (cents) | Coverage | Avg. Len. | Set Size |" in text
+    assert "recalibrate" in text and "1000/200/200" in text and "alpha: 0.1" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("| CCPO (lambda=2e-4) |"))
+    cov = res["policies"]["CCPO (lambda=2e-4)"]["coverage"]
+    assert f"{cov['mean']:.3f} [{cov['q05']:.3f}, {cov['q95']:.3f}] (paper 0.903)" in line
+    assert "(paper 827)" in next(ln for ln in text.splitlines() if ln.startswith("| GPT-4o EXIT |"))
+    # rows absent from the run are named, not faked
+    assert "CPO batch" in text.split("absent here")[1]
+    plain = report.format_table(res, st, (1000, 200, 200), compare_paper=False)
+    assert "(paper" not in plain and "SYNTHETIC" in plain
+    real = dict(res, cache=dict(res["cache"], provenance={"kind": "real", "source": "x"}))
+    assert "SYNTHETIC" not in report.format_table(real, st)
+
+
+def test_boxplots_are_pngs(tmp_path, results):
+    res, _ = results
+    paths = report.write_boxplots(tmp_path, res)
+    assert [p.name for p in paths] == [report.COST_PNG, report.COVERAGE_PNG]
+    import matplotlib.image
+
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        img = matplotlib.image.imread(p)
+        assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert not list(tmp_path.glob(".*"))
+
+
+def _read_events(logdir: Path) -> list:
+    """Parse TFRecord event files (length, crc, data, crc) with tensorboardX's protobuf."""
+    from tensorboardX.proto import event_pb2
+
+    events = []
+    for f in sorted(logdir.rglob("events.out.tfevents.*")):
+        buf = f.read_bytes()
+        i = 0
+        while i < len(buf):
+            (n,) = struct.unpack("<Q", buf[i : i + 8])
+            data = buf[i + 12 : i + 12 + n]
+            i += 12 + n + 4
+            ev = event_pb2.Event()
+            ev.ParseFromString(data)
+            events.append(ev)
+    return events
+
+
+def test_write_scalars_roundtrip(tmp_path):
+    curves = {"kappa": np.array([0.3, 0.25, np.nan, 0.2]), "coverage": np.array([[0.8, 0.9], [0.6, 0.7]])}
+    n = report.write_scalars(tmp_path / "tb", "CCPO (lambda=0)", curves)
+    assert n == 3 + 2
+    got = {}
+    for ev in _read_events(tmp_path / "tb"):
+        for v in ev.summary.value:
+            got[(v.tag, ev.step)] = v.simple_value
+    tags = {t for t, _ in got}
+    assert len(tags) == 2 and all(t.endswith(("/kappa", "/coverage")) for t in tags)
+    kappa = {s: x for (t, s), x in got.items() if t.endswith("/kappa")}
+    assert kappa == pytest.approx({0: 0.3, 1: 0.25, 3: 0.2})
+    cov = {s: x for (t, s), x in got.items() if t.endswith("/coverage")}
+    assert cov == pytest.approx({0: 0.7, 1: 0.8})  # mean over splits

@@ -1,0 +1,205 @@
+"""``ccpo-jax reproduce``: input errors through the CLI, the pipeline's trainer call site,
+interrupted runs and --resume, and one small end-to-end run."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ccpo_jax.errors import UserError
+from ccpo_jax.pipeline import CKPT_DIR, LearnedRows, reproduce
+from experiments.settings import METRICS
+
+ENV = dict(os.environ, JAX_PLATFORMS="cpu")
+
+
+@pytest.fixture(scope="module")
+def small_cache(tmp_path_factory) -> Path:
+    """A 100-question SYNTHETIC cache in the fast format."""
+    from envs.cache import save_fast
+    from envs.synthetic import generate
+
+    path = tmp_path_factory.mktemp("cache") / "syn100"
+    save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), path)
+    return path
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ccpo_jax.cli", "reproduce", *args],
+        cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300,
+    )
+
+
+def _assert_user_error(r: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+    err = [ln for ln in r.stderr.splitlines() if "error:" in ln]
+    assert err, r.stderr
+    for f in fragments:
+        assert f in r.stderr, (f, r.stderr)
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--setting", "hotpotqa-gpt5"], ["unknown setting", "hotpotqa-llama2-a0.1", "mmlu-llama3-a0.2"]),
+        (["--split-sizes", "60,20"], ["--split-sizes"]),
+        (["--alpha", "1.5"], ["--alpha"]),
+    ],
+)
+def test_cli_rejects_bad_input_without_output(tmp_path, args, fragments):
+    """Through a subprocess: exit 2, one 'error:' line, no traceback, nothing written."""
+    r = _cli([*args, "--out", str(tmp_path / "out")], tmp_path)
+    _assert_user_error(r, *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no out dir, no runs/, no .partial
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--split-sizes", "60,x,20"], "--split-sizes"),
+        (["--alpha", "0"], "--alpha"),
+        (["--alpha", "-0.1"], "--alpha"),
+        (["--splits", "0"], "--splits"),
+        (["--iterations", "0"], "--iterations"),
+        (["--seed", "-1"], "--seed"),
+        (["--cache", "does/not/exist"], "does/not/exist"),
+        (["--resume", "no/such/run"], "--resume"),
+    ],
+)
+def test_cli_main_rejects_bad_input_in_process(tmp_path, monkeypatch, capsys, args, fragment):
+    """The same checks through ``cli.main`` (cheaper than a subprocess each)."""
+    from ccpo_jax.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    extra = [] if "--resume" in args else ["--out", str(tmp_path / "out")]
+    assert main(["reproduce", *args, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and fragment in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_bad_protocol_is_an_argparse_error(tmp_path, monkeypatch, capsys):
+    from ccpo_jax.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["reproduce", "--protocol", "sometimes"])
+    assert e.value.code == 2 and "--protocol" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_rejects_splits_larger_than_the_cache_and_unwritable_out(tmp_path, small_cache):
+    out = tmp_path / "out"
+    r = _cli(["--cache", str(small_cache), "--split-sizes", "60,30,20", "--splits", "2", "--out", str(out)], tmp_path)
+    _assert_user_error(r, "--split-sizes 60,30,20 needs 110 questions", "has only 100")
+    assert list(tmp_path.iterdir()) == []
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    r = _cli(["--cache", str(small_cache), "--split-sizes", "60,20,20", "--out", str(blocker / "run")], tmp_path)
+    _assert_user_error(r, "--out", "not a directory")
+    (tmp_path / "exists").mkdir()
+    r = _cli(["--cache", str(small_cache), "--split-sizes", "60,20,20", "--out", str(tmp_path / "exists")], tmp_path)
+    _assert_user_error(r, "--out", "already exists")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "exists"]
+
+
+def test_list_settings(tmp_path):
+    r = _cli(["--list-settings"], tmp_path)
+    assert r.returncode == 0
+    assert len([ln for ln in r.stdout.splitlines() if "(synthetic)" in ln]) == 8
+
+
+# -- the trainer call site, with a stand-in trainer -------------------------------------------
+
+class FakeTrainer:
+    """Stands in for ccpo_jax.train.learned_rows; records its arguments."""
+
+    def __init__(self, interrupt: bool = False):
+        self.calls: list[dict] = []
+        self.interrupt = interrupt
+
+    def __call__(self, **kw):
+        self.calls.append(kw)
+        S = kw["splits"].test.shape[0]
+        kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+        if self.interrupt:
+            raise KeyboardInterrupt
+        rng = np.random.default_rng(0)
+        rows = {name: {m: rng.uniform(0.5, 1.0, S) for m in METRICS}
+                for name in ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)")}
+        curves = {"CCPO (lambda=0)": {"kappa": np.linspace(0.3, 0.2, 7)}}
+        return LearnedRows(rows=rows, curves=curves, timing={"compile_s": 1.0, "train_s": 2.0, "eval_s": 0.5})
+
+
+def test_pipeline_calls_the_trainer_and_merges_its_rows(tmp_path, small_cache):
+    fake = FakeTrainer()
+    out = tmp_path / "run"
+    res = reproduce(cache=str(small_cache), n_splits=3, split_sizes="60,20,20", out_dir=out,
+                    iterations=7, learned_rows=fake, echo=None)
+    (kw,) = fake.calls
+    assert kw["alpha"] == 0.1 and kw["lambdas"] == (2e-4,) and kw["protocol"] == "recalibrate"
+    assert kw["iterations"] == 7 and kw["resume"] is False
+    sp = kw["splits"]
+    assert sp.train.shape == (3, 60) and sp.cal.shape == (3, 20) and sp.test.shape == (3, 20)
+    assert kw["params"].n_questions == 100 and kw["cache"].n_questions == 100
+    assert kw["ckpt_dir"].parent == tmp_path / ".run.partial"
+    # outputs complete, the work dir renamed into place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    names = {p.name for p in out.iterdir()}
+    assert {"results.json", "table.md", "boxplot_cost.png", "boxplot_coverage.png", "run.json", "tensorboard"} <= names
+    back = json.loads((out / "results.json").read_text())
+    assert back == res.results
+    for row in ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)", "Random", "UALA"):
+        assert row in back["policies"], row
+    assert back["timing"]["compile_s"] == 1.0 and back["timing"]["train_s"] == 2.0
+    assert back["timing"]["total_s"] >= back["timing"]["eval_s"] >= 0.5
+    assert back["cache"]["provenance"]["kind"] == "synthetic"
+    assert "SYNTHETIC" in (out / "table.md").read_text()
+
+
+def test_interrupted_run_leaves_no_out_and_resumes(tmp_path, small_cache):
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=out,
+                  learned_rows=FakeTrainer(interrupt=True), echo=None)
+    assert not out.exists()
+    work = tmp_path / ".run.partial"
+    assert (work / CKPT_DIR).is_dir() and (work / "run.json").is_file()
+    # a new run into the same --out is refused while the interrupted one exists
+    with pytest.raises(UserError, match="--resume"):
+        reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=out,
+                  learned_rows=FakeTrainer(), echo=None)
+    with pytest.raises(UserError, match="splits"):
+        reproduce(resume=out, n_splits=5, learned_rows=FakeTrainer(), echo=None)
+    fake = FakeTrainer()
+    res = reproduce(resume=out, learned_rows=fake, echo=None)
+    assert fake.calls[0]["resume"] is True and fake.calls[0]["splits"].test.shape == (2, 20)
+    assert res.out_dir == out and (out / "results.json").is_file() and not work.exists()
+    with pytest.raises(UserError, match="finished run"):
+        reproduce(resume=out, learned_rows=FakeTrainer(), echo=None)
+
+
+# -- end to end, real baselines and trainer ----------------------------------------------------
+
+def test_end_to_end_small(tmp_path, small_cache):
+    out = tmp_path / "e2e"
+    r = _cli(["--cache", str(small_cache), "--splits", "3", "--split-sizes", "60,20,20",
+              "--iterations", "4", "--no-progress", "--out", str(out)], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["splits"] == 3 and res["setting"] == "hotpotqa-llama2-a0.1"
+    rows = set(res["policies"])
+    assert {"Random", "UALA", "CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)"} <= rows
+    for entry in res["policies"].values():
+        cov = [x for x in entry["per_split"]["coverage"] if x is not None]
+        assert len(cov) == 3 and all(0.0 <= c <= 1.0 for c in cov)
+    assert "SYNTHETIC" in r.stdout and "| Policy |" in r.stdout
+    assert (out / "boxplot_coverage.png").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e2e"]
