@@ -79,12 +79,15 @@ def raw_rounds(cache: ResponseCache) -> dict[str, np.ndarray]:
     return raw
 
 
+_build_features_jit = jax.jit(build_features, static_argnums=1)  # one compile per shape, not one per op
+
+
 def make_env_params(cache: ResponseCache) -> EnvParams:
     """Featurise a cache and move it to the default device."""
     a, T = cache.arrays, cache.T
     raw = raw_rounds(cache)
     return EnvParams(
-        obs=jnp.asarray(build_features(raw, T), jnp.float32),
+        obs=_build_features_jit(raw, T),
         available=available_actions(a["round_mask"]),
         cost=jnp.asarray(raw["round_cost_cents"], jnp.float32),
         base_answer=jnp.asarray(a["base_answer"], jnp.int32),

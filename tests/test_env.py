@@ -208,7 +208,7 @@ def test_hand_computed_example():
     sets[0, 1] = [0, 1, 0]  # round 2: guide answer (id 1, right), stop
     sets[0, 2] = [1, 1, 1]  # never reached
     sets[1, 0] = [0, 0, 1]  # "next" at q1's only round: unavailable -> empty set
-    m = evaluate_sets(sets, p, jnp.array([0, 1]))
+    m = jax.jit(evaluate_sets)(sets, p, jnp.array([0, 1]))
     np.testing.assert_allclose(np.asarray(m.cost_cents), [0.03, 0.04], rtol=1e-6)
     assert np.asarray(m.covered).tolist() == [True, True]  # q1 covered because unsolvable
     assert np.asarray(m.length).tolist() == [2, 1]
@@ -228,14 +228,15 @@ def test_hand_computed_example():
     # the step env: q0 next, next, guide -> cost 0.06, correct; q1 base -> cost 0.04, wrong but unsolvable
     env = OrchestrationEnv()
     k = jax.random.PRNGKey(0)
-    _, st = env.reset(k, p, 0)
+    reset, step = jax.jit(env.reset), jax.jit(env.step)
+    _, st = reset(k, p, 0)
     rewards = []
     for a in (2, 2, 1):
-        _, st, r, done, _, info = env.step(k, st, a, p)
+        _, st, r, done, _, info = step(k, st, a, p)
         rewards.append(float(r))
     assert sum(rewards) == pytest.approx(-0.06) and bool(done) and bool(info["correct"]) and info["round"] == 3
-    _, st = env.reset(k, p, 1)
-    _, st, r, done, _, info = env.step(k, st, 0, p)
+    _, st = reset(k, p, 1)
+    _, st, r, done, _, info = step(k, st, 0, p)
     assert float(r) == pytest.approx(-0.04) and bool(done) and not bool(info["correct"]) and float(info["constraint"]) == 1.0
 
 
