@@ -200,7 +200,7 @@ def reached_rounds(in_set: jax.Array, available: jax.Array) -> jax.Array:
     """[N, T] bool: round t is reached iff "next" is (available and) in the set at every earlier round."""
     nxt = (in_set[..., A_NEXT] & available[..., A_NEXT]).astype(jnp.int32)
     prefix = jnp.cumprod(nxt[..., :-1], axis=-1).astype(bool)
-    return jnp.concatenate([jnp.ones_like(prefix[..., :1]), prefix], axis=-1)
+    return jnp.concatenate([jnp.ones(nxt.shape[:-1] + (1,), bool), prefix], axis=-1)  # T = 1 safe
 
 
 def evaluate_sets(in_set: jax.Array, params: EnvParams, idx: jax.Array) -> SetMetrics:

@@ -246,3 +246,27 @@ def test_reset_random_question(params):
     _, st = jax.vmap(lambda k: env.reset(k, params))(keys)
     qs = np.asarray(st.question)
     assert qs.min() >= 0 and qs.max() < Q and len(np.unique(qs)) > Q // 2
+
+
+@pytest.mark.parametrize("T_small", [1, 2])
+def test_short_horizons_match_reference(T_small):
+    """T = 1 (a single-round cascade) and T = 2: features, env and set evaluation against the reference."""
+    c = random_cache(25, T_small, seed=T_small)
+    p = make_env_params(c)
+    ref = np.array([reference_features(c, q) for q in range(25)])
+    np.testing.assert_allclose(np.asarray(p.obs), ref, rtol=1e-5, atol=1e-6)
+    rng = np.random.default_rng(0)
+    sets = _random_sets(rng, 25, T_small)
+    m = jax.tree.map(np.asarray, jax.jit(evaluate_sets)(sets, p, jnp.arange(25)))
+    actions = rng.choice([0, 1, 2, 2], size=(25, T_small + 1)).astype(np.int32)
+    _, (_, r, term, _, info) = jax.tree.map(np.asarray, _run_jax_env(p, actions))
+    env = ReferenceEnv(c)
+    for q in range(25):
+        e = reference_evaluate_set(c, q, sets[q].tolist())
+        assert (m.length[q], m.set_size[q], bool(m.covered[q])) == (e["length"], e["set_size"], e["covered"])
+        assert m.cost_cents[q] == pytest.approx(e["cost_cents"], rel=1e-5, abs=1e-9)
+        env.reset(q)
+        for k in range(T_small + 1):
+            _, rr, te, _, inf = env.step(int(actions[q, k]))
+            assert r[q, k] == pytest.approx(rr, rel=1e-6, abs=1e-9) and bool(term[q, k]) == te
+            assert info["constraint"][q, k] == inf["constraint"]
