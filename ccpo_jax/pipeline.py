@@ -215,7 +215,7 @@ def _call_learned_rows(fn: Callable, *, cache, params, splits, key, cfg: RunConf
 
         learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array,
                      alpha: float, lambdas: tuple[float, ...], protocol: str,
-                     iterations: int | None, ckpt_dir: Path, resume: bool, progress: bool)
+                     iterations: int | None, ckpt_dir: Path, tb_dir: Path, resume: bool, progress: bool)
             -> LearnedRows  (or a (rows, curves, timing) tuple, or just the rows dict)
 
     ``splits.train`` is [S, n_train] (all rows equal under ``recalibrate``: train
@@ -223,7 +223,9 @@ def _call_learned_rows(fn: Callable, *, cache, params, splits, key, cfg: RunConf
     are the table's nonzero lambdas (CCPO (lambda=0) is always trained);
     ``iterations`` None = the trainer's default. ``ckpt_dir`` lives in the work
     directory; ``resume`` says whether checkpoints from a killed run may be there.
-    Every returned row must hold all of METRICS as arrays [S].
+    ``tb_dir`` is the run's TensorBoard folder: the pipeline writes the returned
+    ``curves`` there at the end; a trainer that logs live scalars there itself
+    returns no curves. Every returned row must hold all of METRICS as arrays [S].
     """
     out = _coerce_learned(
         fn(
@@ -236,6 +238,7 @@ def _call_learned_rows(fn: Callable, *, cache, params, splits, key, cfg: RunConf
             protocol=cfg.protocol,
             iterations=cfg.iterations,
             ckpt_dir=work / CKPT_DIR,
+            tb_dir=work / TB_DIR,
             resume=resume,
             progress=progress,
         )
@@ -397,12 +400,20 @@ def reproduce(
         fn = _find_learned_rows()
     notes: list[str] = []
 
+    if resuming:
+        old_sum = json.loads((work / RUN_FILE).read_text()).get("cache_checksum")
+        if old_sum and old_sum != cache_obj.manifest.checksum:
+            raise UserError(
+                f"--resume: the cache changed since the run was interrupted (checksum {old_sum} before, "
+                f"{cache_obj.manifest.checksum} now); restore it or start a new run"
+            )
     created = False
     try:
         if not resuming:
             work.mkdir(parents=True)
             created = True
-            report.atomic_write_text(work / RUN_FILE, json.dumps(cfg.to_dict(), indent=2) + "\n")
+            saved = dict(cfg.to_dict(), cache_checksum=cache_obj.manifest.checksum)
+            report.atomic_write_text(work / RUN_FILE, json.dumps(saved, indent=2) + "\n")
         say(f"reproduce {st.name} ({st.description})")
         say(f"  {describe_cache(cache_obj)}")
         say(f"  protocol {cfg.protocol}, {cfg.n_splits} splits of {'/'.join(map(str, cfg.split_sizes))} "

@@ -149,7 +149,7 @@ def test_pipeline_calls_the_trainer_and_merges_its_rows(tmp_path, small_cache):
     sp = kw["splits"]
     assert sp.train.shape == (3, 60) and sp.cal.shape == (3, 20) and sp.test.shape == (3, 20)
     assert kw["params"].n_questions == 100 and kw["cache"].n_questions == 100
-    assert kw["ckpt_dir"].parent == tmp_path / ".run.partial"
+    assert kw["ckpt_dir"].parent == tmp_path / ".run.partial" == kw["tb_dir"].parent
     # outputs complete, the work dir renamed into place
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     names = {p.name for p in out.iterdir()}
