@@ -219,7 +219,16 @@ def test_jit_vmap_100_problems_equal_unbatched_no_retrace():
         return tr.cpo_update(theta, lambda p: g @ flat(p), lambda p: b @ flat(p),
                              lambda p: 0.5 * flat(p) @ H @ flat(p), c, delta, damping=0.0, cg_iters=2 * N)
 
-    for name, f in (("direction", direction), ("update", update)):
+    def cg(H, g, b, c, delta):
+        return tr.conjugate_gradient(lambda v: H @ v, g, iters=2 * N)
+
+    def fvp(H, g, b, c, delta):
+        theta = {"a": jnp.ones(4), "b": jnp.ones(2)}
+        flat = lambda p: jax.flatten_util.ravel_pytree(p)[0]
+        # exact quadratic KL around theta: FVP must be H v + damping v
+        return tr.fisher_vector_product(lambda p: 0.5 * (flat(p) - 1) @ H @ (flat(p) - 1), theta, b, 1e-3)
+
+    for name, f in (("direction", direction), ("update", update), ("cg", cg), ("fvp", fvp)):
         batched = jax.jit(jax.vmap(chex.assert_max_traces(f, n=1)))
         out = batched(H, g, b, c, delta)
         batched(H, g * 2, b, c, delta)  # no retrace
@@ -228,3 +237,6 @@ def test_jit_vmap_100_problems_equal_unbatched_no_retrace():
             one = single(H[i], g[i], b[i], c[i], delta[i])
             for u, v in zip(jax.tree.leaves(one), jax.tree.leaves(out)):
                 np.testing.assert_allclose(np.asarray(u), np.asarray(v[i]), rtol=1e-4, atol=1e-5, err_msg=name)
+            if name == "fvp":
+                np.testing.assert_allclose(np.asarray(out[i]), np.asarray(H[i] @ b[i] + 1e-3 * b[i]), rtol=1e-5,
+                                           atol=1e-5)
