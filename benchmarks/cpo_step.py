@@ -29,7 +29,7 @@ from ccpo_jax import networks
 from ccpo_jax import trust_region as tr
 
 EPISODES, T, OBS_DIM = 10, 4, 16
-KAPPA, ALPHA, DELTA = 0.2, 0.1, 0.01
+KAPPA, ALPHA, DELTA = 0.33, 0.1, 0.01
 
 
 def make_problem(key):
@@ -43,7 +43,7 @@ def make_problem(key):
     actions = jnp.where(avail[..., 2] | (actions < 2), actions, 0)
     mask = jnp.arange(T)[None] < jax.random.randint(k[3], (EPISODES, 1), 1, T + 1)
     adv = jax.random.normal(k[4], (EPISODES, T))
-    success = jax.random.bernoulli(k[5], 0.7, (EPISODES,)).astype(jnp.float32)
+    success = jax.random.bernoulli(k[5], 0.9, (EPISODES,)).astype(jnp.float32)
     unsolvable = jnp.zeros((EPISODES,), bool).at[0].set(True)
     batch = dict(obs=obs, avail=avail, actions=actions, mask=mask, adv=adv, success=success,
                  unsolvable=unsolvable)
