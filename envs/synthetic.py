@@ -9,10 +9,13 @@ marginals resemble the paper's.
 Generative model (all choices are ours; the paper publishes no data):
 
 * Each question q has a latent difficulty ``d_q ~ N(0, 1)`` and a random
-  permutation of the answer ids ``0 .. 2T-1``: the first is the gold answer,
+  permutation of the answer labels ``0 .. 2T-1``: the first is the gold answer,
   the others form a pool of wrong answers (HotpotQA: 7, MMLU: 3 wrong options).
   Wrong answers are drawn from the pool with geometric weights, so the same
-  wrong answer recurs across rounds and models.
+  wrong answer recurs across rounds and models. Texts are ``"synthetic answer
+  <label>"``; the cache's answer ids number them in order of first appearance
+  (base r1, guide r1, base r2, ...), as ``envs.jsonl`` does, so a JSONL export
+  and import keeps the checksum.
 * **Base** (LLaMA) at round t: a *fresh* attempt is correct iff
   ``mu_b + delta_t - s_b d_q + eps > 0`` (probit; ``delta_t`` grows with t:
   retry gains). From round 2 on the base sees the guide's previous output: after
@@ -430,8 +433,21 @@ def generate(profile: str | Profile = DEFAULT_PROFILE, n_questions: int = DEFAUL
         "guide_uncertainty", "exit_correct", "exit_rounds", "exit_cost_cents", "llm_policy_actions",
     ):
         arrays[k] = sim[k].astype(arrays[k].dtype)
+    # Renumber answers in order of first appearance (base r1, guide r1, base r2, ...), as
+    # envs.jsonl numbers them, so that a JSONL export + import keeps the checksum. The
+    # text keeps the generator's random label: "synthetic answer <label>".
+    seq = np.stack([sim["base_answer"], sim["guide_answer"]], axis=2).reshape(n_questions, 2 * T)
+    same = seq[:, :, None] == seq[:, None, :]  # [Q, 2T, 2T]
+    first_pos = np.argmax(same, axis=2)  # first position holding the same label
+    is_first = first_pos == np.arange(2 * T)[None, :]
+    new_id = (np.cumsum(is_first, axis=1) - 1)[np.arange(n_questions)[:, None], first_pos].astype(np.int32)
+    arrays["base_answer"], arrays["guide_answer"] = new_id[:, 0::2].copy(), new_id[:, 1::2].copy()
     texts = np.array([f"synthetic answer {j}" for j in range(2 * T)])
-    arrays["answer_text"] = np.broadcast_to(texts, (n_questions, 2 * T)).copy()
+    labels = texts[seq]
+    answer_text = np.full((n_questions, 2 * T), "", dtype=texts.dtype)
+    q_idx, pos = np.nonzero(is_first)
+    answer_text[q_idx, new_id[q_idx, pos]] = labels[q_idx, pos]
+    arrays["answer_text"] = answer_text
     arrays["gold"] = texts[sim["perm"][:, 0]]
     arrays["question_ids"] = np.char.add(f"syn-{prof.name}-s{seed}-q", np.arange(n_questions).astype(str))
     arrays["exit_mask"][:] = True

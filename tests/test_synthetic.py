@@ -129,10 +129,17 @@ def test_schema_manifest_and_consistency(caches, name):
     assert cache.checksum() == man.checksum
     assert a["round_mask"].all()
     # correctness flags agree with answer ids and the gold text
-    gold_id = np.array([list(row).index(g) for row, g in zip(a["answer_text"], a["gold"])])
-    assert (a["base_correct"] == (a["base_answer"] == gold_id[:, None])).all()
-    assert (a["guide_correct"] == (a["guide_answer"] == gold_id[:, None])).all()
+    rows = np.arange(N)[:, None]
+    for who in ("base", "guide"):
+        text = a["answer_text"][rows, a[f"{who}_answer"]]
+        assert (text != "").all()
+        assert (a[f"{who}_correct"] == (text == a["gold"][:, None])).all()
     assert all(g.startswith("synthetic answer ") for g in a["gold"])
+    # ids are numbered in order of first appearance (base r1, guide r1, base r2, ...), as envs.jsonl does
+    seq = np.stack([a["base_answer"], a["guide_answer"]], axis=2).reshape(N, -1)
+    running_max = np.maximum.accumulate(seq, axis=1)
+    assert (seq[:, 0] == 0).all() and (seq[:, 1:] <= running_max[:, :-1] + 1).all()
+    assert all(len(set(r)) == len(set(t[t != ""])) for r, t in zip(seq, a["answer_text"]))
     # "Yes" means the guide's answer is the base's; "No [answer]" gives a different answer
     assert (a["guide_answer"] == a["base_answer"])[a["guide_verdict"]].all()
     assert (a["guide_answer"] != a["base_answer"])[~a["guide_verdict"]].all()
