@@ -60,10 +60,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
-from scipy.special import ndtr  # standard normal CDF, vectorised
 
 from envs.cache import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays
 
@@ -271,7 +270,7 @@ def _simulate(profile: Profile, n: int, seed: int, T: int = T_ROUNDS) -> dict[st
     Random numbers are drawn in fixed shapes before any parameter is used, so a
     seed gives the same draws for every parameter value (common random numbers,
     which keeps :func:`calibrate`'s bisections smooth). Returns ``[Q, T]`` round
-    arrays, ``[Q, 2T]`` answer-id permutation, and ``[Q, 2]`` / ``[Q, 2, T]``
+    arrays, ``[Q, 2T]`` answer-label permutation (gold first), and ``[Q, 2]`` / ``[Q, 2, T]``
     baseline arrays in the order of :attr:`Profile.models`.
     """
     c, tk = profile.chain, profile.tokens
