@@ -223,27 +223,37 @@ def _call_learned_rows(fn: Callable, *, cache, params, splits, key, cfg: RunConf
     are the table's nonzero lambdas (CCPO (lambda=0) is always trained);
     ``iterations`` None = the trainer's default. ``ckpt_dir`` lives in the work
     directory; ``resume`` says whether checkpoints from a killed run may be there.
-    ``tb_dir`` is the run's TensorBoard folder: the pipeline writes the returned
-    ``curves`` there at the end; a trainer that logs live scalars there itself
-    returns no curves. Every returned row must hold all of METRICS as arrays [S].
+    ``tb_dir`` (passed only if ``fn`` accepts it) is the run's TensorBoard folder:
+    the pipeline writes the returned ``curves`` there at the end; a trainer that
+    logs live scalars there itself returns no curves. Every returned row must hold all of METRICS as arrays [S].
     """
-    out = _coerce_learned(
-        fn(
-            cache=cache,
-            params=params,
-            splits=splits,
-            key=key,
-            alpha=cfg.alpha,
-            lambdas=cfg.lambdas,
-            protocol=cfg.protocol,
-            iterations=cfg.iterations,
-            ckpt_dir=work / CKPT_DIR,
-            tb_dir=work / TB_DIR,
-            resume=resume,
-            progress=progress,
-        )
+    kwargs = dict(
+        cache=cache,
+        params=params,
+        splits=splits,
+        key=key,
+        alpha=cfg.alpha,
+        lambdas=cfg.lambdas,
+        protocol=cfg.protocol,
+        iterations=cfg.iterations,
+        ckpt_dir=work / CKPT_DIR,
+        tb_dir=work / TB_DIR,
+        resume=resume,
+        progress=progress,
     )
-    return out
+    if not _accepts(fn, "tb_dir"):  # tb_dir is optional for the trainer
+        kwargs.pop("tb_dir")
+    return _coerce_learned(fn(**kwargs))
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    import inspect
+
+    try:
+        ps = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in ps or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ps.values())
 
 
 def _as_rows(rows: Mapping[str, Mapping[str, Any]], n_splits: int, source: str) -> dict[str, dict[str, np.ndarray]]:
