@@ -170,3 +170,20 @@ def test_split_size_errors_name_the_flag():
         make_splits(jax.random.PRNGKey(0), 10, 8, 2, 2, 1)
     with pytest.raises(UserError, match="--protocol"):
         splits_for_protocol("bogus", jax.random.PRNGKey(0), 10, 2, 2, 2, 1)
+
+
+def test_settings_match_the_synthetic_profiles():
+    """Each setting's profile exists, and the baseline rows it yields match the paper's row names
+    (so table.md can put the paper's numbers beside them)."""
+    from envs.synthetic import PROFILES
+
+    from experiments.settings import exit_row_name, llm_policy_row_name, row_key
+
+    for s in SETTINGS.values():
+        assert s.profile in PROFILES, s.name
+        prof = PROFILES[s.profile]
+        assert prof.task == s.task
+        for model in prof.models:
+            for row in (llm_policy_row_name(model),) + ((exit_row_name(model),) if s.table <= 5 else ()):
+                assert s.paper_row(row) is not None, (s.name, row)
+                assert row_key(row) in {row_key(r) for r in s.paper}
