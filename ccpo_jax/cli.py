@@ -12,6 +12,7 @@ import sys
 # Each module registers its own subcommand(s); keep this list sorted by name.
 COMMAND_MODULES = (
     "ccpo_jax.commands.data",
+    "ccpo_jax.commands.export",
     "ccpo_jax.commands.reproduce",
 )
 

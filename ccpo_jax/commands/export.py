@@ -1,0 +1,156 @@
+"""``ccpo-jax export | route | serve``: export a trained router, batch decisions, HTTP endpoint (DESIGN 7)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    e = sub.add_parser(
+        "export", help="write a trained policy of a run as a self-describing router artefact (jax.export)",
+        description="Export the policy of one row of a 'ccpo-jax reproduce' run (RUN_DIR/policies/) as a directory "
+        "with manifest.json, policy.jaxexport and params.npz, loadable by ccpo_jax.serving.Router.")
+    e.add_argument("run_dir", metavar="RUN_DIR", help="the --out of 'ccpo-jax reproduce' (or one policy folder)")
+    e.add_argument("--row", default=None, help="row name or slug, e.g. 'CPO batch' (default: 'CCPO (lambda=0)')")
+    e.add_argument("--out", required=True, metavar="ARTIFACT", help="output directory (must not exist)")
+    e.set_defaults(func=_export)
+
+    r = sub.add_parser(
+        "route", help="batch decisions of an exported router for a JSONL file of rounds",
+        description="Each input line is {\"rounds\": [...], \"can_continue\"?: bool, \"id\"?: any} (a question line "
+        "of the human cache format works too; a {\"manifest\": ...} line is skipped). Writes one JSON decision per line.")
+    r.add_argument("artifact", metavar="ARTIFACT")
+    r.add_argument("--input", required=True, help="JSONL file of requests")
+    r.add_argument("--out", default=None, help="output JSONL file (default: stdout); written atomically")
+    r.add_argument("--every-round", action="store_true",
+                   help="a decision after every round of each line (round t may continue iff the line has more rounds), "
+                   "as the replay environment sees a cached question")
+    r.set_defaults(func=_route)
+
+    s = sub.add_parser(
+        "serve", help="serve an exported router over HTTP (POST /v1/route, GET /healthz)",
+        description="JSON endpoint on loopback by default. See docs/readme/export.md for the request format.")
+    s.add_argument("artifact", metavar="ARTIFACT")
+    s.add_argument("--port", type=int, required=True, help="TCP port (0: any free port)")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1, loopback only)")
+    s.add_argument("--max-bytes", type=int, default=1 << 20, help="largest request body in bytes (default: 1 MiB; larger -> 413)")
+    s.add_argument("--max-batch", type=int, default=1024, help="most requests in one 'batch' (default: 1024)")
+    s.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    s.set_defaults(func=_serve)
+
+
+def _export(args) -> int:
+    from ccpo_jax.export import export_router
+    from ccpo_jax.serving.artifact import read_verified
+
+    out = export_router(args.run_dir, args.out, row=args.row)
+    m = read_verified(out)[0]
+    kind = m["cache"].get("provenance", {}).get("kind", "?")
+    tag = " (trained on a SYNTHETIC cache)" if kind == "synthetic" else ""
+    print(f"exported {m['policy']['row']!r} (alpha={m['alpha']}, kappa={m['kappa']:.6g}, T={m['T']}, "
+          f"F={m['features']['count']}){tag} to {out}")
+    return 0
+
+
+def _read_requests(path: Path, every_round: bool) -> tuple[list[dict], list[dict]]:
+    """(requests for the router, per-request echo fields {line, id?, round?})."""
+    from ccpo_jax.serving import RouterInputError
+
+    reqs, echo = [], []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise RouterInputError(f"--input {path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise RouterInputError(f"--input {path}: not UTF-8 text") from None
+
+    def no_constant(name):
+        raise ValueError(f"{name} is not valid JSON")
+
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{i}"
+        try:
+            obj = json.loads(line, parse_constant=no_constant)
+        except ValueError as e:
+            raise RouterInputError(f"{where}: invalid JSON ({e})") from None
+        if not isinstance(obj, dict):
+            raise RouterInputError(f"{where}: expected a JSON object with 'rounds'")
+        if "manifest" in obj and "rounds" not in obj:
+            continue
+        rounds = obj.get("rounds")
+        ident = {"line": i, **({"id": obj["id"]} if "id" in obj else {})}
+        if every_round and isinstance(rounds, list) and rounds:
+            for t in range(len(rounds)):
+                reqs.append({"rounds": rounds[: t + 1], "can_continue": t + 1 < len(rounds), "_where": where})
+                echo.append(ident)
+        else:
+            reqs.append({**obj, "_where": where})
+            echo.append(ident)
+    return reqs, echo
+
+
+def _route(args) -> int:
+    from ccpo_jax.serving import Router, RouterInputError
+
+    router = Router.load(args.artifact)
+    reqs, echo = _read_requests(Path(args.input), args.every_round)
+    # Validate line by line so an error names FILE:LINE, then decide in one batch.
+    from ccpo_jax.serving import features as feats
+
+    for r in reqs:
+        if "rounds" not in r:
+            raise RouterInputError(f"{r['_where']}: missing field 'rounds'")
+        feats.parse_request(r["rounds"], r.get("can_continue"), router.T, r["_where"])
+    decisions = router.decide_many([{k: v for k, v in r.items() if k != "_where"} for r in reqs]) if reqs else []
+    text = "".join(json.dumps({**e, **d}) + "\n" for e, d in zip(echo, decisions))
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    print(f"wrote {len(decisions)} decisions to {out}", file=sys.stderr)
+    return 0
+
+
+def _serve(args) -> int:
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.serving import Router
+    from ccpo_jax.serving.http import LOOPBACK, RouterServer
+
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port: expected 0..65535, got {args.port}")
+    if args.max_bytes < 1 or args.max_batch < 1:
+        raise UserError("--max-bytes and --max-batch must be >= 1")
+    router = Router.load(args.artifact)
+    router.decide([{"base": {"answer": "", "tokens_in": 0, "tokens_out": 0},
+                    "guide": {"verdict": True, "answer": "", "tokens_in": 0, "tokens_out": 0}}])  # compile before serving
+    try:
+        server = RouterServer(router, args.host, args.port, max_bytes=args.max_bytes, max_batch=args.max_batch,
+                              verbose=args.verbose)
+    except OSError as e:
+        raise UserError(f"--host {args.host} --port {args.port}: cannot listen ({e.strerror})") from None
+    if args.host not in LOOPBACK:
+        print(f"warning: listening on {args.host}, not loopback; the endpoint has no authentication", file=sys.stderr)
+    print(f"serving {router.manifest['policy']['row']!r} on {server.url} (POST /v1/route, GET /healthz); Ctrl-C stops",
+          file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,275 @@
+"""``ccpo-jax export``: a trained policy -> a self-describing router artefact (DESIGN 7).
+
+Reads ``RUN_DIR/policies/<slug>/`` (written by :func:`ccpo_jax.train.save_policies`)
+and writes the directory described in :mod:`ccpo_jax.serving.artifact`:
+
+* ``policy.jaxexport``: ``jax.export`` of
+  ``f(params, obs [b, F] f32, available [b, 3] bool, kappa f32[]) -> (probs [b, 3] f32, in_set [b, 3] bool)``
+  with a symbolic batch ``b``, lowered for cpu, cuda and tpu. It runs the trainer's
+  own code: ``masked_probs(policy_net(hidden).apply(params, obs), available)``
+  and ``conformal_set(probs, kappa, available)`` (paper Eq. 2).
+* ``params.npz``: the parameters, passed to the module as inputs (not baked in
+  as constants), so they are checksummed and inspectable on their own;
+  ``kappa`` is an input too and comes from the manifest.
+* ``manifest.json``: see :func:`build_manifest`.
+
+Why blocks of ``BLOCK_ROWS`` rows: XLA's CPU matmul picks its kernel by size,
+and kernels for 48..~1,100 rows sum in another order than larger ones, so the
+same row can come out 1 ulp apart at different batch sizes. kappa-hat is exactly
+the probability of some calibration observation (exact calibration), so a 1-ulp
+change can move an action across the threshold. The module therefore pads the
+batch to whole blocks of 2,048 rows and maps over them: every row is computed
+by one kernel whatever the batch size, the same one the trainer's evaluation
+uses on a large cache (rows >= 2,048) and that a reference forward pass over
+10,000 observations uses (tests/test_export.py checks this bit for bit).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ccpo_jax.errors import UserError
+from ccpo_jax.serving.artifact import (
+    BLOCK_ROWS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST,
+    MODULE_FILE,
+    PARAMS_FILE,
+    manifest_checksum,
+    sha256_file,
+)
+
+DEFAULT_ROW = "CCPO (lambda=0)"
+PLATFORMS = ("cpu", "cuda", "tpu")
+
+
+def policy_forward(hidden, treedef):
+    """``f(flat_params, obs [b, F], available [b, 3], kappa) -> (probs [b, 3], in_set [b, 3])``, in blocks."""
+    from ccpo_jax.conformal import conformal_set
+    from ccpo_jax.networks import masked_probs, policy_net
+
+    net = policy_net(tuple(hidden))
+
+    def block(flat, obs, avail, kappa):
+        p = jax.tree_util.tree_unflatten(treedef, list(flat))
+        probs = masked_probs(net.apply(p, obs), avail)
+        return probs, conformal_set(probs, kappa, avail)
+
+    def f(flat, obs, avail, kappa):
+        b, F = obs.shape
+        n = (b + BLOCK_ROWS - 1) // BLOCK_ROWS
+        pad = n * BLOCK_ROWS - b
+        o = jnp.pad(obs, ((0, pad), (0, 0))).reshape(n, BLOCK_ROWS, F)
+        a = jnp.pad(avail, ((0, pad), (0, 0)), constant_values=True).reshape(n, BLOCK_ROWS, 3)
+        probs, in_set = jax.lax.map(lambda oa: block(flat, oa[0], oa[1], kappa), (o, a))
+        return probs.reshape(n * BLOCK_ROWS, 3)[:b], in_set.reshape(n * BLOCK_ROWS, 3)[:b]
+
+    return f
+
+
+def export_module(params: Any, hidden, F: int) -> tuple[bytes, list[str], list[np.ndarray]]:
+    """Serialized batch-polymorphic module, leaf names and leaf arrays (in the module's input order)."""
+    from jax import export as jax_export
+
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
+    names = ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in with_path]
+    leaves = [np.asarray(x, np.float32) for _, x in with_path]
+    (b,) = jax_export.symbolic_shape("b")
+    specs = (
+        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves),
+        jax.ShapeDtypeStruct((b, F), jnp.float32),
+        jax.ShapeDtypeStruct((b, 3), jnp.bool_),
+        jax.ShapeDtypeStruct((), jnp.float32),
+    )
+    exp = jax_export.export(jax.jit(policy_forward(hidden, treedef)), platforms=PLATFORMS)(*specs)
+    return bytes(exp.serialize()), names, leaves
+
+
+def find_policy(run_dir: Path, row: str | None) -> Path:
+    """The policy directory of ``row`` (a row name or its slug) in ``run_dir`` (or ``run_dir`` itself)."""
+    from ccpo_jax.train import POLICIES_DIR, POLICY_META, policy_slug
+
+    run_dir = Path(run_dir)
+    if (run_dir / POLICY_META).is_file() and row is None:
+        return run_dir
+    pdir = run_dir / POLICIES_DIR
+    if not pdir.is_dir():
+        raise UserError(f"{run_dir}: no {POLICIES_DIR}/ folder; expected the --out of 'ccpo-jax reproduce' "
+                        "(a run that trained CPO/CCPO rows)")
+    row = row or DEFAULT_ROW
+    for cand in (policy_slug(row), row):
+        if (pdir / cand / POLICY_META).is_file():
+            return pdir / cand
+    rows = []
+    for d in sorted(pdir.iterdir()):
+        try:
+            rows.append(json.loads((d / POLICY_META).read_text())["row"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    raise UserError(f"--row: no policy {row!r} in {pdir} (available: {', '.join(repr(r) for r in rows) or 'none'})")
+
+
+def _versions() -> dict[str, str]:
+    import flax
+
+    import ccpo_jax
+
+    out = {"python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__,
+           "flax": flax.__version__, "ccpo_jax": ccpo_jax.__version__}
+    try:
+        import jaxlib
+
+        out["jaxlib"] = jaxlib.__version__
+    except ImportError:  # pragma: no cover - jaxlib ships with jax
+        pass
+    return out
+
+
+def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], policy_dir: Path,
+                   run_dir: Path, module_info: dict) -> dict:
+    """Everything a serving layer needs, except ``files`` and ``manifest_sha256`` (added by the writer)."""
+    from envs.features import RAW_KEYS, SCALES, feature_names
+    from envs.normalise import NORMALISATION
+
+    T = int(meta["T"])
+    fnames = list(feature_names(T))
+    if list(meta.get("feature_names", fnames)) != fnames:
+        raise UserError(
+            f"{policy_dir}/policy.json: feature_names differ from envs.features.feature_names({T}) of this build; "
+            "the policy was trained with another featuriser"
+        )
+    results = {}
+    rpath = run_dir / "results.json"
+    if rpath.is_file():
+        try:
+            results = json.loads(rpath.read_text())
+        except ValueError:
+            results = {}
+    conformal = bool(meta.get("conformal_training", True))
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "policy": {
+            "kind": "conformal-set",
+            "row": meta["row"],
+            "training": "ccpo" if conformal else "cpo",
+            "lambda": float(meta.get("lambda", 0.0)),
+            "network": {"type": "mlp-tanh", "hidden": [int(h) for h in meta["hidden"]], "outputs": 3,
+                        "probs": "softmax over available actions (ccpo_jax.networks.masked_probs)"},
+            "set_rule": "C(o) = {a available : pi(a|o) >= kappa} (paper Eq. 2); may be empty",
+        },
+        "alpha": float(meta["alpha"]),
+        "kappa": float(meta["kappa"]),
+        "kappa_online": meta.get("kappa_online"),
+        "kappa_note": meta.get("kappa_note", "kappa is the batch-calibrated threshold"),
+        "protocol": meta.get("protocol"),
+        "split": meta.get("split"),
+        "actions": ["base", "guide", "next"],
+        "T": T,
+        "features": {
+            "count": len(fnames),
+            "names": fnames,
+            "dtype": "float32",
+            "builder": "envs.features.build_features (raw [.., T] -> [.., T, F]); documented in envs/features.py",
+            "raw_keys": list(RAW_KEYS),
+            "scales": dict(SCALES),
+            "cumulative_transform": "log1p(cumulative sum / scale)",
+            "missing_unit_value": 0.5,
+            "answer_normalisation": NORMALISATION,
+        },
+        "models": meta["models"],
+        "cache": meta["cache"],
+        "train_config": meta.get("train_config", {}),
+        "module": {
+            "file": MODULE_FILE,
+            "api": "jax.export",
+            "signature": "f(params: tuple[leaves], obs: f32[b, F], available: bool[b, 3], kappa: f32[]) "
+                         "-> (probs: f32[b, 3], in_set: bool[b, 3])",
+            "batch": "symbolic b >= 1",
+            "block_rows": BLOCK_ROWS,
+            **module_info,
+        },
+        "params": {"file": PARAMS_FILE, "leaves": [
+            {"name": n, "shape": list(x.shape), "dtype": str(x.dtype)} for n, x in zip(names, leaves)]},
+        "source": {
+            "policy_dir": str(policy_dir.resolve()),
+            "setting": results.get("setting"),
+            "trained_with_jax": meta.get("jax"),
+        },
+        "versions": _versions(),
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str | None = None) -> Path:
+    """Write the artefact of ``row`` (default ``CCPO (lambda=0)``) of ``run_dir`` to ``out`` (must not exist).
+
+    Atomic: everything is written into a temporary sibling directory, loaded
+    back with :class:`ccpo_jax.serving.Router` and checked against the trainer's
+    forward pass, then renamed to ``out``; on any failure nothing is left.
+    """
+    from ccpo_jax.train import load_policy
+
+    run_dir, out = Path(run_dir), Path(out)
+    if out.exists():
+        raise UserError(f"--out {out}: already exists; choose a new path (an artefact is never overwritten)")
+    policy_dir = find_policy(run_dir, row)
+    try:
+        params, meta = load_policy(policy_dir)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{policy_dir}: cannot read the trained policy ({e})") from None
+    from envs.features import n_features
+
+    F = n_features(int(meta["T"]))
+    blob, names, leaves = export_module(params, meta["hidden"], F)
+    from jax import export as jax_export
+
+    exp = jax_export.deserialize(bytearray(blob))
+    info = {"platforms": list(exp.platforms), "calling_convention_version": int(exp.calling_convention_version)}
+    manifest = build_manifest(meta, names, leaves, policy_dir, run_dir, info)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / MODULE_FILE).write_bytes(blob)
+        np.savez(tmp / PARAMS_FILE, **dict(zip(names, leaves)))
+        manifest["files"] = {n: {"sha256": sha256_file(tmp / n), "bytes": (tmp / n).stat().st_size}
+                             for n in (MODULE_FILE, PARAMS_FILE)}
+        manifest["manifest_sha256"] = manifest_checksum(manifest)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
+        _self_check(tmp, params, meta)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _self_check(path: Path, params: Any, meta: dict, n: int = 4096) -> None:
+    """Load the artefact back and compare its sets with the trainer's on random observations."""
+    from ccpo_jax.conformal import conformal_set
+    from ccpo_jax.networks import masked_probs, policy_net
+    from ccpo_jax.serving import Router
+
+    router = Router.load(path)
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(n, router.F)).astype(np.float32)
+    avail = rng.random((n, 3)) < 0.8
+    avail[:, 0] = True
+    net = policy_net(tuple(meta["hidden"]))
+    ref = jax.jit(lambda p, o, a: conformal_set(masked_probs(net.apply(p, o), a), np.float32(meta["kappa"]), a))
+    if not np.array_equal(np.asarray(ref(params, obs, avail)), router.action_set(obs, avail)):
+        raise UserError(f"{path}: the exported module's action sets differ from the trainer's; export aborted")
+

@@ -1,0 +1,181 @@
+"""Featurisation glue: raw rounds (as in the human JSONL format) -> the policy's observation.
+
+The observation is built by :func:`envs.features.build_features`, the very
+function that featurises the response cache for training, so a serving layer
+never re-implements the features (DESIGN 4, 7). This module only turns a list
+of per-round dicts into the ``[B, T]`` raw arrays that function reads:
+
+* answers are normalised with :func:`envs.normalise.normalise_answer` and
+  numbered per request in order of first appearance (round 0 base, round 0
+  guide, round 1 base, ...), as the JSONL reader numbers them; the features
+  use only equality of ids, so any consistent numbering gives the same vector;
+* a missing or null ``confidence`` / ``uncertainty`` is NaN ("not given");
+* the round's cost in cents is ``ResponseCache.round_cost_cents`` of the
+  manifest's prices (the same code, called on these arrays);
+* ``can_continue`` says whether another round may still run after the last
+  given one (default: fewer than T rounds so far). It sets the
+  ``is_last_round`` feature and the availability of "next", exactly as the
+  cache's ``round_mask`` does for a question whose chain ends there.
+
+Fields that only training reads (``correct``, ``gold``) are ignored if present.
+"""
+from __future__ import annotations
+
+import math
+import types
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ccpo_jax.serving.artifact import RouterInputError
+from envs.cache import ModelInfo, ResponseCache
+from envs.features import available_actions, build_features
+from envs.normalise import normalise_answer
+
+#: Largest token count accepted for one call (the JSONL reader's bound).
+MAX_TOKENS = 1e7
+
+_FLOAT_KEYS = ("guide_uncertainty", "base_confidence", "guide_tokens_in", "guide_tokens_out",
+               "base_tokens_in", "base_tokens_out")
+
+
+def _type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return type(v).__name__
+
+
+def _number(obj: Mapping, key: str, ctx: str, lo: float, hi: float, optional: bool) -> float:
+    if key not in obj or obj[key] is None:
+        if optional:
+            return math.nan
+        raise RouterInputError(f"{ctx}.{key}: missing (a number in [{lo:g}, {hi:g}])")
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise RouterInputError(f"{ctx}.{key}: expected a number, got {_type(v)}")
+    v = float(v)
+    if not math.isfinite(v) or not lo <= v <= hi:
+        raise RouterInputError(f"{ctx}.{key}: expected a number in [{lo:g}, {hi:g}], got {v!r}")
+    return v
+
+
+def _object(obj: Mapping, key: str, ctx: str) -> Mapping:
+    v = obj.get(key) if isinstance(obj, Mapping) else None
+    if not isinstance(v, Mapping):
+        raise RouterInputError(f"{ctx}.{key}: expected an object, got {_type(v) if key in obj else 'nothing'}")
+    return v
+
+
+def parse_request(rounds: Any, can_continue: Any, T: int, ctx: str) -> tuple[dict[str, list], list[dict], bool]:
+    """Validate one request's rounds: ``(per-round raw values, answer texts per round, can_continue)``.
+
+    ``ctx`` prefixes every error message (e.g. ``rounds.jsonl:3`` or ``batch[2]``).
+    """
+    if not isinstance(rounds, list):
+        raise RouterInputError(f"{ctx}.rounds: expected an array of rounds, got {_type(rounds)}")
+    n = len(rounds)
+    if not 1 <= n <= T:
+        raise RouterInputError(f"{ctx}.rounds: the router takes 1 to T = {T} rounds so far, got {n}")
+    if can_continue is None:
+        can_continue = n < T
+    elif not isinstance(can_continue, bool):
+        raise RouterInputError(f"{ctx}.can_continue: expected true or false, got {_type(can_continue)}")
+    elif can_continue and n >= T:
+        raise RouterInputError(f"{ctx}.can_continue: true, but {n} rounds already reach T = {T}")
+    vals: dict[str, list] = {k: [] for k in _FLOAT_KEYS + ("guide_verdict", "base_answer", "guide_answer")}
+    texts: list[dict] = []
+    ids: dict[str, int] = {}
+    for t, rnd in enumerate(rounds):
+        rctx = f"{ctx}.rounds[{t}]"
+        if not isinstance(rnd, Mapping):
+            raise RouterInputError(f"{rctx}: expected an object, got {_type(rnd)}")
+        shown = {}
+        for role in ("base", "guide"):
+            r = _object(rnd, role, rctx)
+            c = f"{rctx}.{role}"
+            ans = r.get("answer")
+            if not isinstance(ans, str):
+                raise RouterInputError(f"{c}.answer: expected a string, got {_type(ans) if 'answer' in r else 'nothing'}")
+            norm = normalise_answer(ans)
+            vals[f"{role}_answer"].append(ids.setdefault(norm, len(ids)))
+            shown[role] = ans
+            vals[f"{role}_tokens_in"].append(_number(r, "tokens_in", c, 0.0, MAX_TOKENS, optional=False))
+            vals[f"{role}_tokens_out"].append(_number(r, "tokens_out", c, 0.0, MAX_TOKENS, optional=False))
+            if role == "base":
+                vals["base_confidence"].append(_number(r, "confidence", c, 0.0, 1.0, optional=True))
+            else:
+                v = r.get("verdict")
+                if not isinstance(v, bool):
+                    raise RouterInputError(f"{c}.verdict: expected true or false, got {_type(v) if 'verdict' in r else 'nothing'}")
+                vals["guide_verdict"].append(v)
+                vals["guide_uncertainty"].append(_number(r, "uncertainty", c, 0.0, 1.0, optional=True))
+        texts.append(shown)
+    return vals, texts, bool(can_continue)
+
+
+def raw_arrays(parsed: Sequence[tuple[dict[str, list], list, bool]], T: int,
+               base: ModelInfo, guide: ModelInfo) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``[B, T]`` raw arrays (:data:`envs.features.RAW_KEYS`) and the 0-based last round ``[B]``.
+
+    A request that may continue gets one placeholder round after its last one
+    (zeros, id -1), so ``round_mask`` says "round t+1 exists", as in the cache;
+    no feature of round t reads round t+1's values.
+    """
+    B = len(parsed)
+    a = {
+        "round_mask": np.zeros((B, T), bool),
+        "guide_verdict": np.zeros((B, T), bool),
+        "base_answer": np.full((B, T), -1, np.int32),
+        "guide_answer": np.full((B, T), -1, np.int32),
+    }
+    for k in _FLOAT_KEYS:
+        a[k] = np.zeros((B, T), np.float32)
+    a["guide_uncertainty"][:] = np.nan
+    a["base_confidence"][:] = np.nan
+    last = np.zeros((B,), np.int32)
+    for i, (vals, _, cont) in enumerate(parsed):
+        n = len(vals["guide_verdict"])
+        last[i] = n - 1
+        a["round_mask"][i, : n + int(cont)] = True
+        for k, v in vals.items():
+            a[k][i, :n] = v
+    # The cache's own cost formula, on these arrays and the manifest's prices.
+    shim = types.SimpleNamespace(arrays=a, manifest=types.SimpleNamespace(base=base, guide=guide))
+    a["round_cost_cents"] = ResponseCache.round_cost_cents(shim)
+    return a, last
+
+
+def _obs_at(raw: dict, last: jax.Array, T: int):
+    obs = build_features(raw, T)  # [B, T, F]
+    avail = available_actions(raw["round_mask"])  # [B, T, 3]
+    rows = jnp.arange(last.shape[0])
+    return obs[rows, last], avail[rows, last]
+
+
+_obs_at_jit = jax.jit(_obs_at, static_argnums=2)
+
+
+def bucket(n: int) -> int:
+    """Padded batch size: the next power of two (one compile per bucket, not per size)."""
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+def observe(raw: dict[str, np.ndarray], last: np.ndarray, T: int) -> tuple[np.ndarray, np.ndarray]:
+    """(obs ``[B, F]`` float32, available ``[B, 3]`` bool) at each request's last round."""
+    B = last.shape[0]
+    P = bucket(B)
+    pad = {k: np.concatenate([v, np.zeros((P - B, T), v.dtype)]) for k, v in raw.items()}
+    obs, avail = _obs_at_jit(pad, np.concatenate([last, np.zeros(P - B, np.int32)]), T)
+    return np.asarray(obs)[:B], np.asarray(avail)[:B]

@@ -1,0 +1,185 @@
+"""``Router``: a loaded, verified exported router (DESIGN 7).
+
+Needs jax, NumPy and the featuriser in ``envs`` only: no optax, orbax,
+tensorboardX, flax or ``ccpo_jax.train``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from ccpo_jax.serving import features as feats
+from ccpo_jax.serving.artifact import ArtifactError, RouterInputError, read_verified
+from envs.cache import ModelInfo
+
+
+class Router:
+    """The conformal action set C_{pi,kappa}(o) = {a available : pi(a|o) >= kappa} (paper Eq. 2)
+    of an exported policy, with kappa the artefact's calibrated threshold.
+
+    Build with :meth:`load`. Attributes: ``manifest`` (dict), ``T``, ``F``,
+    ``actions`` (``("base", "guide", "next")``), ``feature_names``, ``kappa``, ``alpha``.
+    """
+
+    def __init__(self, manifest: dict, exported: Any, params: tuple[np.ndarray, ...], source: str):
+        self.manifest = manifest
+        self.source = source
+        self._exported = exported
+        self._params = tuple(jax.device_put(p) for p in params)
+        self._call = jax.jit(exported.call)
+        fs = manifest["features"]
+        self.T = int(manifest["T"])
+        self.F = int(fs["count"])
+        self.feature_names = tuple(fs["names"])
+        self.actions = tuple(manifest["actions"])
+        self.kappa = np.float32(manifest["kappa"])
+        self.alpha = float(manifest["alpha"])
+        m = manifest["models"]
+        self._base = ModelInfo(m["base"]["name"], float(m["base"]["price_in"]), float(m["base"]["price_out"]))
+        self._guide = ModelInfo(m["guide"]["name"], float(m["guide"]["price_in"]), float(m["guide"]["price_out"]))
+
+    # -- loading ----------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path) -> "Router":
+        """Load and verify an artefact written by ``ccpo-jax export`` (raises :class:`ArtifactError`)."""
+        from jax import export as jax_export
+
+        from envs.features import feature_names
+
+        manifest, module, arrays = read_verified(path)
+        where = f"{Path(path)}/manifest.json"
+        try:
+            T = int(manifest["T"])
+            fs = manifest["features"]
+            names = list(fs["names"])
+            leaves = [leaf["name"] for leaf in manifest["params"]["leaves"]]
+            float(manifest["kappa"]), float(manifest["alpha"])
+            for role in ("base", "guide"):
+                float(manifest["models"][role]["price_in"]), float(manifest["models"][role]["price_out"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ArtifactError(f"{where}: missing or malformed field ({e!r})") from None
+        if names != list(feature_names(T)) or fs.get("count") != len(names):
+            # The featuriser of this build differs from the one the policy was trained with.
+            raise ArtifactError(
+                f"{where}: features.names do not match envs.features.feature_names({T}) of this build; "
+                "the policy was trained on other features (re-export with a matching ccpo-jax)"
+            )
+        if tuple(manifest.get("actions", ())) != ("base", "guide", "next"):
+            raise ArtifactError(f"{where}: actions must be ['base', 'guide', 'next'], got {manifest.get('actions')}")
+        try:
+            exported = jax_export.deserialize(bytearray(module))
+        except Exception as e:  # noqa: BLE001 - a corrupt or incompatible module, whatever the cause
+            raise ArtifactError(f"{Path(path)}/policy.jaxexport: cannot deserialize the jax.export module ({e})") from None
+        params = tuple(arrays[n] for n in leaves)
+        return cls(manifest, exported, params, str(path))
+
+    # -- array API ----------------------------------------------------------
+    def _check_obs(self, obs: Any) -> np.ndarray:
+        a = np.asarray(obs)
+        if a.dtype.kind not in "iuf":
+            raise RouterInputError(f"obs: expected real numbers, got dtype {a.dtype}")
+        if a.ndim != 2 or a.shape[1] != self.F:
+            raise RouterInputError(f"obs: expected shape [B, {self.F}] (features: {', '.join(self.feature_names)}), got {list(a.shape)}")
+        a = a.astype(np.float32)
+        bad = ~np.isfinite(a)
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise RouterInputError(f"obs[{r}, {c}] ({self.feature_names[c]}): not finite ({a[r, c]})")
+        return a
+
+    def _check_available(self, available: Any, B: int) -> np.ndarray:
+        if available is None:
+            return np.ones((B, 3), bool)
+        v = np.asarray(available)
+        if v.dtype != bool:
+            if v.dtype.kind not in "iu" or not np.isin(v, (0, 1)).all():
+                raise RouterInputError(f"available: expected booleans (or 0/1), got dtype {v.dtype}")
+            v = v.astype(bool)
+        if v.shape != (B, 3):
+            raise RouterInputError(f"available: expected shape [{B}, 3] (base, guide, next), got {list(v.shape)}")
+        none = ~v.any(axis=1)
+        if none.any():
+            raise RouterInputError(f"available[{int(np.argmax(none))}]: no action is available")
+        return v
+
+    def _run(self, obs: np.ndarray, available: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if obs.shape[0] == 0:
+            return np.zeros((0, 3), np.float32), np.zeros((0, 3), bool)
+        probs, in_set = self._call(self._params, obs, available, self.kappa)
+        return np.asarray(probs), np.asarray(in_set)
+
+    def probs(self, obs: Any, available: Any = None) -> np.ndarray:
+        """pi(a|o) ``[B, 3]`` float32 for observations ``[B, F]`` (``available`` ``[B, 3]``, default all)."""
+        o = self._check_obs(obs)
+        return self._run(o, self._check_available(available, o.shape[0]))[0]
+
+    def action_set(self, obs: Any, available: Any = None) -> np.ndarray:
+        """C_{pi,kappa}(o) as bool ``[B, 3]`` (may be empty when kappa > 1/|available|)."""
+        o = self._check_obs(obs)
+        return self._run(o, self._check_available(available, o.shape[0]))[1]
+
+    # -- raw-round API -----------------------------------------------------------
+    def featurise(self, requests: Sequence[Mapping], where: str = "request") -> tuple[np.ndarray, np.ndarray, list]:
+        """``(obs [B, F], available [B, 3], parsed)`` for requests ``{"rounds": [...], "can_continue"?}``."""
+        parsed = []
+        for i, req in enumerate(requests):
+            ctx = where if len(requests) == 1 and where != "batch" else f"{where}[{i}]"
+            if not isinstance(req, Mapping):
+                raise RouterInputError(f"{ctx}: expected an object with 'rounds', got {feats._type(req)}")
+            if "rounds" not in req:
+                raise RouterInputError(f"{ctx}.rounds: missing")
+            parsed.append(feats.parse_request(req["rounds"], req.get("can_continue"), self.T, ctx))
+        if not parsed:
+            return np.zeros((0, self.F), np.float32), np.zeros((0, 3), bool), parsed
+        raw, last = feats.raw_arrays(parsed, self.T, self._base, self._guide)
+        obs, avail = feats.observe(raw, last, self.T)
+        return obs, avail, parsed
+
+    def decide_many(self, requests: Sequence[Mapping], where: str = "batch") -> list[dict]:
+        """One decision (see :meth:`decide`) per request, computed in one batch."""
+        obs, avail, parsed = self.featurise(requests, where)
+        probs, in_set = self._run(obs, avail)
+        out = []
+        for i, (vals, texts, cont) in enumerate(parsed):
+            s = [a for a, k in zip(self.actions, in_set[i]) if k]
+            out.append({
+                "round": len(texts),
+                "action_set": s,
+                "continue": "next" in s,
+                "answers": {a: texts[-1][a] for a in ("base", "guide") if a in s},
+                "probs": {a: float(p) for a, p in zip(self.actions, probs[i])},
+                "available": [a for a, k in zip(self.actions, avail[i]) if k],
+                "kappa": float(self.kappa),
+            })
+        return out
+
+    def decide(self, rounds_so_far: Sequence[Mapping], can_continue: bool | None = None) -> dict:
+        """Decision after the last of ``rounds_so_far`` (per-round dicts as in the human JSONL format).
+
+        Returns ``{"round", "action_set", "continue", "answers", "probs", "available", "kappa"}``:
+        the set-valued policy of DESIGN 4 collects the base and/or guide answer of
+        this round when they are in the set and runs another round iff "next" is.
+        """
+        req = {"rounds": rounds_so_far}
+        if can_continue is not None:
+            req["can_continue"] = can_continue
+        return self.decide_many([req], where="request")[0]
+
+    def describe(self) -> dict:
+        """A short summary (the body of ``GET /healthz``)."""
+        m = self.manifest
+        return {
+            "status": "ok",
+            "format": m["format"],
+            "format_version": m["format_version"],
+            "policy": m["policy"]["row"],
+            "alpha": self.alpha,
+            "kappa": float(self.kappa),
+            "T": self.T,
+            "features": self.F,
+            "actions": list(self.actions),
+            "cache": {"name": m["cache"]["name"], "provenance_kind": m["cache"]["provenance"].get("kind")},
+        }
