@@ -1,0 +1,277 @@
+"""Serving an exported router: featurisation of raw rounds, ``ccpo-jax route``, the HTTP endpoint.
+
+Oracles: the replay environment's observations (``envs.orchestration.make_env_params``, the
+trainer's featurisation of the whole cache) for the raw-round path, and ``Router.action_set`` /
+``Router.decide`` in-process for the HTTP answers.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+import types
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ccpo_jax.config import TrainConfig, Variant
+from ccpo_jax.networks import policy_net
+from envs.features import n_features
+from envs.jsonl import cache_to_records
+from envs.orchestration import make_env_params
+from envs.synthetic import generate
+
+N_Q = 120
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from ccpo_jax.export import export_router
+    from ccpo_jax.serving import Router
+    from ccpo_jax.train import save_policies
+
+    from envs.jsonl import read_jsonl
+
+    root = tmp_path_factory.mktemp("serving")
+    # A SYNTHETIC cache whose questions have 1..T rounds (the generator always writes T):
+    # truncate every other question in the human format and read it back.
+    full = generate("hotpotqa-llama2", N_Q, 3)
+    recs = cache_to_records(full)
+    for i, rec in enumerate(recs[::2]):
+        rec["rounds"] = rec["rounds"][: 1 + i % full.T]
+        rec.pop("baselines", None)
+    src = root / "cache.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in [{"manifest": full.manifest.to_dict()}] + recs))
+    cache = read_jsonl(src)
+    F = n_features(cache.T)
+    p = policy_net().init(jax.random.PRNGKey(5), jnp.zeros((F,), jnp.float32))
+    p = jax.tree_util.tree_map_with_path(
+        lambda path, x: x * 300.0 if "Dense_3" in jax.tree_util.keystr(path) else x, p)
+    stack = jax.tree.map(lambda a: np.asarray(a)[None, None], p)
+    state = types.SimpleNamespace(policy=stack, kappa=np.array([[0.3]], np.float32))
+    save_policies(root / "run" / "policies", TrainConfig(), [Variant("CCPO (lambda=0)", True, 0.0)], state,
+                  {"CCPO (lambda=0)": np.array([0.2], np.float32)}, cache, "recalibrate")
+    art = export_router(root / "run", root / "art")
+    return types.SimpleNamespace(root=root, cache=cache, env=make_env_params(cache), router=Router.load(art),
+                                 art=art, records=cache_to_records(cache))
+
+
+def _prefix_requests(records, n_rounds):
+    reqs, where = [], []
+    for q, rec in enumerate(records):
+        for t in range(int(n_rounds[q])):
+            reqs.append({"rounds": rec["rounds"][: t + 1], "can_continue": t + 1 < int(n_rounds[q])})
+            where.append((q, t))
+    return reqs, where
+
+
+def test_featurise_equals_training_observations(setup):
+    """Raw JSONL rounds -> the same observation and mask the trainer saw, bit for bit, at every round."""
+    n_rounds = setup.cache.n_rounds
+    assert (n_rounds < setup.cache.T).any() and (n_rounds == setup.cache.T).any()  # both cases occur
+    reqs, where = _prefix_requests(setup.records, n_rounds)
+    obs, avail, _ = setup.router.featurise(reqs)
+    q, t = np.array(where).T
+    assert np.array_equal(obs, np.asarray(setup.env.obs)[q, t])
+    assert np.array_equal(avail, np.asarray(setup.env.available)[q, t])
+    for i in (0, 7, len(reqs) - 1):  # one request alone: same vector as inside the batch
+        o1, a1, _ = setup.router.featurise([reqs[i]])
+        assert np.array_equal(o1[0], obs[i]) and np.array_equal(a1[0], avail[i])
+    # Decisions agree with the sets of the trainer-side observations.
+    decs = setup.router.decide_many(reqs)
+    sets = setup.router.action_set(np.asarray(setup.env.obs)[q, t], np.asarray(setup.env.available)[q, t])
+    got = np.array([[a in d["action_set"] for a in ("base", "guide", "next")] for d in decs])
+    assert np.array_equal(got, sets) and len(np.unique(got.sum(1))) >= 2
+
+
+def test_decide_ignores_correctness_and_default_continuation(setup):
+    r = setup.router
+    rec = next(x for x in setup.records if len(x["rounds"]) >= 2)
+    rounds = rec["rounds"][:2]
+    flipped = json.loads(json.dumps(rounds))
+    for rnd in flipped:
+        for role in ("base", "guide"):
+            rnd[role]["correct"] = not rnd[role]["correct"]
+    assert r.decide(rounds) == r.decide(flipped)
+    d = r.decide(rounds)
+    assert d["round"] == 2 and "next" in d["available"]  # 2 < T: another round may run by default
+    assert d["continue"] == ("next" in d["action_set"])
+    assert set(d["answers"]) == {a for a in ("base", "guide") if a in d["action_set"]}
+    assert abs(sum(d["probs"].values()) - 1.0) < 1e-6
+    d_last = r.decide(rounds, can_continue=False)
+    assert "next" not in d_last["available"] and d_last["probs"]["next"] == 0.0
+    full = [rounds[0]] * r.T
+    assert "next" not in r.decide(full)["available"]
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda R: R[0]["guide"].pop("verdict"), r"rounds\[0\]\.guide\.verdict: expected true or false, got nothing"),
+    (lambda R: R[0]["guide"].__setitem__("verdict", "yes"), r"verdict: expected true or false, got string"),
+    (lambda R: R[0]["base"].__setitem__("tokens_in", -1), r"rounds\[0\]\.base\.tokens_in: expected a number in"),
+    (lambda R: R[0]["base"].__setitem__("tokens_out", float("nan")), r"tokens_out: expected a number in"),
+    (lambda R: R[0]["base"].__setitem__("tokens_out", True), r"tokens_out: expected a number, got boolean"),
+    (lambda R: R[0]["base"].__setitem__("confidence", 1.5), r"base\.confidence: expected a number in \[0, 1\]"),
+    (lambda R: R[0]["guide"].__setitem__("answer", 3), r"guide\.answer: expected a string, got number"),
+    (lambda R: R[0].pop("base"), r"rounds\[0\]\.base: expected an object, got nothing"),
+    (lambda R: R.extend([R[0]] * 10), r"1 to T = 4 rounds so far, got 11"),
+    (lambda R: R.clear(), r"1 to T = 4 rounds so far, got 0"),
+])
+def test_decide_rejects_bad_rounds(setup, mutate, match):
+    from ccpo_jax.serving import RouterInputError
+
+    rounds = json.loads(json.dumps(setup.records[0]["rounds"][:1]))
+    mutate(rounds)
+    with pytest.raises(RouterInputError, match=match):
+        setup.router.decide(rounds)
+
+
+def test_decide_rejects_bad_continuation(setup):
+    from ccpo_jax.serving import RouterInputError
+
+    rnd = setup.records[0]["rounds"][0]
+    with pytest.raises(RouterInputError, match="can_continue: expected true or false"):
+        setup.router.decide([rnd], can_continue="no")
+    with pytest.raises(RouterInputError, match="can_continue: true, but 4 rounds already reach T = 4"):
+        setup.router.decide([rnd] * 4, can_continue=True)
+
+
+def test_route_command(setup, tmp_path):
+    from ccpo_jax.cli import main
+
+    src = tmp_path / "cache.jsonl"
+    from envs.jsonl import write_jsonl
+
+    write_jsonl(setup.cache, src)  # manifest line + one line per question (human format)
+    out = tmp_path / "dec.jsonl"
+    assert main(["route", str(setup.art), "--input", str(src), "--out", str(out), "--every-round"]) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    reqs, where = _prefix_requests(setup.records, setup.cache.n_rounds)
+    assert len(lines) == len(where)
+    q, t = np.array(where).T
+    sets = setup.router.action_set(np.asarray(setup.env.obs)[q, t], np.asarray(setup.env.available)[q, t])
+    got = np.array([[a in d["action_set"] for a in ("base", "guide", "next")] for d in lines])
+    assert np.array_equal(got, sets)
+    assert [d["id"] for d in lines] == [setup.records[i]["id"] for i in q]
+    assert [d["round"] for d in lines] == list(t + 1)
+    # Without --every-round: one decision per line, at its last round.
+    reqf = tmp_path / "req.jsonl"
+    reqf.write_text(json.dumps({"id": "a", "rounds": setup.records[0]["rounds"][:1]}) + "\n\n"
+                    + json.dumps({"rounds": setup.records[1]["rounds"][:1], "can_continue": False}) + "\n")
+    out2 = tmp_path / "dec2.jsonl"
+    assert main(["route", str(setup.art), "--input", str(reqf), "--out", str(out2)]) == 0
+    d = [json.loads(x) for x in out2.read_text().splitlines()]
+    assert [x["line"] for x in d] == [1, 3] and d[0]["id"] == "a" and "next" not in d[1]["available"]
+
+
+def test_route_errors_leave_no_output(setup, tmp_path, capsys):
+    from ccpo_jax.cli import main
+
+    good = json.dumps({"rounds": setup.records[0]["rounds"][:1]})
+    bad = json.dumps({"rounds": [{"base": {"answer": "x", "tokens_in": 1, "tokens_out": 1}}]})
+    for body, match in [(good + "\n" + bad + "\n", r"req.jsonl:2\.rounds\[0\]\.guide: expected an object"),
+                        (good + "\n{oops\n", r"req.jsonl:2: invalid JSON"),
+                        (good + "\n[1, 2]\n", r"req.jsonl:2: expected a JSON object"),
+                        ('{"id": 1}\n', r"req.jsonl:1: missing field 'rounds'")]:
+        reqf = tmp_path / "req.jsonl"
+        reqf.write_text(body)
+        out = tmp_path / "out.jsonl"
+        assert main(["route", str(setup.art), "--input", str(reqf), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and __import__("re").search(match, err), err
+        assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["req.jsonl"]
+
+
+# -- HTTP ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(setup):
+    from ccpo_jax.serving.http import start_in_thread
+
+    srv, thread = start_in_thread(setup.router, "127.0.0.1", 0, max_bytes=20_000, max_batch=8)
+    yield srv
+    t0 = time.monotonic()
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and time.monotonic() - t0 < 5
+
+
+def _request(srv, method, path, body=None, headers=None):
+    host, port = srv.server_address[:2]
+    c = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body).encode()
+        h = {"Content-Type": "application/json"} if body is not None else {}
+        h.update(headers or {})
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        return r.status, r.getheader("Content-Type"), json.loads(data)
+    finally:
+        c.close()
+
+
+def test_http_endpoint(setup, server):
+    assert server.server_address[0] == "127.0.0.1"
+    st, ctype, body = _request(server, "GET", "/healthz")
+    assert st == 200 and ctype == "application/json" and body["status"] == "ok"
+    assert body["policy"] == "CCPO (lambda=0)" and body["T"] == 4 and body["cache"]["provenance_kind"] == "synthetic"
+
+    rounds = setup.records[2]["rounds"][:2]
+    st, _, body = _request(server, "POST", "/v1/route", {"id": "q2", "rounds": rounds})
+    assert st == 200 and body == {**setup.router.decide(rounds), "id": "q2"}
+
+    batch = [{"rounds": r["rounds"][:1]} for r in setup.records[:5]]
+    st, _, body = _request(server, "POST", "/v1/route", {"batch": batch})
+    assert st == 200 and body["decisions"] == setup.router.decide_many(batch)
+
+    bad_round = json.loads(json.dumps(rounds))
+    bad_round[1]["guide"]["uncertainty"] = "high"
+    cases = [
+        (("POST", "/v1/route", b"{not json"), 400, "invalid JSON"),
+        (("POST", "/v1/route", [1, 2]), 400, "JSON object"),
+        (("POST", "/v1/route", {"rounds": bad_round}), 422, r"request.rounds[1].guide.uncertainty: expected a number"),
+        (("POST", "/v1/route", {"nothing": 1}), 422, "request.rounds: missing"),
+        (("POST", "/v1/route", {"batch": []}), 422, "non-empty array"),
+        (("POST", "/v1/route", {"batch": batch + [{"rounds": 5}]}), 422, "batch[5].rounds: expected an array"),
+        (("POST", "/v1/route", {"batch": batch * 2}), 413, "exceed the limit of 8"),
+        (("POST", "/v1/route", {"rounds": rounds, "pad": "x" * 30_000}), 413, "exceeds the limit of 20000 bytes"),
+        (("POST", "/v1/route", b"NaN"), 400, "invalid JSON"),
+        (("GET", "/v1/route", None), 405, "use POST"),
+        (("GET", "/nope", None), 404, "no such endpoint"),
+        (("POST", "/healthz", {}), 405, "no POST endpoint"),
+    ]
+    for (method, path, payload), status, msg in cases:
+        st, ctype, body = _request(server, method, path, payload)
+        assert (st, ctype) == (status, "application/json"), (path, payload if not isinstance(payload, dict) else "", body)
+        assert body["error"]["status"] == status and msg in body["error"]["message"], body
+    st, _, body = _request(server, "POST", "/v1/route", json.dumps({"rounds": rounds}).encode(),
+                           headers={"Content-Type": "text/plain"})
+    assert st == 415 and "application/json" in body["error"]["message"]
+
+
+def test_http_raw_socket_and_keepalive(setup, server):
+    """No Content-Length -> 411; two requests on one keep-alive connection both answered."""
+    host, port = server.server_address[:2]
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(b"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 411") and b"Content-Length required" in data
+    c = http.client.HTTPConnection(host, port, timeout=10)
+    body = json.dumps({"rounds": setup.records[0]["rounds"][:1]})
+    for _ in range(2):
+        c.request("POST", "/v1/route", body=body, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200 and json.loads(r.read())["round"] == 1
+    c.close()
