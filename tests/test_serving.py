@@ -243,6 +243,9 @@ def test_http_endpoint(setup, server):
         (("POST", "/v1/route", {"batch": batch * 2}), 413, "exceed the limit of 8"),
         (("POST", "/v1/route", {"rounds": rounds, "pad": "x" * 30_000}), 413, "exceeds the limit of 20000 bytes"),
         (("POST", "/v1/route", b"NaN"), 400, "invalid JSON"),
+        (("POST", "/v1/route", b"[" * 15_000), 400, "invalid JSON"),
+        (("POST", "/v1/route", json.dumps({"rounds": rounds}).replace('"tokens_in": ', '"tokens_in": 1' + "0" * 400, 1)
+          .encode()), 422, "request.rounds[0].base.tokens_in: expected a number in [0, 1e+07], got inf"),
         (("GET", "/v1/route", None), 405, "use POST"),
         (("GET", "/nope", None), 404, "no such endpoint"),
         (("POST", "/healthz", {}), 405, "no POST endpoint"),
@@ -275,3 +278,30 @@ def test_http_raw_socket_and_keepalive(setup, server):
         r = c.getresponse()
         assert r.status == 200 and json.loads(r.read())["round"] == 1
     c.close()
+
+
+def test_serve_command(setup):
+    """`ccpo-jax serve ARTIFACT --port 0` in a subprocess: prints its URL, answers, stops on SIGINT."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "ccpo_jax.cli", "serve", str(setup.art), "--port", "0"],
+                            stderr=subprocess.PIPE, text=True, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+                            cwd=Path(__file__).resolve().parents[1])
+    try:
+        line = proc.stderr.readline()  # blocks until the server listens (or the process dies)
+        assert "serving 'CCPO (lambda=0)' on http://127.0.0.1:" in line, line + proc.stderr.read()
+        port = int(line.split("http://127.0.0.1:")[1].split()[0])
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("POST", "/v1/route", body=json.dumps({"rounds": setup.records[0]["rounds"][:1]}),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200 and json.loads(r.read()) == setup.router.decide(setup.records[0]["rounds"][:1])
+        c.close()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

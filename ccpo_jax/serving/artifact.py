@@ -124,15 +124,18 @@ def read_verified(path: str | Path) -> tuple[dict, bytes, dict[str, np.ndarray]]
             arrays = {k: z[k] for k in z.files}
     except Exception as e:  # noqa: BLE001 - any unreadable npz is the same user-facing problem
         raise ArtifactError(f"{root / PARAMS_FILE}: unreadable ({e})") from None
-    leaves = manifest.get("params", {}).get("leaves", [])
-    names = [leaf.get("name") for leaf in leaves if isinstance(leaf, dict)]
-    if sorted(names) != sorted(arrays) or len(names) != len(leaves):
+    try:
+        leaves = manifest["params"]["leaves"]
+        names = [leaf["name"] for leaf in leaves]
+        specs = [(list(leaf["shape"]), str(leaf["dtype"])) for leaf in leaves]
+    except (KeyError, TypeError) as e:
+        raise ArtifactError(f"{mpath}: malformed params.leaves ({e!r})") from None
+    if sorted(names) != sorted(arrays) or len(set(names)) != len(names):
         raise ArtifactError(f"{root / PARAMS_FILE}: arrays {sorted(arrays)} do not match manifest params.leaves {names}")
-    for leaf in leaves:
-        a = arrays[leaf["name"]]
-        if list(a.shape) != leaf.get("shape") or str(a.dtype) != leaf.get("dtype"):
+    for name, (shape, dtype) in zip(names, specs):
+        a = arrays[name]
+        if list(a.shape) != shape or str(a.dtype) != dtype:
             raise ArtifactError(
-                f"{root / PARAMS_FILE}: {leaf['name']} has shape {list(a.shape)} {a.dtype}, manifest says "
-                f"{leaf.get('shape')} {leaf.get('dtype')}"
+                f"{root / PARAMS_FILE}: {name} has shape {list(a.shape)} {a.dtype}, manifest says {shape} {dtype}"
             )
     return manifest, blobs[MODULE_FILE], arrays

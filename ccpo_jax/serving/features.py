@@ -65,7 +65,10 @@ def _number(obj: Mapping, key: str, ctx: str, lo: float, hi: float, optional: bo
     v = obj[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise RouterInputError(f"{ctx}.{key}: expected a number, got {_type(v)}")
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # a huge JSON integer
+        v = math.inf
     if not math.isfinite(v) or not lo <= v <= hi:
         raise RouterInputError(f"{ctx}.{key}: expected a number in [{lo:g}, {hi:g}], got {v!r}")
     return v

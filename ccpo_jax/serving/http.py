@@ -102,6 +102,8 @@ class RouterHandler(BaseHTTPRequestHandler):
             return json.loads(body, parse_constant=_no_constant)
         except (ValueError, UnicodeDecodeError) as e:
             raise _HTTPError(400, f"invalid JSON: {e}") from None
+        except RecursionError:
+            raise _HTTPError(400, "invalid JSON: nested too deeply") from None
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
         if self.path != "/v1/route":

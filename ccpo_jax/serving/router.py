@@ -57,9 +57,10 @@ class Router:
             names = list(fs["names"])
             leaves = [leaf["name"] for leaf in manifest["params"]["leaves"]]
             float(manifest["kappa"]), float(manifest["alpha"])
+            dict(manifest["cache"]["provenance"]), str(manifest["policy"]["row"])
             for role in ("base", "guide"):
                 float(manifest["models"][role]["price_in"]), float(manifest["models"][role]["price_out"])
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ArtifactError(f"{where}: missing or malformed field ({e!r})") from None
         if names != list(feature_names(T)) or fs.get("count") != len(names):
             # The featuriser of this build differs from the one the policy was trained with.
