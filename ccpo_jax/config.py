@@ -1,0 +1,77 @@
+"""Typed configuration of the CCPO trainer (paper 1.11; BRIEF 4.5 for the CPO constants).
+
+Every field has the paper's value where the paper gives one; the rest are our
+choices, marked as such. A config is static (hashable) so it can close over a
+jitted train function; the per-variant switches (conformal target, lambda) are
+data, so that rows of the paper's tables train in one vmapped program.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ccpo_jax.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    iterations: int = 1500
+    """Policy iterations (paper: 1,500-2,000)."""
+    batch_size: int = 10
+    """Training questions (episodes) per iteration (paper: 10)."""
+    alpha: float = 0.1
+    """Target miscoverage: coverage >= 1 - alpha."""
+    delta: float = 0.01
+    """KL trust-region radius on the softmasked policy (paper: 0.01)."""
+    softmask_eps: float = 0.01
+    """Temperature of the softmask sigma((pi - kappa) / eps) (paper: 0.01)."""
+    critic_lr: float = 1e-3
+    """Adam learning rate of both critics (paper: 1e-3)."""
+    critic_steps: int = 4
+    """Adam steps on the V-trace targets per iteration (our choice; paper silent)."""
+    hidden: tuple[int, ...] = (64, 64, 64)
+    """Hidden layers of the policy and both critics (paper: three layers of 64)."""
+    cg_iters: int = 10
+    """Conjugate-gradient iterations (jachiam/cpo: 10)."""
+    damping: float = 1e-3
+    """Fisher damping (our choice: the Fisher of 10 episodes x 4 rounds is rank-deficient,
+    jachiam's 1e-5 makes CG ill-conditioned there)."""
+    backtrack_steps: int = 15
+    """Backtracking line-search candidates (jachiam: 15)."""
+    backtrack_decay: float = 0.8
+    """Step shrink factor of the line search (jachiam/OmniSafe: 0.8)."""
+    kappa0: float = 1.0 / 3.0
+    """Initial conformal threshold (our choice: 1/3 keeps the set non-empty with 3 actions)."""
+    eta0: float = 0.05
+    """Online-kappa base step, eta_k = eta0 k^-(1/2 + xi) (our choice; paper silent)."""
+    xi: float = 0.1
+    """Conformal decay exponent (paper: 0.1)."""
+    chunk: int = 100
+    """Iterations per compiled chunk: progress, TensorBoard and checkpoints happen between chunks."""
+
+    def validate(self) -> "TrainConfig":
+        checks = [
+            (self.iterations >= 1, "--iterations must be >= 1"),
+            (self.batch_size >= 1, "batch_size must be >= 1"),
+            (0.0 < self.alpha < 1.0, f"--alpha must be in (0, 1), got {self.alpha}"),
+            (self.delta > 0, "delta must be > 0"),
+            (self.softmask_eps > 0, "softmask_eps must be > 0"),
+            (self.chunk >= 1, "chunk must be >= 1"),
+            (0.0 <= self.kappa0 <= 1.0, "kappa0 must be in [0, 1]"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise UserError(msg)
+        return self
+
+    def replace(self, **kw) -> "TrainConfig":
+        return dataclasses.replace(self, **kw).validate()
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One trained row family. ``conformal`` False = vanilla CPO (pointwise target pi),
+    True = CCPO (target: the softmasked stochastic conformal policy S~_{pi,kappa})."""
+
+    name: str
+    conformal: bool
+    lam: float = 0.0
