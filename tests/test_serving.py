@@ -281,7 +281,7 @@ def test_http_raw_socket_and_keepalive(setup, server):
 
 
 def test_serve_command(setup):
-    """`ccpo-jax serve ARTIFACT --port 0` in a subprocess: prints its URL, answers, stops on SIGINT."""
+    """`ccpo-jax serve ARTIFACT --port 0` in a subprocess: prints its URL, answers, stops cleanly on SIGTERM."""
     import signal
     import subprocess
     import sys
@@ -299,7 +299,7 @@ def test_serve_command(setup):
         r = c.getresponse()
         assert r.status == 200 and json.loads(r.read()) == setup.router.decide(setup.records[0]["rounds"][:1])
         c.close()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:
         if proc.poll() is None:

@@ -147,6 +147,12 @@ def _serve(args) -> int:
         print(f"warning: listening on {args.host}, not loopback; the endpoint has no authentication", file=sys.stderr)
     print(f"serving {router.manifest['policy']['row']!r} on {server.url} (POST /v1/route, GET /healthz); Ctrl-C stops",
           file=sys.stderr, flush=True)
+    import signal
+
+    def _stop(signum, frame):  # SIGTERM (docker stop, systemd) stops as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
