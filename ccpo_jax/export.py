@@ -54,6 +54,34 @@ DEFAULT_ROW = "CCPO (lambda=0)"
 PLATFORMS = ("cpu", "cuda", "tpu")
 
 
+def _in_blocks(fn, obs: jax.Array, avail: jax.Array):
+    """``fn(obs [BLOCK_ROWS, F], avail [BLOCK_ROWS, 3]) -> pytree of [BLOCK_ROWS, ...]`` over a padded batch [b, ...]."""
+    b, F = obs.shape
+    n = (b + BLOCK_ROWS - 1) // BLOCK_ROWS
+    pad = n * BLOCK_ROWS - b
+    o = jnp.pad(obs, ((0, pad), (0, 0))).reshape(n, BLOCK_ROWS, F)
+    a = jnp.pad(avail, ((0, pad), (0, 0)), constant_values=True).reshape(n, BLOCK_ROWS, 3)
+    out = jax.lax.map(lambda oa: fn(oa[0], oa[1]), (o, a))
+    return jax.tree.map(lambda x: x.reshape((n * BLOCK_ROWS,) + x.shape[2:])[:b], out)
+
+
+def blocked_policy_probs(policy_params: Any, obs: jax.Array, available: jax.Array, hidden=None) -> jax.Array:
+    """pi(.|o) ``[..., 3]`` for ``obs [..., F]``, computed in blocks of ``BLOCK_ROWS`` rows as the exported
+    module computes it, so the bits do not depend on how many rows there are (see the module doc).
+
+    For the trainer's calibration table (``ccpo_jax.train.policy_tables``): with it, kappa-hat is a
+    probability the exported router reproduces exactly, on any cache size. jit- and vmap-able.
+    """
+    from ccpo_jax.networks import HIDDEN, masked_probs, policy_net
+
+    net = policy_net(tuple(hidden) if hidden is not None else HIDDEN)
+    lead = obs.shape[:-1]
+    flat_o = obs.reshape((-1, obs.shape[-1]))
+    flat_a = available.reshape((-1, 3))
+    probs = _in_blocks(lambda o, a: masked_probs(net.apply(policy_params, o), a), flat_o, flat_a)
+    return probs.reshape(lead + (3,))
+
+
 def policy_forward(hidden, treedef):
     """``f(flat_params, obs [b, F], available [b, 3], kappa) -> (probs [b, 3], in_set [b, 3])``, in blocks."""
     from ccpo_jax.conformal import conformal_set
@@ -61,19 +89,14 @@ def policy_forward(hidden, treedef):
 
     net = policy_net(tuple(hidden))
 
-    def block(flat, obs, avail, kappa):
-        p = jax.tree_util.tree_unflatten(treedef, list(flat))
-        probs = masked_probs(net.apply(p, obs), avail)
-        return probs, conformal_set(probs, kappa, avail)
-
     def f(flat, obs, avail, kappa):
-        b, F = obs.shape
-        n = (b + BLOCK_ROWS - 1) // BLOCK_ROWS
-        pad = n * BLOCK_ROWS - b
-        o = jnp.pad(obs, ((0, pad), (0, 0))).reshape(n, BLOCK_ROWS, F)
-        a = jnp.pad(avail, ((0, pad), (0, 0)), constant_values=True).reshape(n, BLOCK_ROWS, 3)
-        probs, in_set = jax.lax.map(lambda oa: block(flat, oa[0], oa[1], kappa), (o, a))
-        return probs.reshape(n * BLOCK_ROWS, 3)[:b], in_set.reshape(n * BLOCK_ROWS, 3)[:b]
+        p = jax.tree_util.tree_unflatten(treedef, list(flat))
+
+        def block(o, a):
+            probs = masked_probs(net.apply(p, o), a)
+            return probs, conformal_set(probs, kappa, a)
+
+        return _in_blocks(block, obs, avail)
 
     return f
 

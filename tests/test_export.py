@@ -272,3 +272,19 @@ def test_cli_export_and_errors(run, tmp_path):
     res = subprocess.run(cli + ["route", str(tmp_path / "missing"), "--input", "x.jsonl"],
                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert res.returncode == 2 and "no such artefact directory" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_blocked_probs_match_router_on_small_caches(run, router):
+    """``blocked_policy_probs`` (for the trainer's calibration table) gives the router's bits on a
+    [Q, T, F] cache of 800 rows, also vmapped over variants as the trainer evaluates. (The plain
+    formula at this size may use another XLA:CPU matmul kernel and differ by an ulp.)"""
+    from ccpo_jax.export import blocked_policy_probs
+
+    m = np.asarray(run.env.round_mask)
+    want = router.probs(run.obs[: m.sum()], run.avail[: m.sum()])  # the cache rows, in order
+    got = np.asarray(jax.jit(blocked_policy_probs)(run.params, run.env.obs, run.env.available))
+    assert got.shape == m.shape + (3,) and np.array_equal(got[m], want)
+    stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), run.params_cpo, run.params)
+    got_v = np.asarray(jax.jit(jax.vmap(blocked_policy_probs, in_axes=(0, None, None)))(
+        stacked, run.env.obs, run.env.available))
+    assert np.array_equal(got_v[1][m], want)
