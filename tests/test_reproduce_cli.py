@@ -188,11 +188,17 @@ def test_interrupted_run_leaves_no_out_and_resumes(tmp_path, small_cache):
 
 # -- end to end, real baselines and trainer ----------------------------------------------------
 
-def test_end_to_end_small(tmp_path, small_cache):
+def test_end_to_end_small(tmp_path, small_cache, monkeypatch, capsys):
+    """``ccpo-jax reproduce --splits 3 --split-sizes 60,20,20`` with the real baselines and trainer
+    (in-process through ``cli.main``, so the compiled baselines of the tests above are reused)."""
+    from ccpo_jax.cli import main
+
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "e2e"
-    r = _cli(["--cache", str(small_cache), "--splits", "3", "--split-sizes", "60,20,20",
-              "--iterations", "4", "--no-progress", "--out", str(out)], tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
+    rc = main(["reproduce", "--cache", str(small_cache), "--splits", "3", "--split-sizes", "60,20,20",
+               "--iterations", "4", "--no-progress", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert res["splits"] == 3 and res["setting"] == "hotpotqa-llama2-a0.1"
     rows = set(res["policies"])
@@ -200,6 +206,7 @@ def test_end_to_end_small(tmp_path, small_cache):
     for entry in res["policies"].values():
         cov = [x for x in entry["per_split"]["coverage"] if x is not None]
         assert len(cov) == 3 and all(0.0 <= c <= 1.0 for c in cov)
-    assert "SYNTHETIC" in r.stdout and "| Policy |" in r.stdout
-    assert (out / "boxplot_coverage.png").is_file()
+    assert res["timing"]["compile_s"] > 0 and res["timing"]["total_s"] > res["timing"]["compile_s"]
+    assert "SYNTHETIC" in captured.out and "| Policy |" in captured.out
+    assert (out / "boxplot_coverage.png").is_file() and any((out / "tensorboard").iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e2e"]
