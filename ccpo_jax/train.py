@@ -334,13 +334,16 @@ def train_many(
     progress: bool = True,
     on_chunk: Callable[[int, dict], None] | None = None,
     stop_after_chunks: int | None = None,
+    mesh=None,
 ):
     """Train every variant on every row of ``train_idx`` [S, n_train] in one vmapped program.
 
     Returns ``(state, metrics, timing)``: ``state`` leaves have leading axes [V, S];
     ``metrics[name]`` is [V, S, iterations]. ``ckpt_dir`` enables orbax checkpoints
     after every chunk and resumption from the latest one. ``stop_after_chunks``
-    simulates a kill (tests).
+    simulates a kill (tests). ``mesh`` (a 1-D ``ccpo_jax.sharding.make_mesh``) shards the
+    flat V * S member axis over its devices (padded to a multiple of the device
+    count, padding stripped from results and checkpoints); results equal one device's.
     """
     from tqdm.auto import tqdm
 
@@ -361,7 +364,14 @@ def train_many(
     state = jax.vmap(init)(keys.reshape(V * S, -1))
 
     def chunk_fn(n):
-        return jax.jit(jax.vmap(lambda s, idx, v: run_chunk(s, idx, v, n)))
+        fn = jax.vmap(lambda s, idx, v: run_chunk(s, idx, v, n))
+        return jax.jit(fn if mesh is None else sharding.member_map(fn, mesh))
+
+    if mesh is not None:
+        from ccpo_jax import sharding
+
+        n_members = V * S
+        (flat_idx, flat_var), _ = sharding.shard_leading((flat_idx, flat_var), mesh)
 
     n_chunks = -(-config.iterations // config.chunk)
     sizes = [min(config.chunk, config.iterations - i * config.chunk) for i in range(n_chunks)]
@@ -397,6 +407,8 @@ def train_many(
             state = restored["state"]
             history = restored["metrics"]["history"]
             start_chunk = latest
+    if mesh is not None:
+        state, _ = sharding.shard_leading(state, mesh)
 
     compiled: dict[int, Any] = {}
     compile_s = 0.0
@@ -417,7 +429,7 @@ def train_many(
             compiled[n] = chunk_fn(n).lower(state, flat_idx, flat_var).compile()
             compile_s += time.perf_counter() - t0
         state, m = compiled[n](state, flat_idx, flat_var)
-        m = jax.tree.map(np.asarray, m)
+        m = jax.tree.map(np.asarray, m) if mesh is None else sharding.unpad(sharding.to_host(m), n_members)
         history.append({k: v.tolist() for k, v in m.items()})
         bar.update(n)
         bar.set_postfix(kappa=float(np.mean(m["kappa"][..., -1])))
@@ -429,7 +441,7 @@ def train_many(
             manager.save(
                 ci + 1,
                 args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(state),
+                    state=ocp.args.StandardSave(state if mesh is None else sharding.unpad(state, n_members)),
                     metrics=ocp.args.JsonSave({"history": history}),
                 ),
             )
@@ -440,6 +452,8 @@ def train_many(
     bar.close()
     jax.block_until_ready(state)
     train_s = time.perf_counter() - t_train - compile_s
+    if mesh is not None:
+        state = sharding.unpad(state, n_members)
     state = jax.tree.map(lambda x: x.reshape((V, S) + x.shape[1:]), state)
     metrics = {
         k: np.concatenate([np.asarray(h[k]) for h in history], axis=-1).reshape(V, S, -1)

@@ -7,6 +7,12 @@ from pathlib import Path
 
 import pytest
 
+# A persistent compilation cache: the trainer's chunk program is compiled by several
+# tests with identical shapes; the cache turns the repeats into a disk read.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(os.environ.get("TMPDIR", "/tmp")) / "ccpo-jax-test-xla-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("CCPO_SHARED_DATA", REPO.parent / "shared" / "data"))
 
