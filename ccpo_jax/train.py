@@ -283,9 +283,17 @@ def make_train(config: TrainConfig, params: EnvParams):
 # Evaluation of trained policies over many splits (DESIGN 5).
 
 
-def policy_tables(probs_fn, policy, params: EnvParams):
-    """Probabilities of every question and round [Q,T,3] and each question's largest covering kappa [Q]."""
-    probs = probs_fn(policy, params.obs, params.available)
+def policy_tables(policy, params: EnvParams, hidden=None):
+    """Probabilities of every question and round [Q,T,3] and each question's largest covering kappa [Q].
+
+    The forward pass runs in fixed-size row blocks (:func:`ccpo_jax.export.blocked_policy_probs`),
+    exactly as the exported router computes it: XLA's CPU matmul rounds differently for
+    different batch sizes, and kappa-hat equals one calibration probability, so a 1-ulp
+    difference could flip a set. With blocks, the router's sets equal the trainer's bit for bit.
+    """
+    from ccpo_jax.export import blocked_policy_probs
+
+    probs = blocked_policy_probs(policy, params.obs, params.available, hidden)
     kappa_i = jax.vmap(conformal.largest_covering_kappa)(
         probs, params.base_correct, params.guide_correct, params.round_mask, params.unsolvable
     )
@@ -484,11 +492,10 @@ def evaluate_trained(config: TrainConfig, params: EnvParams, variants, state, ca
     """
     from envs.orchestration import summarise
 
-    _, _, probs_fn = make_train(config, params)
     S = cal_idx.shape[0]
 
     def one(policy, kappa_online, cal, test, k):
-        probs, kappa_i = policy_tables(probs_fn, policy, params)
+        probs, kappa_i = policy_tables(policy, params, config.hidden)
         batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, config.alpha)
         online_m = eval_conformal(probs, kappa_online, params, test)
         point_m = eval_pointwise(k, probs, params, test)

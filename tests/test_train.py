@@ -117,7 +117,7 @@ def test_cpo_and_ccpo_learn_the_obvious_optimum():
     assert metrics["batch_len"][0, 0, -20:].mean() < 1.3
 
     ccpo = jax.tree.map(lambda x: x[1, 0], state.policy)
-    probs, kappa_i = policy_tables(probs_fn, ccpo, params)
+    probs, kappa_i = policy_tables(ccpo, params)
     # (The online kappa oscillates around pi(guide): online conformal targets 1 - alpha,
     # and here every question is the same, so the final batch calibration decides.)
     m, _ = eval_batch_calibrated(probs, kappa_i, params, idx, idx, 0.1)
@@ -131,7 +131,7 @@ def test_batch_calibrated_evaluation_matches_plain_python(small):
     cfg = TrainConfig(iterations=1)
     init, _, probs_fn = make_train(cfg, params)
     pol = init(jax.random.PRNGKey(1)).policy
-    probs, kappa_i = policy_tables(probs_fn, pol, params)
+    probs, kappa_i = policy_tables(pol, params)
     cal, test = jnp.arange(0, 40), jnp.arange(40, 80)
     alpha = 0.2
     m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha)
