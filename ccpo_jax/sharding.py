@@ -1,0 +1,164 @@
+"""Device meshes for the member (split/seed/variant) axis and the episode axis (DESIGN 7).
+
+Everything the trainer and the evaluators vmap over is embarrassingly
+parallel: CPO/CCPO variants x splits (the flat "member" axis of
+:func:`ccpo_jax.train.train_many`), evaluation splits, and parallel replay
+episodes. So the whole scale-out story is a 1-D mesh over all devices and a
+leading axis placed on it:
+
+* :func:`make_mesh` builds a 1-D ``jax.make_mesh`` mesh over the devices
+  (all of them by default, every host's under ``jax.distributed``);
+* :func:`shard_leading` pads a pytree's leading axis to a multiple of the
+  device count (repeating the last row, so padded members are valid inputs)
+  and places it with ``NamedSharding(mesh, P(axis))``; :func:`unpad` strips
+  the padding again;
+* :func:`member_map` wraps a vmapped function in ``jax.shard_map`` so every
+  device runs the same per-member program on its own block of members with
+  no communication (closed-over constants, e.g. the replay cache, are
+  replicated). Per-member results therefore equal the one-device results;
+* :func:`init_distributed` calls ``jax.distributed.initialize()`` for
+  multi-host runs when asked (``--distributed`` or ``CCPO_JAX_DISTRIBUTED=1``).
+
+Inputs are built with ``jax.make_array_from_callback`` (each process fills
+only its addressable shards), and :func:`to_host` gathers a possibly
+non-fully-addressable result with ``process_allgather``, so the same code
+runs on one host and on several.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MEMBER_AXIS = "members"
+EPISODE_AXIS = "episodes"
+DISTRIBUTED_ENV = "CCPO_JAX_DISTRIBUTED"
+
+_distributed_done = False
+
+
+def init_distributed(enable: bool | None = None) -> bool:
+    """Initialise multi-host JAX (``jax.distributed.initialize()``) if asked; return whether it ran.
+
+    ``enable`` None reads the environment variable ``CCPO_JAX_DISTRIBUTED``
+    ("1"/"true"/"yes"). The coordinator address, process count and process id
+    come from ``jax.distributed.initialize``'s own discovery (SLURM, Open MPI,
+    Cloud TPU, Kubernetes) or from ``JAX_COORDINATOR_ADDRESS``,
+    ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``. Call it before any other JAX
+    call; calling it twice is a no-op.
+    """
+    global _distributed_done
+    if enable is None:
+        enable = os.environ.get(DISTRIBUTED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    if not enable:
+        return False
+    if not _distributed_done:
+        kw = {}
+        if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+            kw["coordinator_address"] = os.environ["JAX_COORDINATOR_ADDRESS"]
+        if os.environ.get("JAX_NUM_PROCESSES"):
+            kw["num_processes"] = int(os.environ["JAX_NUM_PROCESSES"])
+        if os.environ.get("JAX_PROCESS_ID"):
+            kw["process_id"] = int(os.environ["JAX_PROCESS_ID"])
+        jax.distributed.initialize(**kw)
+        _distributed_done = True
+    return True
+
+
+def make_mesh(n_devices: int | None = None, axis: str = MEMBER_AXIS) -> Mesh:
+    """A 1-D mesh named ``axis`` over the first ``n_devices`` devices (default: all, on all hosts)."""
+    devices = jax.devices()
+    n = len(devices) if n_devices is None else int(n_devices)
+    if not 1 <= n <= len(devices):
+        raise ValueError(f"n_devices={n_devices}: {len(devices)} device(s) available")
+    return jax.make_mesh((n,), (axis,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices[:n])
+
+
+def _axis(mesh: Mesh) -> str:
+    if len(mesh.axis_names) != 1:
+        raise ValueError(f"expected a 1-D mesh, got axes {mesh.axis_names}")
+    return mesh.axis_names[0]
+
+
+def padded_size(n: int, mesh: Mesh) -> int:
+    """``n`` rounded up to a multiple of the mesh size."""
+    d = mesh.devices.size
+    return -(-int(n) // d) * d
+
+
+def pad_leading(tree: Any, n_to: int) -> Any:
+    """Pad every leaf's leading axis to ``n_to`` by repeating its last row (padded rows stay valid inputs)."""
+
+    def pad(x):
+        x = np.asarray(x) if not isinstance(x, jax.Array) else x
+        extra = n_to - x.shape[0]
+        if extra < 0:
+            raise ValueError(f"leading axis {x.shape[0]} > {n_to}")
+        if extra == 0:
+            return x
+        lib = np if isinstance(x, np.ndarray) else jax.numpy
+        return lib.concatenate([x, lib.repeat(x[-1:], extra, axis=0)], axis=0)
+
+    return jax.tree.map(pad, tree)
+
+
+def unpad(tree: Any, n: int) -> Any:
+    """The first ``n`` rows of every leaf (undo :func:`pad_leading`)."""
+    return jax.tree.map(lambda x: x[:n], tree)
+
+
+def _place(x, sharding: NamedSharding):
+    if isinstance(x, jax.Array) and x.is_fully_addressable and jax.process_count() == 1:
+        return jax.device_put(x, sharding)
+    # Multi-host safe: every process fills only its own shards (x is the same on all).
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def shard_leading(tree: Any, mesh: Mesh) -> tuple[Any, int]:
+    """Pad the leading axis of every leaf to a multiple of the mesh size and shard it over the mesh.
+
+    Returns ``(sharded_tree, n)`` with ``n`` the original leading size (all
+    leaves must share it); pass ``n`` to :func:`unpad` afterwards.
+    """
+    leaves = jax.tree.leaves(tree)
+    sizes = {int(np.shape(x)[0]) for x in leaves}
+    if len(sizes) != 1:
+        raise ValueError(f"leaves disagree on the leading axis: {sorted(sizes)}")
+    (n,) = sizes
+    sh = NamedSharding(mesh, P(_axis(mesh)))
+    tree = pad_leading(tree, padded_size(n, mesh))
+    return jax.tree.map(lambda x: _place(x, sh), tree), n
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+    """Place every leaf fully replicated on the mesh."""
+    sh = NamedSharding(mesh, P())
+    return jax.tree.map(lambda x: _place(x, sh), tree)
+
+
+def member_map(fn: Callable, mesh: Mesh) -> Callable:
+    """``jax.shard_map`` of a function batched over the leading axis of all its inputs and outputs.
+
+    ``fn`` must already be vmapped (it sees a block of members per device).
+    No collectives: each device's block is computed exactly as one device
+    would compute it, so results equal the unsharded call.
+    """
+    spec = P(_axis(mesh))
+    return jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+
+
+def to_host(tree: Any) -> Any:
+    """NumPy copy of a pytree of (possibly multi-host) arrays."""
+
+    def get(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+
+    return jax.tree.map(get, tree)
