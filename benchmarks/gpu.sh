@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# One-call GPU benchmark: runs benchmarks/run.py on the machine's GPU and writes the JSON.
+#
+#   bash benchmarks/gpu.sh [OUT_DIR]        (default: $OUT if set, else ./bench-gpu)
+#
+# Writes OUT_DIR/bench_gpu.json (all records, merged), OUT_DIR/bench_*.json (per stage)
+# and OUT_DIR/bench_*.log. Designed for a machine WITHOUT internet access (the project's
+# H200 device machine): it uses the python3 whose jax already has a CUDA backend
+# (that image ships jax + jax-cuda plugin, flax, optax, orbax, scipy, matplotlib, tqdm).
+# Nothing is downloaded. If a package is missing it is installed from wheels in
+# $CCPO_WHEELS (default: ./.whl, e.g. prepared with `pip download --no-deps -d .whl tensorboardX`)
+# when present; tensorboardX alone may be missing: run.py then replaces it with a
+# no-op writer for the reproduce timing and says so in the JSON config.
+# Stages have their own timeouts so the whole script stays under ~8 minutes:
+#   1. env + eval  (full sizes, 1 .. 65,536 episodes; 1 .. 1,000 splits)   <= 150 s
+#   2. train + reproduce (full: 300 it; retrain 1/10/100 splits; reproduce, 1,500 it)  <= 240 s
+#   3. devices (quick: forced CPU host devices N = 1, 2, 4, 8, runs on the CPU cores) <= 150 s
+set -u
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+OUT_DIR=${1:-${OUT:-$REPO/bench-gpu}}
+mkdir -p "$OUT_DIR"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+
+# Pick a python whose jax sees a GPU: $PYTHON, python3, /opt/torch/.venv/bin/python3, ./venv.
+PY=""
+for cand in ${PYTHON:-} python3 /opt/torch/.venv/bin/python3 "$REPO/../venv/bin/python" python; do
+  command -v "$cand" >/dev/null 2>&1 || continue
+  if "$cand" -c "import jax, sys; sys.exit(0 if jax.default_backend() == 'gpu' else 1)" >/dev/null 2>&1; then
+    PY=$cand; break
+  fi
+done
+if [ -z "$PY" ]; then
+  echo "gpu.sh: no python with a CUDA-enabled jax found (tried \$PYTHON, python3, /opt/torch/.venv/bin/python3)." >&2
+  echo "        On a machine with internet: pip install -U 'jax[cuda12]' flax optax orbax-checkpoint chex tqdm scipy matplotlib" >&2
+  exit 2
+fi
+echo "gpu.sh: using $PY ($($PY -c 'import jax; print("jax", jax.__version__, jax.devices())'))"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu.sh: /'
+
+# Missing packages: install from a local wheel cache if one is there (no network).
+WHEELS=${CCPO_WHEELS:-$REPO/.whl}
+missing=$("$PY" - <<'EOF'
+import importlib.util
+need = ["flax", "optax", "orbax.checkpoint", "chex", "tqdm", "scipy", "matplotlib", "yaml", "tensorboardX"]
+print(" ".join(n for n in need if importlib.util.find_spec(n) is None))
+EOF
+)
+if [ -n "$missing" ]; then
+  echo "gpu.sh: missing python packages: $missing"
+  if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ccpo-site "$WHEELS"/*.whl \
+      && export PYTHONPATH="$PYTHONPATH:/tmp/ccpo-site" && echo "gpu.sh: installed wheels from $WHEELS"
+  else
+    echo "gpu.sh: no wheel cache at $WHEELS; continuing (tensorboardX is optional for the benchmark)"
+  fi
+fi
+
+stage() {  # name timeout args...
+  local name=$1 limit=$2; shift 2
+  echo "gpu.sh: stage $name (limit ${limit}s)"
+  timeout --signal=TERM --kill-after=10 "$limit" "$PY" benchmarks/run.py "$@" --out "$OUT_DIR/bench_$name.json" \
+    > "$OUT_DIR/bench_$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT_DIR/bench_$name.log"
+  [ $rc -eq 0 ] || echo "gpu.sh: stage $name exited with $rc (see $OUT_DIR/bench_$name.log)"
+}
+
+t0=$(date +%s)
+stage env_eval 150 --only env,eval
+stage train_reproduce 240 --only train,reproduce
+stage devices 150 --quick --only devices
+
+"$PY" - "$OUT_DIR" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+recs = []
+for name in ("env_eval", "train_reproduce", "devices"):
+    p = out / f"bench_{name}.json"
+    if p.exists():
+        for r in json.loads(p.read_text()):
+            r.setdefault("config", {})["stage"] = name
+            recs.append(r)
+tmp = out / ".bench_gpu.json.tmp"
+tmp.write_text(json.dumps(recs, indent=2) + "\n")
+tmp.replace(out / "bench_gpu.json")
+print(f"gpu.sh: wrote {len(recs)} records to {out / 'bench_gpu.json'}")
+EOF
+echo "gpu.sh: total $(( $(date +%s) - t0 )) s"
