@@ -3,18 +3,20 @@
 #
 #   bash benchmarks/gpu.sh [OUT_DIR]        (default: $OUT if set, else ./bench-gpu)
 #
-# Writes OUT_DIR/bench_gpu.json (all records, merged), OUT_DIR/bench_*.json (per stage)
-# and OUT_DIR/bench_*.log. Designed for a machine WITHOUT internet access (the project's
+# Writes OUT_DIR/bench_gpu.json (all records, merged), OUT_DIR/bench_<stage>.json and OUT_DIR/bench_gpu.log. Designed for a machine WITHOUT internet access (the project's
 # H200 device machine): it uses the python3 whose jax already has a CUDA backend
 # (that image ships jax + jax-cuda plugin, flax, optax, orbax, scipy, matplotlib, tqdm).
 # Nothing is downloaded. If a package is missing it is installed from wheels in
 # $CCPO_WHEELS (default: ./.whl, e.g. prepared with `pip download --no-deps -d .whl tensorboardX`)
 # when present; tensorboardX alone may be missing: run.py then replaces it with a
 # no-op writer for the reproduce timing and says so in the JSON config.
-# Stages have their own timeouts so the whole script stays under ~8 minutes:
-#   1. env + eval  (full sizes, 1 .. 65,536 episodes; 1 .. 1,000 splits)   <= 150 s
-#   2. train + reproduce (full: 300 it; retrain 1/10/100 splits; reproduce, 1,500 it)  <= 240 s
-#   3. devices (quick: forced CPU host devices N = 1, 2, 4, 8, runs on the CPU cores) <= 150 s
+# Stages have their own timeouts so the whole script stays under 8 minutes (run.py rewrites
+# its JSON after every record, so a stage stopped by its timeout keeps what it measured):
+#   1. env + eval  (full sizes, 1 .. 65,536 episodes; 1 .. 1,000 splits)          <= 105 s
+#   2. train (full: 300 iterations, 1 split; retrain 10 and 100 splits, 100 it)     <= 150 s
+#   3. reproduce (full: 100 splits, the default 1,500 iterations)                    <= 150 s
+#   4. devices (quick: forced CPU host devices N = 1, 2, 4, 8, on the CPU cores)     <= 75 s
+# Files: OUT_DIR/bench_gpu.json (merged), bench_<stage>.json, bench_gpu.log (6 files).
 set -u
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -58,27 +60,30 @@ if [ -n "$missing" ]; then
   fi
 fi
 
-stage() {  # name timeout args...
+LOG="$OUT_DIR/bench_gpu.log"
+: > "$LOG"
+stage() {  # name timeout args...   (run.py saves its JSON after every section)
   local name=$1 limit=$2; shift 2
-  echo "gpu.sh: stage $name (limit ${limit}s)"
+  echo "gpu.sh: stage $name (limit ${limit}s)" | tee -a "$LOG"
   timeout --signal=TERM --kill-after=10 "$limit" "$PY" benchmarks/run.py "$@" --out "$OUT_DIR/bench_$name.json" \
-    > "$OUT_DIR/bench_$name.log" 2>&1
+    >> "$LOG" 2>&1
   local rc=$?
-  tail -n 25 "$OUT_DIR/bench_$name.log"
-  [ $rc -eq 0 ] || echo "gpu.sh: stage $name exited with $rc (see $OUT_DIR/bench_$name.log)"
+  [ $rc -eq 0 ] || echo "gpu.sh: stage $name exited with $rc (see $LOG)" | tee -a "$LOG"
 }
 
 t0=$(date +%s)
-stage env_eval 150 --only env,eval
-stage train_reproduce 240 --only train,reproduce
-stage devices 150 --quick --only devices
+stage env_eval 105 --only env,eval
+stage train 150 --only train
+stage reproduce 150 --only reproduce
+stage devices 75 --quick --only devices
+grep -A12 "^summary" "$LOG"
 
 "$PY" - "$OUT_DIR" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 recs = []
-for name in ("env_eval", "train_reproduce", "devices"):
+for name in ("env_eval", "train", "reproduce", "devices"):
     p = out / f"bench_{name}.json"
     if p.exists():
         for r in json.loads(p.read_text()):

@@ -98,11 +98,14 @@ class Recorder:
     def __init__(self, backend: str, device: str):
         self.records: list[dict] = []
         self.backend, self.device = backend, device
+        self.on_add = None  # called after every record (saves the JSON so far)
 
     def add(self, name: str, value: float, unit: str, **config) -> dict:
         r = {"name": name, "value": float(value), "unit": unit, "backend": self.backend,
              "device": self.device, "config": config}
         self.records.append(r)
+        if self.on_add is not None:
+            self.on_add()
         cfg = ", ".join(f"{k}={v}" for k, v in config.items() if k not in ("cache", "synthetic", "impl"))
         print(f"  {name:44s} {value:16,.2f}  {unit:14s} {cfg[:90]}", flush=True)
         return r
@@ -629,22 +632,28 @@ def main(argv=None) -> int:
           f"{'quick' if args.quick else 'full'} mode; cache: SYNTHETIC hotpotqa-llama2 (1,400 questions)")
     fns = {"env": section_env, "eval": section_eval, "train": section_train, "reproduce": section_reproduce,
            "devices": section_devices}
+    def save():  # after every section, atomically, so a run stopped by a timeout keeps what it measured
+        if args.out:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+            with os.fdopen(fd, "w") as f:
+                json.dump(rec.records, f, indent=2)
+                f.write("\n")
+            os.replace(tmp, out)
+
+    rec.on_add = save
     for s in only:
         t0 = time.perf_counter()
         print(f"\n[{s}]", flush=True)
         fns[s](rec, ctx, args.quick)
         rec.add(f"section_wall_s_{s}", time.perf_counter() - t0, "s")
+        save()
     rec.add("suite_wall_s", time.perf_counter() - t_all, "s", quick=args.quick, sections=only)
     print_summary(rec.records)
+    save()
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(rec.records, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, out)
-        print(f"\nwrote {len(rec.records)} records to {out}")
+        print(f"\nwrote {len(rec.records)} records to {args.out}")
     return 0
 
 
