@@ -1,0 +1,170 @@
+"""Typed configuration of the Stackelberg pipeline (arXiv 2606.23026).
+
+Every value the paper leaves open (BRIEF 3 and 4.6) is a field here with its
+choice documented; docs/readme/stackelberg.md lists them.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from envs.governance.session import SessionConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class GridConfig:
+    """Where the response grid comes from."""
+
+    path: str | None = None
+    """A grid file (.jsonl) or fast-format directory; None = generate the SYNTHETIC grid."""
+    profile: str = "paper-probes"
+    """Synthetic profile (envs.governance.synthetic.PROFILES)."""
+    seed: int = 0
+    """Seed of the synthetic grid."""
+    turns: int = 5
+    """Turns per synthetic session cell (5: the paper's multi-turn probe)."""
+    trials: int = 4
+    """Repeated trials per synthetic cell."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SurrogateConfig:
+    """Surrogate payoff oracle T-hat, Q-hat (paper §6.3; model class silent: ridge on polynomial features)."""
+
+    test_fraction: float = 0.2
+    """Held-out fraction of the fixed train/test split of grid cells."""
+    split_seed: int = 0
+    """Seed of the fixed split."""
+    ridge: float = 1e-3
+    """L2 penalty of the ridge regressions (features are O(1))."""
+    max_samples: int | None = None
+    """Subsample the grid to this many cells before splitting (the paper had 2,400); None = all."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertConfig:
+    """The documented expert behind the demonstrations (s, q, alpha, T_ratio, a) (paper §6.1; silent)."""
+
+    n_demos: int = 4096
+    """Number of demonstration tuples (same for both controllers, as in the paper)."""
+    action_levels: int = 11
+    """The expert maximises U_F (surrogate means) over this many levels per action coordinate."""
+    noise: float = 0.03
+    """Std of Gaussian jitter on the expert's arg-max action (bounded rationality), clipped to [0, 1]."""
+    seed: int = 1
+    """Seed of the demonstration sessions (leader outputs drawn uniformly, q in [0.5, 1])."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GAILConfig:
+    """Phase 1: follower by GAIL (Ho & Ermon 2016; BRIEF 2.4). Hyperparameters silent in the paper."""
+
+    iterations: int = 300
+    """Outer iterations (one discriminator and one PPO step each)."""
+    batch: int = 512
+    """Expert and policy samples per iteration."""
+    hidden: tuple[int, ...] = (64, 64)
+    """Hidden sizes of the policy, value and discriminator MLPs."""
+    policy_lr: float = 1e-3
+    disc_lr: float = 1e-3
+    disc_steps: int = 1
+    """Discriminator Adam steps per iteration."""
+    ppo_epochs: int = 4
+    """PPO epochs on each policy batch (one-step episodes: the follower is stage-wise)."""
+    clip_eps: float = 0.2
+    entropy_coef: float = 0.0
+    """lambda_H on the policy entropy."""
+    grad_penalty: float = 0.1
+    """Gradient penalty on the discriminator input gradient (stabilises GAIL; 0 disables)."""
+    policy: str = "squashed"
+    """Action distribution on [0,1]^3: 'squashed' (sigmoid-squashed Gaussian, default: compiles ~5x faster
+    under vmap than the Beta's gamma rejection sampler) or 'beta' (distrax.Beta)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderPPOConfig:
+    """Phase 2: leader by PPO over (q, alpha) against the frozen follower in the surrogate."""
+
+    iterations: int = 200
+    n_envs: int = 256
+    """Parallel sessions per iteration (each H turns)."""
+    hidden: tuple[int, ...] = (64, 64)
+    lr: float = 3e-4
+    epochs: int = 4
+    minibatches: int = 4
+    gamma: float = 0.95
+    """Discount (paper: H and gamma silent)."""
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.2
+    entropy_coef: float = 1e-3
+    value_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    policy: str = "squashed"
+    """Leader distribution on [0,1]^2: 'squashed' or 'beta' (see GAILConfig.policy)."""
+    follower_deterministic: bool = True
+    """The frozen follower plays its mean action (a deterministic response model)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RepairConfig:
+    """Action repair (paper §7.3, §8)."""
+
+    box_low: tuple[float, float, float] = (0.10, 0.35, 0.00)
+    box_high: tuple[float, float, float] = (0.40, 0.65, 0.50)
+    """A_real = [0.10,0.40] x [0.35,0.65] x [0.00,0.50] for (c, p, u)."""
+    u_cap: float = 0.50
+    """Cap of the coding-aware tool repair u = min(u_cap, max(u_base, u_need))."""
+    need_tolerance: float = 0.02
+    """u_need label: the lowest tool level whose mean quality is within this of the best level."""
+    ridge: float = 1e-2
+    """L2 penalty of the u_need repair head (ridge on task/model/complexity features)."""
+    trap: tuple[float, float, float] = (0.9, 0.7, 0.5)
+    """Trap thresholds: c > 0.9 or p > 0.7 or u > 0.5 (Table 7)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation on grid replay (paper §10.2)."""
+
+    paper_episodes: int = 20
+    """Episodes of the paper-sized run (20 x 3 turns x 5 strategies = 300 turns)."""
+    episodes: int = 10_000
+    """Episodes of the large run."""
+    turns: int = 3
+    middle: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    """Static 'Middle' action (values silent in the paper)."""
+    conservative: tuple[float, float, float] = (0.2, 0.5, 0.2)
+    """Static 'Conservative' action (values silent; also the T_0 reference action)."""
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StackelbergConfig:
+    """The whole pipeline: grid -> surrogate -> GAIL follower -> PPO leader -> repair -> evaluation."""
+
+    grid: GridConfig = GridConfig()
+    surrogate: SurrogateConfig = SurrogateConfig()
+    session: SessionConfig = SessionConfig()
+    expert: ExpertConfig = ExpertConfig()
+    gail: GAILConfig = GAILConfig()
+    leader: LeaderPPOConfig = LeaderPPOConfig()
+    repair: RepairConfig = RepairConfig()
+    eval: EvalConfig = EvalConfig()
+    seeds: int = 2
+    """Training seeds, vmapped in one program; the seed with the best surrogate leader return is evaluated."""
+    seed: int = 0
+    chunks: int = 10
+    """Training is split into this many jitted chunks (progress bar, TensorBoard, checkpoint per chunk)."""
+
+    def quick(self) -> "StackelbergConfig":
+        """A small configuration for smoke tests (--quick): same code paths, tiny sizes."""
+        r = dataclasses.replace
+        return r(
+            self,
+            grid=r(self.grid, trials=2),
+            expert=r(self.expert, n_demos=512),
+            gail=r(self.gail, iterations=20, batch=128),
+            leader=r(self.leader, iterations=10, n_envs=64),
+            eval=r(self.eval, episodes=1000),
+            seeds=2,
+            chunks=2,
+        )

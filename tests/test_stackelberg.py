@@ -1,0 +1,256 @@
+"""Stackelberg pipeline pieces (arXiv 2606.23026), each against an independent oracle."""
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from envs.cache import CacheError
+from envs.governance.grid import load_grid, read_grid_jsonl, save_grid
+from envs.governance.session import SessionConfig, SessionEnv, make_session_params, smooth_commitment
+from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes
+from ccpo_jax.stackelberg.config import LeaderPPOConfig, RepairConfig, SurrogateConfig
+from ccpo_jax.stackelberg.gail import Discriminator, discriminator_loss
+from ccpo_jax.stackelberg.ppo import gae, make_ppo
+from ccpo_jax.stackelberg.repair import is_trap, project_box, repair_action
+from ccpo_jax.stackelberg.surrogate import fit_surrogate, r2_score, ridge_fit
+
+
+@pytest.fixture(scope="module")
+def small_grid():
+    return generate_grid(seed=3, levels=(0.0, 0.5, 1.0), turns=2, trials=2)
+
+
+@pytest.fixture(scope="module")
+def full_grid():
+    return generate_grid(seed=0)
+
+
+# -- grid formats ---------------------------------------------------------------
+
+def test_grid_roundtrip_both_formats(tmp_path, small_grid):
+    fast = load_grid(save_grid(small_grid, tmp_path / "g"))
+    human = load_grid(save_grid(small_grid, tmp_path / "g.jsonl"))
+    for g in (fast, human):
+        assert g.manifest.is_synthetic
+        np.testing.assert_array_equal(g.tool_fail, small_grid.tool_fail)
+        np.testing.assert_allclose(g.tokens, small_grid.tokens, rtol=1e-6, atol=1e-3)
+        np.testing.assert_allclose(g.quality, small_grid.quality, atol=1e-6)
+
+
+def _edit_line(path, lineno, **changes):
+    lines = path.read_text().splitlines()
+    rec = json.loads(lines[lineno - 1])
+    for k, v in changes.items():
+        if v is None:
+            rec.pop(k)
+        else:
+            rec[k] = v
+    lines[lineno - 1] = json.dumps(rec)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"quality": 1.5}, "field 'quality'"),
+    ({"tokens": -3}, "field 'tokens'"),
+    ({"task": "poetry"}, "unknown task type"),
+    ({"c": 0.3}, "not one of the manifest levels"),
+    ({"turn": None}, "missing field 'turn'"),
+])
+def test_grid_jsonl_errors_name_line_and_field(tmp_path, small_grid, change, needle):
+    p = save_grid(small_grid, tmp_path / "g.jsonl")
+    _edit_line(p, 5, **change)
+    with pytest.raises(CacheError, match=needle) as e:
+        read_grid_jsonl(p)
+    assert ":5:" in str(e.value)
+
+
+def test_grid_jsonl_missing_cell_and_damaged_fast(tmp_path, small_grid):
+    p = save_grid(small_grid, tmp_path / "g.jsonl")
+    lines = p.read_text().splitlines()
+    p.write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(CacheError, match="cells missing"):
+        read_grid_jsonl(p)
+    d = save_grid(small_grid, tmp_path / "g")
+    m = json.loads((d / "manifest.json").read_text())
+    m["checksum"] = "sha256:0"
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CacheError, match="checksum mismatch"):
+        load_grid(d)
+
+
+def test_synthetic_grid_matches_paper_probes(full_grid):
+    """Oracle: the paper's Table 6 / §10.3 numbers (BRIEF 3.7)."""
+    pr = probes(full_grid)
+    rel = {"mean_tokens": 0.05, "mean_quality": 0.02, "prompt_token_ratio": 0.1, "tool_token_ratio": 0.1,
+           "multiturn_cum_ratio": 0.1, "context_token_ratio": 0.03}
+    for k, tol in rel.items():
+        assert abs(pr[k] / PROBE_TARGETS[k] - 1) < tol, (k, pr[k], PROBE_TARGETS[k])
+    for k in ("prompt_delta_q", "context_delta_q", "tool_delta_q"):
+        assert abs(pr[k] - PROBE_TARGETS[k]) < 0.03, (k, pr[k])
+    assert pr["multiturn_full_r2"] > 0.99
+
+
+# -- surrogate ---------------------------------------------------------------------
+
+def test_ridge_and_r2_against_numpy():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 5))
+    y = X @ rng.normal(size=5) + 0.1 * rng.normal(size=200)
+    w = ridge_fit(X, y, 0.0)
+    np.testing.assert_allclose(w, np.linalg.lstsq(X, y, rcond=None)[0], rtol=1e-8, atol=1e-10)
+    from scipy import stats
+
+    x1 = rng.normal(size=100)
+    y1 = 2 * x1 + rng.normal(size=100)
+    fit = stats.linregress(x1, y1)
+    assert r2_score(y1, fit.slope * x1 + fit.intercept) == pytest.approx(fit.rvalue**2, rel=1e-9)
+
+
+def test_surrogate_held_out_scores(full_grid):
+    m = fit_surrogate(full_grid, SurrogateConfig()).metrics
+    assert m["n_test"] == pytest.approx(0.2 * full_grid.n_cells, abs=1)
+    assert 0.7 < m["token_r2"] <= 1 and 0.3 < m["quality_r2"] <= 1
+    assert m["quality_mae"] < 0.1
+
+
+# -- session env ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def session_params(small_grid):
+    fit = fit_surrogate(small_grid, SurrogateConfig())
+    return make_session_params(small_grid, fit.weights)
+
+
+@pytest.mark.parametrize("state, dim", [("scalar", 9), ("task", 14)])
+def test_session_state_dims_and_replay_oracle(small_grid, session_params, state, dim):
+    env = SessionEnv(SessionConfig(state=state, mode="replay", horizon=2))
+    keys = jax.random.split(jax.random.PRNGKey(0), 16)
+    obs, st = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(keys, session_params)
+    assert obs.shape == (16, dim)
+    a = jnp.tile(jnp.array([0.4, 0.9, 0.1]), (16, 1))  # nearest levels 0.5, 1.0, 0.0
+    ell = jnp.tile(jnp.array([0.8, 0.5]), (16, 1))
+    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, 0, None)))
+    obs2, st2, r, done, info = step(keys, st, ell, a, session_params)
+    want = small_grid.tokens[np.asarray(st.task), np.asarray(st.model), 1, 2, 0, 0, np.asarray(st.trial)]
+    np.testing.assert_allclose(info["tokens"], want, rtol=1e-6)
+    assert not np.asarray(done).any()
+    _, _, _, done2, _ = step(keys, st2, ell, a, session_params)
+    assert np.asarray(done2).all()
+    if state == "task":
+        np.testing.assert_array_equal(np.argmax(np.asarray(obs)[:, 7:13], 1), np.asarray(st.task))
+
+
+def test_smoothing_stays_within_bounds_and_matches_bruteforce():
+    rng = np.random.default_rng(1)
+    rho, delta = 0.6, 0.15
+    prev = jnp.asarray(rng.uniform(size=(500, 2)), jnp.float32)
+    raw = jnp.asarray(rng.uniform(-0.5, 1.5, size=(500, 2)), jnp.float32)
+    out = np.asarray(smooth_commitment(prev, raw, rho, delta))
+    p = np.asarray(prev)
+    assert (out >= 0).all() and (out <= 1).all()
+    assert (np.abs(out - p) <= delta + 1e-6).all()
+    # oracle: nearest point of the feasible interval to the EMA target, by dense search
+    grid = np.linspace(0, 1, 20001)
+    target = rho * p + (1 - rho) * np.asarray(raw)
+    for i in range(0, 500, 25):
+        for j in range(2):
+            feas = grid[(grid >= p[i, j] - delta - 1e-12) & (grid <= p[i, j] + delta + 1e-12)]
+            best = feas[np.argmin(np.abs(feas - target[i, j]))]
+            assert out[i, j] == pytest.approx(best, abs=1e-4)
+
+
+# -- repair ---------------------------------------------------------------------------
+
+def test_projection_against_bruteforce():
+    cfg = RepairConfig()
+    lo, hi = np.array(cfg.box_low), np.array(cfg.box_high)
+    g = [np.linspace(lo[i], hi[i], 31) for i in range(3)]
+    box = np.stack(np.meshgrid(*g, indexing="ij"), -1).reshape(-1, 3)
+    rng = np.random.default_rng(0)
+    pts = rng.uniform(-0.2, 1.2, size=(60, 3))
+    proj = np.asarray(project_box(jnp.asarray(pts), lo, hi))
+    for x, px in zip(pts, proj):
+        d = np.linalg.norm(box - x, axis=1)
+        assert np.linalg.norm(px - x) <= d.min() + 1e-6
+        assert np.linalg.norm(box[np.argmin(d)] - px) < 0.03  # the grid's nearest point is next to ours
+        assert (px >= lo - 1e-7).all() and (px <= hi + 1e-7).all()
+
+
+def test_tool_repair_formula_and_no_traps():
+    cfg = RepairConfig()
+    rng = np.random.default_rng(2)
+    a = rng.uniform(size=(1000, 3))
+    need = rng.uniform(0, 0.8, size=1000)
+    out = np.asarray(repair_action(jnp.asarray(a), jnp.asarray(need), cfg))
+    clip = np.clip(a, cfg.box_low, cfg.box_high)
+    np.testing.assert_allclose(out[:, :2], clip[:, :2], atol=1e-7)
+    np.testing.assert_allclose(out[:, 2], np.minimum(0.5, np.maximum(clip[:, 2], need)), atol=1e-7)
+    assert not np.asarray(is_trap(out)).any()
+    assert np.asarray(is_trap(a)).mean() > 0.5  # the raw actions were mostly traps
+
+
+# -- learning ---------------------------------------------------------------------------
+
+def test_gail_discriminator_separates_separable_data():
+    import optax
+
+    disc = Discriminator((32, 32))
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+    obs = jax.random.uniform(k1, (256, 4))
+    a_exp = 0.3 * jax.random.uniform(k2, (256, 3))
+    a_pol = 0.7 + 0.3 * jax.random.uniform(k3, (256, 3))
+    params = disc.init(jax.random.PRNGKey(1), 7)
+    tx = optax.adam(3e-3)
+    opt = tx.init(params)
+
+    @jax.jit
+    def step(params, opt):
+        (loss, acc), g = jax.value_and_grad(discriminator_loss, argnums=1, has_aux=True)(disc, params, obs, a_exp, obs, a_pol, 0.0)
+        upd, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, upd), opt, acc
+
+    for _ in range(150):
+        params, opt, acc = step(params, opt)
+    le = disc.logit(params, obs, a_exp)
+    lp = disc.logit(params, obs, a_pol)
+    acc = 0.5 * (float(jnp.mean(le > 0)) + float(jnp.mean(lp < 0)))
+    assert acc >= 0.98
+    assert float(jax.nn.sigmoid(le).mean()) > 0.9 and float(jax.nn.sigmoid(lp).mean()) < 0.1
+
+
+def test_gae_matches_rlax():
+    import rlax
+
+    rng = np.random.default_rng(0)
+    T = 7
+    r, v = rng.normal(size=T).astype(np.float32), rng.normal(size=T + 1).astype(np.float32)
+    dones = np.zeros(T, bool)
+    dones[3] = True
+    adv, _ = gae(jnp.asarray(r)[:, None], jnp.asarray(v[:T])[:, None], jnp.asarray(dones)[:, None],
+                 jnp.asarray(v[T:]), 0.9, 0.8)
+    disc = 0.9 * (1 - dones.astype(np.float32))
+    want = rlax.truncated_generalized_advantage_estimation(jnp.asarray(r), jnp.asarray(disc), 0.8, jnp.asarray(v))
+    np.testing.assert_allclose(np.asarray(adv[:, 0]), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_ppo_solves_a_bandit_with_known_optimum():
+    """Continuous bandit on [0,1]^2 with reward -||a - a*||^2: optimum a* = (0.3, 0.8)."""
+    target = jnp.array([0.3, 0.8])
+
+    def reset(key, p):
+        return jnp.zeros((2,)), jnp.int32(0)
+
+    def step(key, s, a, p):
+        return jnp.zeros((2,)), s, -jnp.sum((a - p) ** 2), jnp.bool_(True), {}
+
+    cfg = LeaderPPOConfig(n_envs=128, epochs=4, minibatches=2, lr=3e-3, entropy_coef=0.0)
+    policy, init, run = make_ppo(reset, step, 2, 2, 1, cfg, "squashed")
+    st = init(jax.random.PRNGKey(0))
+    st, m = jax.jit(run, static_argnums=2)(st, target, 150)
+    mean_a = np.asarray(policy.mean(st.actor, jnp.zeros((2,))))
+    np.testing.assert_allclose(mean_a, np.asarray(target), atol=0.05)
+    assert float(m["episode_return"][-10:].mean()) > float(m["episode_return"][:10].mean())
