@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "ccpo_jax.commands.data",
     "ccpo_jax.commands.export",
     "ccpo_jax.commands.reproduce",
+    "ccpo_jax.commands.stackelberg",
 )
 
 
