@@ -66,7 +66,8 @@ MAX_CENTS = 1e9
 MAX_T = 64
 
 
-def _typename(v: Any) -> str:
+def json_type_name(v: Any) -> str:
+    """The JSON name of a parsed value's type (for error messages): null, boolean, number, ..."""
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -87,7 +88,7 @@ def _show(v: Any) -> str:
     if isinstance(v, float) and not math.isfinite(v):
         return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
     if isinstance(v, (dict, list)):
-        return _typename(v)
+        return json_type_name(v)
     text = json.dumps(v)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -112,7 +113,7 @@ class _Line:
     def obj(self, obj: dict, key: str, ctx: str, required: bool = True) -> dict | None:
         v = self.get(obj, key, ctx, required)
         if v is not None and not isinstance(v, dict):
-            raise self.fail(_join(ctx, key), f"expected an object, got {_typename(v)}")
+            raise self.fail(_join(ctx, key), f"expected an object, got {json_type_name(v)}")
         return v
 
     def boolean(self, obj: dict, key: str, ctx: str) -> bool:
@@ -124,7 +125,7 @@ class _Line:
     def string(self, obj: dict, key: str, ctx: str, required: bool = True) -> str | None:
         v = self.get(obj, key, ctx, required)
         if v is not None and not isinstance(v, str):
-            raise self.fail(_join(ctx, key), f"expected a string, got {_typename(v)} {_show(v)}")
+            raise self.fail(_join(ctx, key), f"expected a string, got {json_type_name(v)} {_show(v)}")
         return v
 
     def number(self, obj: dict, key: str, ctx: str, lo: float, hi: float, what: str,
@@ -133,7 +134,7 @@ class _Line:
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.fail(_join(ctx, key), f"expected {what}, got {_typename(v)} {_show(v)}")
+            raise self.fail(_join(ctx, key), f"expected {what}, got {json_type_name(v)} {_show(v)}")
         # (ints are compared exactly: math.isfinite would overflow on 10**400)
         if (isinstance(v, float) and not math.isfinite(v)) or not lo <= v <= hi:
             raise self.fail(_join(ctx, key), f"expected {what}, got {_show(v)}")
@@ -192,7 +193,7 @@ def _parse_lines(path: Path) -> list[tuple[int, Any]]:
         except ValueError as e:  # e.g. an integer with more than 4300 digits
             raise CacheError(f"{path}:{i}: not valid JSON ({e})") from None
         if not isinstance(val, dict):
-            raise CacheError(f"{path}:{i}: expected a JSON object, got {_typename(val)}{hint}")
+            raise CacheError(f"{path}:{i}: expected a JSON object, got {json_type_name(val)}{hint}")
         out.append((i, val))
     return out
 
@@ -256,7 +257,7 @@ def read_jsonl(path: str | os.PathLike) -> ResponseCache:
         mline, mobj = lines[0]
         mdict = mobj["manifest"]
         if not isinstance(mdict, dict):
-            raise CacheError(f"{path}:{mline}: manifest: expected an object, got {_typename(mdict)}")
+            raise CacheError(f"{path}:{mline}: manifest: expected an object, got {json_type_name(mdict)}")
         lines = lines[1:]
         _manifest(path, mline, mdict, 0, [], [])  # report manifest errors before question errors
     if not lines:
@@ -305,11 +306,11 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
     if isinstance(qid, int) and not isinstance(qid, bool):
         qid = str(qid)
     if not isinstance(qid, str) or not qid:
-        raise L.fail("id", f"expected a non-empty string, got {_typename(qid)} {_show(qid)}")
+        raise L.fail("id", f"expected a non-empty string, got {json_type_name(qid)} {_show(qid)}")
     gold = L.string(obj, "gold", "", required=False)
     rounds = L.get(obj, "rounds", "")
     if not isinstance(rounds, list):
-        raise L.fail("rounds", f"expected an array of rounds, got {_typename(rounds)}")
+        raise L.fail("rounds", f"expected an array of rounds, got {json_type_name(rounds)}")
     if not rounds:
         raise L.fail("rounds", "a question needs at least one round, got 0")
     if T_limit is not None and 1 <= T_limit < len(rounds):
@@ -323,7 +324,7 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
     for t, rnd in enumerate(rounds):
         ctx = f"rounds[{t}]"
         if not isinstance(rnd, dict):
-            raise L.fail(ctx, f"expected an object, got {_typename(rnd)}")
+            raise L.fail(ctx, f"expected an object, got {json_type_name(rnd)}")
         rec = {}
         for role in ("base", "guide"):
             rctx = f"{ctx}.{role}"
@@ -368,7 +369,7 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
         for m, rec in ex.items():
             ctx = f"baselines.exit.{m}"
             if not isinstance(rec, dict):
-                raise L.fail(ctx, f"expected an object, got {_typename(rec)}")
+                raise L.fail(ctx, f"expected an object, got {json_type_name(rec)}")
             n = L.get(rec, "rounds", ctx)
             hi = T_limit if T_limit is not None and T_limit >= 1 else MAX_T
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= hi:

@@ -32,6 +32,7 @@ import numpy as np
 from ccpo_jax.serving.artifact import RouterInputError
 from envs.cache import ModelInfo, ResponseCache
 from envs.features import available_actions, build_features
+from envs.jsonl import json_type_name
 from envs.normalise import normalise_answer
 
 #: Largest token count accepted for one call (the JSONL reader's bound).
@@ -41,20 +42,7 @@ _FLOAT_KEYS = ("guide_uncertainty", "base_confidence", "guide_tokens_in", "guide
                "base_tokens_in", "base_tokens_out")
 
 
-def _type(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    if isinstance(v, dict):
-        return "object"
-    return type(v).__name__
+_type = json_type_name  # the same JSON type names as the cache reader's messages
 
 
 def _number(obj: Mapping, key: str, ctx: str, lo: float, hi: float, optional: bool) -> float:
