@@ -29,6 +29,9 @@ _EPS = 1e-5
 
 
 class MLP(nn.Module):
+    """tanh MLP. Variance-scaling init rather than orthogonal: the orthogonal init's batched QR
+    (a LAPACK custom call) under vmap was where runs on the shared CPU machine deadlocked."""
+
     out: int
     hidden: Sequence[int] = (64, 64)
     final_scale: float = 0.01
@@ -36,8 +39,9 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         for h in self.hidden:
-            x = jnp.tanh(nn.Dense(h, kernel_init=nn.initializers.orthogonal(jnp.sqrt(2.0)))(x))
-        return nn.Dense(self.out, kernel_init=nn.initializers.orthogonal(self.final_scale))(x)
+            x = jnp.tanh(nn.Dense(h, kernel_init=nn.initializers.variance_scaling(2.0, "fan_in", "truncated_normal"))(x))
+        init = nn.initializers.variance_scaling(self.final_scale**2, "fan_in", "truncated_normal")
+        return nn.Dense(self.out, kernel_init=init)(x)
 
 
 class BoxPolicy:

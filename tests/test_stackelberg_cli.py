@@ -1,0 +1,54 @@
+"""``ccpo-jax stackelberg --quick`` end to end (subprocess, as a user runs it from the README)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stk") / "run"
+    cmd = [sys.executable, "-m", "ccpo_jax.cli", "stackelberg", "--out", str(out), "--quick", "--episodes", "400", "--no-progress"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout
+
+
+def test_quick_cli_writes_everything(quick_run):
+    out, stdout = quick_run
+    for f in ("results.json", "table.md", "pareto_paper_size.png", "pareto_large.png"):
+        assert (out / f).is_file(), f
+    assert "SYNTHETIC" in (out / "table.md").read_text() and "SYNTHETIC" in stdout
+    res = json.loads((out / "results.json").read_text())
+    assert res["data"]["synthetic"] and res["data"]["provenance"]["kind"] == "synthetic"
+    ev = res["evaluation"]
+    assert ev["paper_size"]["episodes"] == 20 and ev["large"]["episodes"] == 400
+    strat = ev["large"]["strategies"]
+    assert set(strat) == {"Middle", "Conservative", "Task-aware raw", "Scalar+R", "Task-aware+R"}
+    for name, row in strat.items():
+        assert row["n_turns"] == 400 * 3
+        if name != "Conservative":
+            assert 0.0 <= row["p_tokens_vs_conservative"] <= 1.0
+    assert any((out / "tb").iterdir()) and any((out / "checkpoints").iterdir())
+
+
+def test_repaired_strategies_have_no_traps_raw_report_theirs(quick_run):
+    out, _ = quick_run
+    res = json.loads((out / "results.json").read_text())
+    audit = res["trap_audit"]
+    for name in ("Scalar + proj.", "Task-aware + proj.", "Scalar+R", "Task-aware+R"):
+        assert audit[name]["trap_rate"] == 0.0, name
+    for name in ("Scalar raw", "Task-aware raw"):
+        assert 0.0 <= audit[name]["trap_rate"] <= 1.0 and len(audit[name]["mean_action"]) == 3
+
+
+def test_bad_flag_is_a_one_line_user_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "stackelberg", "--out", str(tmp_path / "x"),
+                           "--grid", str(tmp_path / "missing.jsonl")], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no such file" in proc.stderr
