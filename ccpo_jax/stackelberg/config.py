@@ -115,8 +115,10 @@ class RepairConfig:
     """Cap of the coding-aware tool repair u = min(u_cap, max(u_base, u_need))."""
     need_tolerance: float = 0.02
     """u_need label: the lowest tool level whose mean quality is within this of the best level."""
-    ridge: float = 1e-2
+    ridge: float = 1e-4
     """L2 penalty of the u_need repair head (ridge on task/model/complexity features)."""
+    miss_tolerance: float = 0.01
+    """A turn is a low-tool miss when its tool budget is below the grid's u_need minus this."""
     trap: tuple[float, float, float] = (0.9, 0.7, 0.5)
     """Trap thresholds: c > 0.9 or p > 0.7 or u > 0.5 (Table 7)."""
 

@@ -321,10 +321,11 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
     sp, sr = large["Scalar+proj"], large["Scalar+R"]
     need = true_need[sp["task"], sp["model"]]
     coding = need > 1e-6
-    miss_p = float(np.mean(sp["a_exec"][..., 2][coding] < need[coding] - 1e-6)) if coding.any() else float("nan")
+    tol = cfg.repair.miss_tolerance
+    miss_p = float(np.mean(sp["a_exec"][..., 2][coding] < need[coding] - tol)) if coding.any() else float("nan")
     need_r = true_need[sr["task"], sr["model"]]
     coding_r = need_r > 1e-6
-    miss_r = float(np.mean(sr["a_exec"][..., 2][coding_r] < need_r[coding_r] - 1e-6)) if coding_r.any() else float("nan")
+    miss_r = float(np.mean(sr["a_exec"][..., 2][coding_r] < need_r[coding_r] - tol)) if coding_r.any() else float("nan")
     u_hat = np.asarray(jax.vmap(lambda k: u_head(k, 0))(jnp.arange(K)))
     tool = {"miss_rate_projection_only": miss_p, "miss_rate_repaired": miss_r,
             "u_need_hat": {grid.manifest.task_types[k]: round(float(u_hat[k]), 3) for k in range(K)},
