@@ -16,8 +16,15 @@ N_ACTIONS = 3
 HIDDEN = (64, 64, 64)
 
 
+def _glorot(scale: float = 1.0):
+    # Variance scaling, not flax's orthogonal initialiser: that one runs a LAPACK QR,
+    # and batched QR under vmap froze XLA:CPU (jaxlib 0.10.2) in this project.
+    return nn.initializers.variance_scaling(scale, "fan_avg", "uniform")
+
+
 class MLP(nn.Module):
-    """tanh MLP with ``len(hidden)`` hidden layers and a linear head of ``out`` units."""
+    """tanh MLP with ``len(hidden)`` hidden layers and a linear head of ``out`` units
+    (Glorot-uniform weights; the head's scaled by ``final_scale``)."""
 
     out: int
     hidden: Sequence[int] = HIDDEN
@@ -26,8 +33,8 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for h in self.hidden:
-            x = jnp.tanh(nn.Dense(h, kernel_init=nn.initializers.orthogonal(jnp.sqrt(2.0)))(x))
-        return nn.Dense(self.out, kernel_init=nn.initializers.orthogonal(self.final_scale))(x)
+            x = jnp.tanh(nn.Dense(h, kernel_init=_glorot())(x))
+        return nn.Dense(self.out, kernel_init=_glorot(self.final_scale**2))(x)
 
 
 def policy_net(hidden: Sequence[int] = HIDDEN) -> MLP:

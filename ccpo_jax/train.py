@@ -361,14 +361,13 @@ def train_many(
     keys = jax.random.split(key, V * S).reshape(V, S, -1) if key.ndim == 1 else key
     train_idx = jnp.asarray(train_idx, jnp.int32)
 
-    # One flat batch axis of V * S members (variant-major). A nested vmap
-    # (variants, then splits) deadlocks XLA:CPU at run time (jaxlib 0.10.2), and a
-    # flat axis also shards more simply.
+    # One flat batch axis of V * S members (variant-major): simpler to shard than
+    # nested vmaps (see the note on init below).
     flat_var = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), var)
     flat_idx = jnp.tile(train_idx, (V, 1))
-    # Not jitted: a jitted init may return one buffer for several equal outputs (the
-    # zero-initialised optimiser moments), and feeding such aliased buffers to the
-    # compiled chunk deadlocks XLA:CPU (jaxlib 0.10.2).
+    # Not jitted, and one flat member axis: with flax's orthogonal initialiser (a
+    # batched LAPACK QR) a jitted, nested-vmapped init froze XLA:CPU (jaxlib 0.10.2).
+    # networks.py now uses variance scaling; this path stays the conservative one.
     state = jax.vmap(init)(keys.reshape(V * S, -1))
 
     def chunk_fn(n):
