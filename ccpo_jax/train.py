@@ -351,7 +351,8 @@ def train_many(
     after every chunk and resumption from the latest one. ``stop_after_chunks``
     simulates a kill (tests). ``mesh`` (a 1-D ``ccpo_jax.sharding.make_mesh``) shards the
     flat V * S member axis over its devices (padded to a multiple of the device
-    count, padding stripped from results and checkpoints); results equal one device's.
+    count, padding stripped from results and checkpoints). Discrete state matches one
+    device's exactly; floats only up to rounding, which the CPO step amplifies over long runs.
     """
     from tqdm.auto import tqdm
 
