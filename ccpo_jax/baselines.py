@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs.cache import A_GUIDE, A_NEXT, ResponseCache
+from envs.cache import A_NEXT, ResponseCache
 from envs.orchestration import EnvParams, SetMetrics, evaluate_actions, evaluate_sets, summarise
 
 #: Tolerance of the float comparison coverage >= 1 - alpha.

@@ -366,6 +366,16 @@ def save_fast(cache: ResponseCache, path: str | os.PathLike) -> Path:
     path = Path(path)
     cache = cache.with_checksum()
     check_arrays(cache.manifest, cache.arrays, str(path))
+    return write_fast_dir(path, cache.manifest.to_dict(), cache.arrays)
+
+
+def write_fast_dir(path: Path, manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> Path:
+    """Atomically write ``path/manifest.json`` and ``path/arrays.npz`` (shared by every fast format).
+
+    Built in a temporary directory beside ``path`` and renamed into place; an existing
+    fast-format directory is replaced, anything else at ``path`` is refused.
+    """
+    path = Path(path)
     if path.exists() and not path.is_dir():
         raise CacheError(f"{path}: exists and is not a directory (a fast-format cache is a directory)")
     if path.is_dir() and any(path.iterdir()) and not (path / MANIFEST_FILE).is_file():
@@ -381,9 +391,9 @@ def save_fast(cache: ResponseCache, path: str | os.PathLike) -> Path:
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; give the cache the usual mode
         with open(tmp / ARRAYS_FILE, "wb") as f:
-            np.savez_compressed(f, **cache.arrays)
+            np.savez_compressed(f, **arrays)
         with open(tmp / MANIFEST_FILE, "w") as f:
-            json.dump(cache.manifest.to_dict(), f, indent=2, sort_keys=True)
+            json.dump(manifest, f, indent=2, sort_keys=True)
             f.write("\n")
         if path.exists():
             old = path.with_name(f".{path.name}.old")

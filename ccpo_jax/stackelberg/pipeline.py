@@ -14,7 +14,6 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -23,12 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ccpo_jax.report import atomic_write_text
 from envs.governance.grid import ResponseGrid, load_grid
 from envs.governance.session import SessionEnv, make_session_params
 from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes
 
 from .config import StackelbergConfig
-from .evaluate import BASELINE, STRATEGIES, pareto_front, pareto_plot, rollout, sim_to_real, summarise
+from .evaluate import STRATEGIES, pareto_front, pareto_plot, rollout, sim_to_real, summarise
 from .gail import expert_demos, make_gail
 from .ppo import make_ppo
 from .repair import fit_u_need, project_box, repair_action, trap_audit, u_need_labels
@@ -216,7 +216,7 @@ def write_table(path: Path, res: dict) -> None:
             pt = ev["strategies"][n]["per_task"].get(t)
             cells.append(f"{pt['tokens']:.0f} / {pt['quality']:.2f}" if pt else "-")
         L.append(f"| {t} | " + " | ".join(cells) + " |")
-    L.append(f"\n## Table 7 (trap audit: c > 0.9 or p > 0.7 or u > 0.5; large run)\n")
+    L.append("\n## Table 7 (trap audit: c > 0.9 or p > 0.7 or u > 0.5; large run)\n")
     L.append("| Mode | Mean action [c, p, u] | Trap rate |")
     L.append("|---|---|---|")
     for n, a in res["trap_audit"].items():
@@ -244,19 +244,7 @@ def write_table(path: Path, res: dict) -> None:
     for k, v in pr["measured"].items():
         tgt = pr["targets"].get(k)
         L.append(f"| {k} | {v:.3f} | {'' if tgt is None else f'{tgt:.3f}'} |")
-    _atomic_write(path, "\n".join(L) + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, "\n".join(L) + "\n")
 
 
 def _jsonable(x):
@@ -351,6 +339,6 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
         "config": dataclasses.asdict(cfg),
     }
     res = _jsonable(res)
-    _atomic_write(out / "results.json", json.dumps(res, indent=2) + "\n")
+    atomic_write_text(out / "results.json", json.dumps(res, indent=2) + "\n")
     write_table(out / "table.md", res)
     return res

@@ -38,14 +38,13 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from envs.cache import CacheError, arrays_checksum
+from envs.cache import CacheError, arrays_checksum, write_fast_dir
 
 GRID_SCHEMA_VERSION = 1
 
@@ -213,27 +212,7 @@ def save_grid_fast(grid: ResponseGrid, path: str | os.PathLike) -> Path:
     path = Path(path)
     grid = grid.with_checksum()
     check_grid(grid.manifest, grid.arrays, str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        with open(tmp / ARRAYS_FILE, "wb") as f:
-            np.savez_compressed(f, **grid.arrays)
-        with open(tmp / MANIFEST_FILE, "w") as f:
-            json.dump(grid.manifest.to_dict(), f, indent=2, sort_keys=True)
-            f.write("\n")
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+    return write_fast_dir(path, grid.manifest.to_dict(), grid.arrays)
 
 
 def load_grid_fast(path: str | os.PathLike) -> ResponseGrid:
