@@ -73,7 +73,8 @@ def run(tmp_path_factory):
     # Exact calibration makes kappa equal to some pi(a|o) of the cache: do the same, so that
     # a 1-ulp difference between router and trainer would flip a set.
     probs_ref, _ = _reference(p_ccpo, obs, avail, 0.0)
-    kappa = float(probs_ref[17, 0])
+    # (the one nearest 0.3, so that sets of 0, 1, 2 and 3 actions all occur).
+    kappa = float(probs_ref[np.argmin(np.abs(probs_ref[:, 0] - 0.3)), 0])
     variants = [Variant("CPO", conformal=False, lam=0.0), Variant("CCPO (lambda=0)", conformal=True, lam=0.0)]
     stack = jax.tree.map(lambda a, b: np.stack([a, b])[:, None], p_cpo, p_ccpo)  # [V, S=1, ...]
     state = types.SimpleNamespace(policy=stack, kappa=np.array([[0.3], [0.31]], np.float32))
