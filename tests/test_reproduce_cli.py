@@ -159,7 +159,9 @@ def test_pipeline_calls_the_trainer_and_merges_its_rows(tmp_path, small_cache):
     for row in ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)", "Random", "UALA"):
         assert row in back["policies"], row
     assert back["timing"]["compile_s"] == 1.0 and back["timing"]["train_s"] == 2.0
-    assert back["timing"]["total_s"] >= back["timing"]["eval_s"] >= 0.5
+    # The stand-in reports 0.5 s of evaluation it never spent, so only the sum is checkable:
+    # eval_s = the baselines' measured time + the trainer's reported 0.5 s.
+    assert back["timing"]["eval_s"] >= 0.5 and back["timing"]["total_s"] > 0
     assert back["cache"]["provenance"]["kind"] == "synthetic"
     assert "SYNTHETIC" in (out / "table.md").read_text()
 
