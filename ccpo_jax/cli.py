@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Each module registers its own subcommand(s); keep this list sorted by name.
@@ -36,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if os.environ.get("CCPO_JAX_DISTRIBUTED"):
+        # Multi-host: jax.distributed.initialize() before any other JAX call
+        # (ccpo_jax.sharding.init_distributed reads the variable; unset = single host).
+        from ccpo_jax.sharding import init_distributed
+
+        init_distributed()
     try:
         rc = args.func(args)
     except USER_ERRORS as e:
