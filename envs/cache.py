@@ -412,13 +412,15 @@ def write_fast_dir(path: Path, manifest: dict[str, Any], arrays: dict[str, np.nd
     return path
 
 
-def load_fast(path: str | os.PathLike) -> ResponseCache:
-    """Read a fast-format directory and verify its checksum."""
-    path = Path(path)
+def read_fast_dir(path: Path, what: str = "cache") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Read ``path/manifest.json`` (a JSON object) and ``path/arrays.npz`` of any fast format.
+
+    Structural checks and the checksum are the caller's (:func:`verify_checksum`).
+    """
     mpath, apath = path / MANIFEST_FILE, path / ARRAYS_FILE
     for p in (mpath, apath):
         if not p.is_file():
-            raise CacheError(f"{path}: not a fast-format cache (missing {p.name})")
+            raise CacheError(f"{path}: not a fast-format {what} (missing {p.name})")
     try:
         with open(mpath) as f:
             mdict = json.load(f)
@@ -426,18 +428,33 @@ def load_fast(path: str | os.PathLike) -> ResponseCache:
         raise CacheError(f"{mpath}: line {e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(mdict, dict):
         raise CacheError(f"{mpath}: must hold a JSON object")
-    manifest = Manifest.from_dict(mdict, where=str(mpath))
     try:
         with np.load(apath, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except Exception as e:  # zipfile / format errors: the file is damaged
         raise CacheError(f"{apath}: cannot read arrays ({type(e).__name__}: {e})") from None
-    check_arrays(manifest, arrays, str(apath))
+    return mdict, arrays
+
+
+def verify_checksum(path: Path, expected: str, arrays: dict[str, np.ndarray], what: str = "cache") -> None:
+    """Refuse arrays whose checksum is missing from the manifest or differs from it."""
+    if not expected:
+        raise CacheError(f"{path / MANIFEST_FILE}: missing field 'checksum'")
     got = arrays_checksum(arrays)
-    if manifest.checksum and got != manifest.checksum:
-        raise CacheError(f"{apath}: checksum mismatch (manifest says {manifest.checksum}, arrays hash to {got}); the cache is damaged or was edited")
-    if not manifest.checksum:
-        raise CacheError(f"{mpath}: missing field 'checksum'")
+    if got != expected:
+        raise CacheError(
+            f"{path / ARRAYS_FILE}: checksum mismatch (manifest says {expected}, arrays hash to {got}); "
+            f"the {what} is damaged or was edited"
+        )
+
+
+def load_fast(path: str | os.PathLike) -> ResponseCache:
+    """Read a fast-format directory and verify its checksum."""
+    path = Path(path)
+    mdict, arrays = read_fast_dir(path)
+    manifest = Manifest.from_dict(mdict, where=str(path / MANIFEST_FILE))
+    check_arrays(manifest, arrays, str(path / ARRAYS_FILE))
+    verify_checksum(path, manifest.checksum, arrays)
     return ResponseCache(manifest, arrays)
 
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.cache import CacheError, arrays_checksum, write_fast_dir
+from envs.cache import CacheError, arrays_checksum, read_fast_dir, verify_checksum, write_fast_dir
 
 GRID_SCHEMA_VERSION = 1
 
@@ -218,26 +218,10 @@ def save_grid_fast(grid: ResponseGrid, path: str | os.PathLike) -> Path:
 def load_grid_fast(path: str | os.PathLike) -> ResponseGrid:
     """Read a fast-format grid directory and verify its checksum."""
     path = Path(path)
-    mpath, apath = path / MANIFEST_FILE, path / ARRAYS_FILE
-    for p in (mpath, apath):
-        if not p.is_file():
-            raise CacheError(f"{path}: not a fast-format response grid (missing {p.name})")
-    try:
-        mdict = json.loads(mpath.read_text())
-    except json.JSONDecodeError as e:
-        raise CacheError(f"{mpath}: line {e.lineno}: not valid JSON ({e.msg})") from None
-    manifest = GridManifest.from_dict(mdict, str(mpath))
-    if not manifest.checksum:
-        raise CacheError(f"{mpath}: missing field 'checksum'")
-    try:
-        with np.load(apath, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except Exception as e:
-        raise CacheError(f"{apath}: cannot read arrays ({type(e).__name__}: {e})") from None
-    check_grid(manifest, arrays, str(apath))
-    got = arrays_checksum(arrays)
-    if got != manifest.checksum:
-        raise CacheError(f"{apath}: checksum mismatch (manifest says {manifest.checksum}, arrays hash to {got}); the grid is damaged or was edited")
+    mdict, arrays = read_fast_dir(path, "response grid")
+    manifest = GridManifest.from_dict(mdict, str(path / MANIFEST_FILE))
+    check_grid(manifest, arrays, str(path / ARRAYS_FILE))
+    verify_checksum(path, manifest.checksum, arrays, "grid")
     return ResponseGrid(manifest, arrays)
 
 
