@@ -32,11 +32,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+FORCE_HOST_DEVICES = "--xla_force_host_platform_device_count"
+
+
+def force_host_devices(devices) -> None:
+    """``--devices N`` on a CPU host: ask XLA for N host devices, before JAX starts its backends.
+
+    Appends ``--xla_force_host_platform_device_count=N`` to ``XLA_FLAGS`` unless
+    the variable already sets it (the user's value wins) or JAX has already
+    started (then ``--devices`` checks the devices that exist). The flag only
+    shapes the CPU backend, so it is harmless where the devices are GPUs or TPUs.
+    """
+    try:
+        n = int(devices)
+    except (TypeError, ValueError):
+        return  # None, "all" or junk (the command reports junk)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if n <= 1 or FORCE_HOST_DEVICES in flags or os.environ.get("CCPO_JAX_DISTRIBUTED"):
+        return
+    if "jax" in sys.modules:
+        try:  # private API; if it moves, assume started and leave XLA_FLAGS alone
+            from jax._src import xla_bridge
+
+            started = xla_bridge.backends_are_initialized()
+        except Exception:
+            started = True
+        if started:
+            return
+    os.environ["XLA_FLAGS"] = f"{flags} {FORCE_HOST_DEVICES}={n}".strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     from ccpo_jax.errors import USER_ERRORS
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    force_host_devices(getattr(args, "devices", None))
     if os.environ.get("CCPO_JAX_DISTRIBUTED"):
         # Multi-host: jax.distributed.initialize() before any other JAX call
         # (ccpo_jax.sharding.init_distributed reads the variable; unset = single host).

@@ -210,7 +210,8 @@ def _coerce_learned(out: Any) -> LearnedRows:
     raise TypeError(f"learned_rows returned {type(out).__name__}; expected LearnedRows")
 
 
-def _call_learned_rows(fn: Callable, *, cache, params, splits, key, cfg: RunConfig, work: Path, resume: bool, progress: bool) -> LearnedRows:
+def _call_learned_rows(fn: Callable, *, cache, params, splits, key, cfg: RunConfig, work: Path, resume: bool, progress: bool,
+                       mesh=None, member_block: int | None = None) -> LearnedRows:
     """THE call site of the trainer. ``fn`` is ``ccpo_jax.train.learned_rows`` with signature::
 
         learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array,
@@ -226,6 +227,7 @@ def _call_learned_rows(fn: Callable, *, cache, params, splits, key, cfg: RunConf
     ``tb_dir`` (passed only if ``fn`` accepts it) is the run's TensorBoard folder:
     the pipeline writes the returned ``curves`` there at the end; a trainer that
     logs live scalars there itself returns no curves. Every returned row must hold all of METRICS as arrays [S].
+    ``mesh`` / ``member_block`` (execution options, passed only when set) shard the training.
     """
     kwargs = dict(
         cache=cache,
@@ -243,6 +245,12 @@ def _call_learned_rows(fn: Callable, *, cache, params, splits, key, cfg: RunConf
     )
     if not _accepts(fn, "tb_dir"):  # tb_dir is optional for the trainer
         kwargs.pop("tb_dir")
+    for name, value in (("mesh", mesh), ("member_block", member_block)):
+        if value is None:
+            continue
+        if not _accepts(fn, name):
+            raise UserError(f"the trainer {getattr(fn, '__qualname__', fn)} does not support {name} (--devices/--member-block)")
+        kwargs[name] = value
     return _coerce_learned(fn(**kwargs))
 
 
@@ -303,6 +311,37 @@ def _resolve(
     return st, cfg, cache
 
 
+def _resolve_mesh(devices: int | str | None):
+    """``--devices``: None/1 -> no mesh; N or "all" -> a 1-D mesh over the first N devices."""
+    if devices is None:
+        return None
+    import jax
+
+    available = jax.devices()
+    if isinstance(devices, str) and devices.strip().lower() == "all":
+        n = len(available)
+    else:
+        try:
+            n = int(devices)
+        except (TypeError, ValueError):
+            raise UserError(f"--devices: an integer >= 1 or 'all', got {devices!r}") from None
+        if isinstance(devices, float) and devices != n:
+            raise UserError(f"--devices: an integer >= 1 or 'all', got {devices!r}")
+    if n < 1:
+        raise UserError(f"--devices: an integer >= 1 or 'all', got {devices!r}")
+    if n > len(available):
+        hint = ""
+        if jax.default_backend() == "cpu":
+            hint = (f"; on CPU, the ccpo-jax command line forces N host devices itself, from Python set "
+                    f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before importing jax")
+        raise UserError(f"--devices {n}: only {len(available)} {jax.default_backend()} device(s) available{hint}")
+    if n == 1:
+        return None
+    from ccpo_jax import sharding
+
+    return sharding.make_mesh(n)
+
+
 def _resume_config(resume: Path, given: Mapping[str, Any]) -> tuple[Path, RunConfig]:
     """Find the work dir of a killed run at ``resume`` (its --out) and read its run.json."""
     resume = Path(resume)
@@ -350,6 +389,8 @@ def reproduce(
     progress: bool = True,
     echo: Callable[[str], Any] | None = print,
     learned_rows: Callable | bool | None = None,
+    devices: int | str | None = None,
+    member_block: int | None = None,
 ) -> ReproduceResult:
     """Reproduce one paper table (DESIGN 6) and write its outputs to ``out_dir``.
 
@@ -367,11 +408,20 @@ def reproduce(
       resume       --out of a killed run: continue it with its saved configuration
                    (other arguments must be None or equal to the saved ones);
       learned_rows the trainer entry point (None: ``ccpo_jax.train.learned_rows``
-                   when it exists; False: skip the learned rows).
+                   when it exists; False: skip the learned rows);
+      devices      shard the training's variant x split members over this many
+                   devices (an int or "all"; default 1: no mesh). Execution
+                   option: not saved in run.json, a resumed run may use another;
+      member_block train the members this many at a time
+                   (``ccpo_jax.sharding.blocked_vmap``): runs with the same block
+                   are bit-identical on any number of devices >= 2 (README
+                   "Performance"); default None: one vmap per device.
     Raises UserError / CacheError for bad input before anything is written.
     """
     t_start = time.perf_counter()
     say = echo if echo is not None else (lambda s: None)
+    if member_block is not None:
+        member_block = _check_int("member block", "--member-block", member_block, 1)
     given = dict(setting=setting, cache=cache, n_splits=n_splits, protocol=protocol, alpha=alpha,
                  iterations=iterations, split_sizes=split_sizes, seed=seed)
     if resume is not None:
@@ -403,6 +453,7 @@ def reproduce(
     from ccpo_jax.splits import check_split_sizes, splits_for_protocol
     from envs.orchestration import make_env_params
 
+    mesh = _resolve_mesh(devices)
     cache_obj = load_run_cache(st, cache_arg)
     check_split_sizes(cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache '{cache_obj.manifest.name}'")
     fn = learned_rows
@@ -428,6 +479,10 @@ def reproduce(
         say(f"  {describe_cache(cache_obj)}")
         say(f"  protocol {cfg.protocol}, {cfg.n_splits} splits of {'/'.join(map(str, cfg.split_sizes))} "
             f"(train/cal/test), alpha {cfg.alpha:g}, seed {cfg.seed}")
+        if mesh is not None or member_block is not None:
+            n_dev = 1 if mesh is None else mesh.devices.size
+            say(f"  training sharded over {n_dev} {jax.default_backend()} device(s)"
+                + (f", {member_block} member(s) per block" if member_block is not None else ""))
 
         key = jax.random.PRNGKey(cfg.seed)
         k_split, k_base, k_train = jax.random.split(key, 3)
@@ -447,7 +502,7 @@ def reproduce(
         if fn:
             learned = _call_learned_rows(
                 fn, cache=cache_obj, params=params, splits=splits, key=k_train, cfg=cfg, work=work,
-                resume=resuming, progress=progress,
+                resume=resuming, progress=progress, mesh=mesh, member_block=member_block,
             )
             rows.update(_as_rows(learned.rows, cfg.n_splits, "train.learned_rows"))
             for k in ("compile_s", "train_s", "eval_s"):

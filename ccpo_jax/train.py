@@ -37,7 +37,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from ccpo_jax import conformal, trust_region
+from ccpo_jax import conformal, sharding, trust_region
 from ccpo_jax.config import TrainConfig, Variant
 from ccpo_jax.errors import UserError
 from ccpo_jax.networks import critic_net, masked_probs, policy_net
@@ -343,6 +343,7 @@ def train_many(
     on_chunk: Callable[[int, dict], None] | None = None,
     stop_after_chunks: int | None = None,
     mesh=None,
+    member_block: int | None = None,
 ):
     """Train every variant on every row of ``train_idx`` [S, n_train] in one vmapped program.
 
@@ -351,8 +352,11 @@ def train_many(
     after every chunk and resumption from the latest one. ``stop_after_chunks``
     simulates a kill (tests). ``mesh`` (a 1-D ``ccpo_jax.sharding.make_mesh``) shards the
     flat V * S member axis over its devices (padded to a multiple of the device
-    count, padding stripped from results and checkpoints). Discrete state matches one
-    device's exactly; floats only up to rounding, which the CPO step amplifies over long runs.
+    count, padding stripped from results and checkpoints). ``member_block`` computes the
+    members ``member_block`` at a time (``sharding.blocked_vmap``): runs with the same
+    block are bit-identical on any number of devices (and whatever the member count);
+    without it a sharded run matches one device's only up to rounding, which the CPO
+    step amplifies over long runs.
     """
     from tqdm.auto import tqdm
 
@@ -370,16 +374,20 @@ def train_many(
     # batched LAPACK QR) a jitted, nested-vmapped init froze XLA:CPU (jaxlib 0.10.2).
     # networks.py now uses variance scaling; this path stays the conservative one.
     state = jax.vmap(init)(keys.reshape(V * S, -1))
+    if member_block is not None and int(member_block) < 1:
+        raise UserError(f"member_block={member_block}: must be >= 1")
+    block = 1 if member_block is None else int(member_block)
+    n_members = V * S
+    padded = mesh is not None or n_members % block != 0
 
     def chunk_fn(n):
-        fn = jax.vmap(lambda s, idx, v: run_chunk(s, idx, v, n))
+        fn = sharding.blocked_vmap(lambda s, idx, v: run_chunk(s, idx, v, n), member_block)
         return jax.jit(fn if mesh is None else sharding.member_map(fn, mesh))
 
     if mesh is not None:
-        from ccpo_jax import sharding
-
-        n_members = V * S
-        (flat_idx, flat_var), _ = sharding.shard_leading((flat_idx, flat_var), mesh)
+        (flat_idx, flat_var), _ = sharding.shard_leading((flat_idx, flat_var), mesh, block)
+    elif padded:
+        flat_idx, flat_var = sharding.pad_leading((flat_idx, flat_var), sharding.padded_size(n_members, None, block))
 
     n_chunks = -(-config.iterations // config.chunk)
     sizes = [min(config.chunk, config.iterations - i * config.chunk) for i in range(n_chunks)]
@@ -416,7 +424,9 @@ def train_many(
             history = restored["metrics"]["history"]
             start_chunk = latest
     if mesh is not None:
-        state, _ = sharding.shard_leading(state, mesh)
+        state, _ = sharding.shard_leading(state, mesh, block)
+    elif padded:
+        state = sharding.pad_leading(state, sharding.padded_size(n_members, None, block))
 
     compiled: dict[int, Any] = {}
     compile_s = 0.0
@@ -437,7 +447,7 @@ def train_many(
             compiled[n] = chunk_fn(n).lower(state, flat_idx, flat_var).compile()
             compile_s += time.perf_counter() - t0
         state, m = compiled[n](state, flat_idx, flat_var)
-        m = jax.tree.map(np.asarray, m) if mesh is None else sharding.unpad(sharding.to_host(m), n_members)
+        m = sharding.unpad(sharding.to_host(m), n_members)
         history.append({k: v.tolist() for k, v in m.items()})
         bar.update(n)
         bar.set_postfix(kappa=float(np.mean(m["kappa"][..., -1])))
@@ -449,7 +459,7 @@ def train_many(
             manager.save(
                 ci + 1,
                 args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(state if mesh is None else sharding.unpad(state, n_members)),
+                    state=ocp.args.StandardSave(sharding.unpad(state, n_members) if padded else state),
                     metrics=ocp.args.JsonSave({"history": history}),
                 ),
             )
@@ -460,7 +470,7 @@ def train_many(
     bar.close()
     jax.block_until_ready(state)
     train_s = time.perf_counter() - t_train - compile_s
-    if mesh is not None:
+    if padded:
         state = sharding.unpad(state, n_members)
     state = jax.tree.map(lambda x: x.reshape((V, S) + x.shape[1:]), state)
     metrics = {
@@ -543,12 +553,15 @@ def learned_rows(
     resume: bool,
     progress: bool,
     config: TrainConfig | None = None,
+    mesh=None,
+    member_block: int | None = None,
 ):
     """The trainer entry point of :func:`ccpo_jax.pipeline.reproduce`.
 
     Trains CPO and the CCPO rows (one vmapped program; under ``retrain`` also
     vmapped over splits), evaluates them on every split, and returns a
-    :class:`ccpo_jax.pipeline.LearnedRows`.
+    :class:`ccpo_jax.pipeline.LearnedRows`. ``mesh`` and ``member_block`` go to
+    :func:`train_many` (shard the variant x split members over devices).
     """
     from ccpo_jax.pipeline import LearnedRows
 
@@ -560,7 +573,8 @@ def learned_rows(
     train_idx = np.asarray(splits.train) if retrain else np.asarray(splits.train)[:1]
     k_train, k_eval = jax.random.split(key)
     state, metrics, timing = train_many(
-        cfg, params, variants, train_idx, k_train, ckpt_dir=Path(ckpt_dir), progress=progress
+        cfg, params, variants, train_idx, k_train, ckpt_dir=Path(ckpt_dir), progress=progress,
+        mesh=mesh, member_block=member_block,
     )
     t0 = time.perf_counter()
     rows, kappas = evaluate_trained(

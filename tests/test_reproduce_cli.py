@@ -71,12 +71,22 @@ def test_cli_rejects_bad_input_without_output(tmp_path, args, fragments):
         (["--seed", "-1"], "--seed"),
         (["--cache", "does/not/exist"], "does/not/exist"),
         (["--resume", "no/such/run"], "--resume"),
+        (["--devices", "0"], "--devices"),
+        (["--devices", "many"], "--devices"),
+        (["--devices", "4"], "--devices 4: only 1 cpu device(s) available"),
+        (["--member-block", "0"], "--member-block"),
     ],
 )
 def test_cli_main_rejects_bad_input_in_process(tmp_path, monkeypatch, capsys, args, fragment):
     """The same checks through ``cli.main`` (cheaper than a subprocess each)."""
+    import jax
+
     from ccpo_jax.cli import main
 
+    # JAX is started here with its one CPU device, so --devices 4 cannot force more
+    # (and must not change XLA_FLAGS for the rest of the test session).
+    assert len(jax.devices()) == 1
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
     monkeypatch.chdir(tmp_path)
     extra = [] if "--resume" in args else ["--out", str(tmp_path / "out")]
     assert main(["reproduce", *args, *extra]) == 2
@@ -212,3 +222,21 @@ def test_end_to_end_small(tmp_path, small_cache, monkeypatch, capsys):
     assert "SYNTHETIC" in captured.out and "| Policy |" in captured.out
     assert (out / "boxplot_coverage.png").is_file() and any((out / "tensorboard").iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e2e"]
+
+
+def test_devices_flag_shards_training_and_member_block_makes_it_device_count_invariant(tmp_path, small_cache):
+    """``--devices N --member-block 1`` in fresh processes (the CLI forces N CPU host devices):
+    every row of results.json is identical, split for split, on 2 and on 4 devices."""
+    res = {}
+    for n in (2, 4):
+        out = tmp_path / f"d{n}"
+        r = _cli(["--cache", str(small_cache), "--splits", "3", "--split-sizes", "60,20,20", "--iterations", "6",
+                  "--devices", str(n), "--member-block", "1", "--no-progress", "--out", str(out)], tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"training sharded over {n} cpu device(s), 1 member(s) per block" in r.stdout
+        res[n] = json.loads((out / "results.json").read_text())
+        assert len(res[n]["environment"]["devices"]) == n
+    a, b = res[2]["policies"], res[4]["policies"]
+    assert {"CPO", "CCPO (lambda=0)"} <= set(a) and sorted(a) == sorted(b)
+    for row in a:
+        assert a[row]["per_split"] == b[row]["per_split"], row

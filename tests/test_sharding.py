@@ -16,6 +16,13 @@ parameters, optimiser moments, losses and KL to |x8 - x1| <= 1e-6 + 1e-5 |x1|
 different dot kernel for a block of one member per device than for six
 members on one device, and the CPO step's conjugate-gradient solve turns that
 last-bit rounding into ~1e-7-level parameter differences.
+
+With ``member_block`` set, every device runs the same compiled block program,
+and runs on 2 and 8 devices are required BITWISE equal over 12 iterations
+(state and every metric). One device is not in that club: XLA compiles a
+one-partition program through a different pass pipeline than an SPMD one
+(the call inliner, CSE and the SPMD cleanup run in another order), so it
+is compared only by the tolerance above.
 """
 from __future__ import annotations
 
@@ -118,6 +125,23 @@ WORKER = textwrap.dedent(
     _, out["b_metrics_excess"] = compare([m1[k] for k in sorted(m1)], [m8[k] for k in sorted(m8)])
     out["b_metric_shape"] = list(m8["kappa"].shape)
     out["b_policy_moved"] = float(np.max(np.abs(l1[0])))
+
+    # (d) member_block=1: 12 iterations (3 chunks) on 2 devices (3 members each) and on 8
+    # (1 member each, 2 of them padding) must agree BITWISE, state and every metric.
+    cfg_d = cfg.replace(iterations=12, chunk=4)
+    runs = {}
+    for n_dev in (2, 8):
+        st, m, _ = train_many(cfg_d, params, variants, train_idx, key, progress=False,
+                              mesh=sharding.make_mesh(n_dev), member_block=1)
+        runs[n_dev] = ([np.asarray(x) for x in jax.tree.leaves(sharding.to_host(st))], m)
+    (la, ma), (lb, mb) = runs[2], runs[8]
+    out["d_state_bitwise"] = all(np.array_equal(x, y) for x, y in zip(la, lb))
+    out["d_metrics_bitwise"] = sorted(ma) == sorted(mb) and all(np.array_equal(ma[k], mb[k]) for k in ma)
+    out["d_metric_shape"] = list(mb["kappa"].shape)
+    out["d_param_change"] = float(np.max(np.abs(la[0] - l1[0])))  # trained further than (b)
+    st0, m0, _ = train_many(cfg_d, params, variants, train_idx, key, progress=False, member_block=1)
+    out["d_vs_one_device_maxabs"] = max(float(np.max(np.abs(np.asarray(x) - y)))
+                                        for x, y in zip(jax.tree.leaves(jax.device_get(st0)), la) if y.dtype.kind == "f")
     print("RESULT " + json.dumps(out))
     '''
 )
@@ -152,6 +176,16 @@ def test_train_many_with_mesh_equals_one_device(result):
     assert result["b_state_excess"] <= 1e-6, result
     assert result["b_metrics_excess"] <= 1e-6, result
     print("train_many on 8 devices: bitwise", result["b_state_bitwise"], "max abs diff", result["b_state_maxabs"])
+
+
+def test_train_many_member_block_bitwise_equal_on_2_and_8_devices(result):
+    assert result["d_metric_shape"] == [2, 3, 12]
+    assert result["d_param_change"] > 0  # the 12-iteration runs did train
+    assert result["d_state_bitwise"], "member_block=1 on 2 and 8 devices: state differs"
+    assert result["d_metrics_bitwise"], "member_block=1 on 2 and 8 devices: metrics differ"
+    # One device compiles a one-partition program through another XLA pass pipeline
+    # (README "Performance"): not bitwise, reported only.
+    print("member_block=1, 12 iterations: 1 device vs 2/8 devices max abs diff", result["d_vs_one_device_maxabs"])
 
 
 def test_env_rollout_episode_axis_sharded_equals_unsharded(result):

@@ -26,6 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output directory, must not exist (default: runs/<setting>-<timestamp>)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the killed run whose --out was DIR, with its saved configuration")
+    p.add_argument("--devices", default=None, metavar="N|all",
+                   help="shard the training's variant x split members over N devices (default 1); on a CPU "
+                   "host N devices are forced with XLA_FLAGS=--xla_force_host_platform_device_count=N")
+    p.add_argument("--member-block", type=int, default=None, metavar="B",
+                   help="train members B at a time: runs with the same B are bit-identical on any number "
+                   "of devices >= 2 (default: all of a device's members in one vmap, fastest)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--list-settings", action="store_true", help="list the settings (one per paper table) and exit")
     p.set_defaults(func=_reproduce)
@@ -51,5 +57,7 @@ def _reproduce(args) -> int:
         seed=args.seed,
         resume=args.resume,
         progress=not args.no_progress,
+        devices=args.devices,
+        member_block=args.member_block,
     )
     return 0
