@@ -449,6 +449,12 @@ def reproduce(
     # everything below reads data; errors here still leave nothing behind
     import jax
 
+    if jax.process_count() > 1:
+        raise UserError(
+            f"reproduce runs on one host (this is process {jax.process_index()} of {jax.process_count()}); "
+            "for multi-host training run `python -m experiments.multihost` on every host (README \"Performance\")"
+        )
+
     from ccpo_jax import report
     from ccpo_jax.splits import check_split_sizes, splits_for_protocol
     from envs.orchestration import make_env_params
