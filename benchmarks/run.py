@@ -467,25 +467,24 @@ def device_worker(n_dev: int, quick: bool, train: bool = True) -> dict:
     S_tr = 8
     tidx = np.stack([rng.permutation(cache.n_questions)[:1000] for _ in range(S_tr)]).astype(np.int32)
     keys = jax.random.split(jax.random.PRNGKey(0), len(variants) * S_tr).reshape(len(variants), S_tr, -1)
-    st, met, tm = train_many(cfg, params, variants, tidx, keys, progress=False, mesh=mesh)
+    train_mesh = None if n_dev == 1 else mesh
+    st, met, tm = train_many(cfg, params, variants, tidx, keys, progress=False, mesh=train_mesh)
     leaves = [np.asarray(x) for x in jax.tree.leaves(sharding.to_host(st))]
-    # Oracle for "sharding changes nothing": device 0's block of members (variant-major,
-    # b = members / N) trained alone on ONE device without a mesh, the same per-device batch.
-    b = len(variants) * S_tr // n_dev
-    if n_dev == 8 and b <= S_tr and not quick:  # one block check (a compile); N = 8 only
-        st_b, met_b, _ = train_many(cfg, params, variants[:1], tidx[:b], keys[:1, :b], progress=False)
-        st_b = jax.device_get(st_b)
-        block_equal = all(np.array_equal(np.asarray(x)[0, :b], np.asarray(y)[0])
-                          for x, y in zip(jax.tree.leaves(jax.device_get(st)), jax.tree.leaves(st_b)))
-        block_equal &= all(np.array_equal(np.asarray(met[k])[0, :b], np.asarray(met_b[k])[0]) for k in met)
-    else:
-        block_equal = None  # N = 1: the block is the whole run; N = 2, 4: not checked (compile time)
+    # The same training computed one member at a time on every device (member_block=1):
+    # with two or more devices every device runs the same compiled block program.
+    st_b, met_b, tm_b = train_many(cfg, params, variants, tidx, keys, progress=False, mesh=train_mesh, member_block=1)
+    leaves_b = [np.asarray(x) for x in jax.tree.leaves(sharding.to_host(st_b))]
+    blocked_digest = hashlib.sha256(
+        b"".join(np.ascontiguousarray(x).tobytes() for x in leaves_b + [np.asarray(met_b[k]) for k in sorted(met_b)])
+    ).hexdigest()[:16]
     return {
         **res, "train_s": tm["train_s"], "train_compile_s": tm["compile_s"], "train_iterations": iters,
-        "train_members": S_tr * len(variants), "block_members": b, "block_equal_unsharded": None if block_equal is None else bool(block_equal),
+        "train_members": S_tr * len(variants),
         "kappa": np.asarray(st.kappa).tolist(),
         "state_float": np.concatenate([x.ravel().astype(np.float64) for x in leaves if x.dtype.kind == "f"]).tolist(),
         "metrics_kappa": np.asarray(met["kappa"]).tolist(),
+        "blocked_train_s": tm_b["train_s"], "blocked_compile_s": tm_b["compile_s"], "blocked_digest": blocked_digest,
+        "blocked_state_float": np.concatenate([x.ravel().astype(np.float64) for x in leaves_b if x.dtype.kind == "f"]).tolist(),
     }
 
 
@@ -502,8 +501,8 @@ def section_devices(rec: Recorder, ctx, quick: bool):
             cmd = [sys.executable, str(Path(__file__).resolve()), "--device-worker", str(n), "--worker-out", str(out)]
             if quick:
                 cmd.append("--quick")
-                if n not in (1, max(ctx["device_counts"])):
-                    cmd.append("--worker-no-train")  # quick: training on 1 and 8 devices only (compile time)
+                if n not in (1, 2, max(ctx["device_counts"])):
+                    cmd.append("--worker-no-train")  # quick: training on 1, 2 and 8 devices only (compile time)
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
             if p.returncode != 0:
                 print(p.stderr[-3000:], file=sys.stderr)
@@ -525,16 +524,29 @@ def section_devices(rec: Recorder, ctx, quick: bool):
         rec.add("sharded_train_member_iterations_per_s", r["train_members"] * r["train_iterations"] / r["train_s"],
                 "member-it/s", **cfg, members=r["train_members"], iterations=r["train_iterations"],
                 compile_s=round(r["train_compile_s"], 3))
-        if r.get("block_equal_unsharded") is not None:
-            rec.add("sharded_block_equal_unsharded_same_batch", float(r["block_equal_unsharded"]), "bool", **cfg,
-                    block_members=r["block_members"],
-                    note="device 0's block of members equals the same members trained unsharded on one device "
-                         "(same per-device batch), bitwise: state and every metric")
         rec.add("sharded_train_equal_1_device_all_members", float(same_kappa and maxdiff == 0.0), "bool", **cfg,
                 kappa_curves_bitwise=bool(same_kappa), max_abs_param_diff=maxdiff, iterations=r["train_iterations"],
-                note="all 16 members vs the 1-device run (16 members on one device): XLA:CPU rounds the "
-                     "member-batched matmuls differently for another per-device batch, and CPO iterations "
-                     "amplify last-bit differences through discrete steps (kappa comparisons, line search)")
+                note="16 members, one vmap per device, vs the 1-device run: XLA:CPU rounds the member-batched "
+                     "matmuls differently for another per-device batch, and CPO iterations amplify last-bit "
+                     "differences through discrete steps (kappa comparisons, line search)")
+        rec.add("sharded_train_blocked_member_iterations_per_s",
+                r["train_members"] * r["train_iterations"] / r["blocked_train_s"], "member-it/s", **cfg,
+                members=r["train_members"], iterations=r["train_iterations"], member_block=1,
+                compile_s=round(r["blocked_compile_s"], 3))
+    multi = {n: r for n, r in res.items() if n >= 2 and "blocked_digest" in r}
+    if multi:
+        ref_n = min(multi)
+        for n, r in sorted(multi.items()):
+            rec.add("sharded_train_blocked_equal_across_devices", float(r["blocked_digest"] == multi[ref_n]["blocked_digest"]),
+                    "bool", forced_cpu_devices=n, reference_devices=ref_n, member_block=1, digest=r["blocked_digest"],
+                    iterations=r["train_iterations"],
+                    note="member_block=1: state and every metric bitwise (sha256) vs the smallest multi-device run")
+        if 1 in res and "blocked_state_float" in res[1]:
+            f0, f1 = np.asarray(res[1]["blocked_state_float"]), np.asarray(multi[ref_n]["blocked_state_float"])
+            rec.add("sharded_train_blocked_1_device_max_abs_diff", float(np.max(np.abs(f0 - f1))), "abs", member_block=1,
+                    reference_devices=ref_n, iterations=res[1]["train_iterations"],
+                    note="one device compiles a one-partition program through another XLA pass pipeline "
+                         "(no SPMD partitioner): not bitwise, this is the largest parameter difference")
 
 
 # -- main --------------------------------------------------------------------------
@@ -571,12 +583,19 @@ def print_summary(records: list[dict]):
     if v is not None:
         lines.append(f"CCPO training iterations/s (3 rows, 1 split):            {v:.1f}")
     for name, text in (("sharded_eval_equal_1_device", "sharded evaluation == 1 device (bitwise):"),
-                       ("sharded_block_equal_unsharded_same_batch", "sharded training block == unsharded, same batch:"),
-                       ("sharded_train_equal_1_device_all_members", "sharded training == 1 device, all members:")):
+                       ("sharded_train_equal_1_device_all_members", "sharded training == 1 device (one vmap/device):"),
+                       ("sharded_train_blocked_equal_across_devices", "member_block=1 training == smallest N >= 2:")):
         eq = by.get(name)
         if eq:
             lines.append(f"{text:56s}" + ", ".join(
                 f"N={r['config']['forced_cpu_devices']}: {'yes' if r['value'] else 'no'}" for r in eq))
+    v = get("sharded_train_blocked_1_device_max_abs_diff")
+    if v is not None:
+        lines.append(f"member_block=1 training, 1 device vs N >= 2, max |diff|: {v:.2e}")
+    tr = {r["config"]["forced_cpu_devices"]: r["value"] for r in by.get("sharded_train_member_iterations_per_s", [])}
+    if 1 in tr and len(tr) > 1:
+        lines.append("training member-it/s vs 1 device (forced CPU devices): " + ", ".join(
+            f"N={n}: {v / tr[1]:.2f}x" for n, v in sorted(tr.items()) if n != 1))
     if lines:
         print("\nsummary")
         for ln in lines:
