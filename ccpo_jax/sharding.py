@@ -16,6 +16,9 @@ leading axis placed on it:
   device runs the same per-member program on its own block of members with
   no communication (closed-over constants, e.g. the replay cache, are
   replicated). Per-member results therefore equal the one-device results;
+* :class:`PerDevice` instead runs one single-device program per device
+  (one compilation each), which is what makes a multi-device run equal a
+  one-device run bitwise (with :func:`blocked_vmap`);
 * :func:`init_distributed` calls ``jax.distributed.initialize()`` for
   multi-host runs when asked (``--distributed`` or ``CCPO_JAX_DISTRIBUTED=1``).
 
@@ -178,6 +181,82 @@ def blocked_vmap(fn: Callable, block: int | None) -> Callable:
         return jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]), out)
 
     return run
+
+
+class PerDevice:
+    """One single-device program per device, each on its own block of the leading axis.
+
+    The alternative to :func:`member_map` (one SPMD program) when results must
+    equal a ONE-device run bit for bit: XLA compiles a multi-partition (SPMD)
+    program through another pass pipeline than a one-partition program, which
+    changes floating-point rounding in the last bit. Here every device runs
+    ``jax.jit(fn)`` compiled for that device alone, i.e. exactly the program a
+    one-device run compiles (for its block's shapes). Combined with
+    :func:`blocked_vmap` (results independent of how many blocks a device
+    runs) a run on N devices equals the one-device run bitwise.
+
+    Costs one compilation per local device (run concurrently in threads; XLA
+    releases the GIL while compiling). Multi-host: each process runs its own
+    devices' blocks and the outputs are gathered with ``process_allgather``
+    (every process must own the same number of the devices). Inputs are host
+    or device arrays whose leading axis is a multiple of the device count and
+    that are the same on every process; outputs are NumPy arrays in device
+    order, on every process.
+    """
+
+    def __init__(self, fn: Callable, devices):
+        self.devices = list(devices)
+        me = jax.process_index()
+        self.local = [i for i, d in enumerate(self.devices) if d.process_index == me]
+        if not self.local:
+            raise ValueError("PerDevice: none of the devices belongs to this process")
+        self._jit = jax.jit(fn)
+        self._compiled: list | None = None
+
+    def _split(self, args) -> list:
+        n = {int(np.shape(x)[0]) for x in jax.tree.leaves(args)}
+        if len(n) != 1:
+            raise ValueError(f"leaves disagree on the leading axis: {sorted(n)}")
+        (n,) = n
+        k = len(self.devices)
+        if n % k:
+            raise ValueError(f"leading axis {n} is not a multiple of {k} devices")
+        b = n // k
+        host = jax.tree.map(np.asarray, args)
+        return [jax.device_put(jax.tree.map(lambda x: x[i * b:(i + 1) * b], host), self.devices[i]) for i in self.local]
+
+    def compile(self, *args) -> float:
+        """Compile for every local device (in threads); returns the wall seconds it took."""
+        import time
+        from concurrent.futures import ThreadPoolExecutor
+
+        parts = self._split(args)
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+            self._compiled = list(pool.map(lambda a: self._jit.lower(*a).compile(), parts))
+        return time.perf_counter() - t0
+
+    def __call__(self, *args):
+        if self._compiled is None:
+            self.compile(*args)
+        parts = self._split(args)
+        outs = [c(*a) for c, a in zip(self._compiled, parts)]  # asynchronous dispatch: devices run concurrently
+        outs = jax.device_get(outs)
+        if jax.process_count() == 1:
+            return jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs], axis=0), *outs)
+        from jax.experimental import multihost_utils
+
+        local = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *outs)  # [n_local, b, ...]
+        where = multihost_utils.process_allgather(np.asarray(self.local, np.int32))  # [P, n_local]
+        every = multihost_utils.process_allgather(local)  # [P, n_local, b, ...]
+        order = np.argsort(np.asarray(where).reshape(-1), kind="stable")
+
+        def assemble(x):
+            x = np.asarray(x)
+            x = x.reshape((-1,) + x.shape[2:])[order]  # [n_devices, b, ...] in device order
+            return x.reshape((-1,) + x.shape[2:])
+
+        return jax.tree.map(assemble, every)
 
 
 def to_host(tree: Any) -> Any:

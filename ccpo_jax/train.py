@@ -353,10 +353,12 @@ def train_many(
     simulates a kill (tests). ``mesh`` (a 1-D ``ccpo_jax.sharding.make_mesh``) shards the
     flat V * S member axis over its devices (padded to a multiple of the device
     count, padding stripped from results and checkpoints). ``member_block`` computes the
-    members ``member_block`` at a time (``sharding.blocked_vmap``): runs with the same
-    block are bit-identical on any number of devices (and whatever the member count);
-    without it a sharded run matches one device's only up to rounding, which the CPO
-    step amplifies over long runs.
+    members ``member_block`` at a time (``sharding.blocked_vmap``); with a mesh every
+    device then runs its own single-device program (``sharding.PerDevice``, one
+    compilation per device; across hosts the results are all-gathered), and the run is
+    bit-identical to the one-device run with the same block, on any number of devices
+    and hosts. Without a block a sharded run (one SPMD program) matches one device's
+    only up to rounding, which the CPO step amplifies over long runs.
     """
     from tqdm.auto import tqdm
 
@@ -379,15 +381,21 @@ def train_many(
     block = 1 if member_block is None else int(member_block)
     n_members = V * S
     padded = mesh is not None or n_members % block != 0
+    # member_block: one single-device program per device (sharding.PerDevice), so the
+    # run equals the one-device run bitwise; no block: one SPMD program (shard_map).
+    per_device = mesh is not None and member_block is not None
+    spmd = mesh is not None and not per_device
 
     def chunk_fn(n):
         fn = sharding.blocked_vmap(lambda s, idx, v: run_chunk(s, idx, v, n), member_block)
-        return jax.jit(fn if mesh is None else sharding.member_map(fn, mesh))
+        if per_device:
+            return sharding.PerDevice(fn, mesh.devices.flat)
+        return jax.jit(sharding.member_map(fn, mesh) if spmd else fn)
 
-    if mesh is not None:
+    if spmd:
         (flat_idx, flat_var), _ = sharding.shard_leading((flat_idx, flat_var), mesh, block)
     elif padded:
-        flat_idx, flat_var = sharding.pad_leading((flat_idx, flat_var), sharding.padded_size(n_members, None, block))
+        flat_idx, flat_var = sharding.pad_leading((flat_idx, flat_var), sharding.padded_size(n_members, mesh, block))
 
     n_chunks = -(-config.iterations // config.chunk)
     sizes = [min(config.chunk, config.iterations - i * config.chunk) for i in range(n_chunks)]
@@ -423,10 +431,10 @@ def train_many(
             state = restored["state"]
             history = restored["metrics"]["history"]
             start_chunk = latest
-    if mesh is not None:
+    if spmd:
         state, _ = sharding.shard_leading(state, mesh, block)
     elif padded:
-        state = sharding.pad_leading(state, sharding.padded_size(n_members, None, block))
+        state = sharding.pad_leading(state, sharding.padded_size(n_members, mesh, block))
 
     compiled: dict[int, Any] = {}
     compile_s = 0.0
@@ -444,7 +452,11 @@ def train_many(
         n = sizes[ci]
         if n not in compiled:
             t0 = time.perf_counter()
-            compiled[n] = chunk_fn(n).lower(state, flat_idx, flat_var).compile()
+            if per_device:
+                compiled[n] = chunk_fn(n)
+                compiled[n].compile(state, flat_idx, flat_var)
+            else:
+                compiled[n] = chunk_fn(n).lower(state, flat_idx, flat_var).compile()
             compile_s += time.perf_counter() - t0
         state, m = compiled[n](state, flat_idx, flat_var)
         m = sharding.unpad(sharding.to_host(m), n_members)

@@ -19,10 +19,13 @@ devices x ``--member-block``); each device trains its block with no
 communication; the trained state is gathered to every host
 (``process_allgather``) and each host evaluates every split (cheap, the same
 on every host). Process 0 writes ``--out``: per-split metrics of every row,
-the calibrated kappas and a SHA-256 digest of the trained state. With the
-same ``--member-block`` the output is bit-identical for any layout of at
-least two devices (2 hosts x 2 devices = 1 host x 4 devices: see
-``tests/test_multihost.py``).
+the calibrated kappas and a SHA-256 digest of the trained state. With
+``--member-block B`` (default 1) every device runs the one-device program
+(``ccpo_jax.sharding.PerDevice``) and the output is bit-identical to a run on
+ONE device with the same block (2 hosts x 2 devices = 1 host x 1 device);
+``--member-block 0`` runs one SPMD program (one compilation), equal across
+layouts with the same number of devices (2 hosts x 2 = 1 host x 4). See
+``tests/test_multihost.py``.
 
 Defaults are small (a 600-question SYNTHETIC cache, 4 splits, 20 iterations)
 so that a smoke run takes seconds; ``ccpo-jax reproduce`` is the single-host
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split-sizes", default="300,100,100", metavar="TRAIN,CAL,TEST")
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--alpha", type=float, default=0.1)
-    p.add_argument("--member-block", type=int, default=1, help="members per block (0: one vmap per device)")
+    p.add_argument("--member-block", type=int, default=1, help="members per block (default 1: bit-identical to one device; 0: one SPMD program, one vmap per device)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 

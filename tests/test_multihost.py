@@ -4,10 +4,12 @@ Two OS processes with two forced CPU devices each join through
 ``CCPO_JAX_DISTRIBUTED=1`` and a coordinator on 127.0.0.1 (the cross-process
 collectives are JAX's CPU gloo backend) and run ``experiments.multihost``:
 CCPO training over one global 4-device mesh, state gathered to every host,
-every split evaluated. The oracle is the same script in ONE process on four
-forced devices, and on two: with ``--member-block 1`` every device runs the
-same block program, so the trained state (SHA-256) and every per-split metric
-must be bit-identical across the three layouts.
+every split evaluated. The oracle is the same script in one process: with
+``--member-block 1`` the trained state (SHA-256), every per-split metric and
+the calibrated kappas
+must be bit-identical to ONE process on ONE device (each device runs the
+one-device program, ``sharding.PerDevice``). Without a block (one SPMD
+program), two hosts x two devices must equal one host with four devices.
 """
 from __future__ import annotations
 
@@ -46,13 +48,11 @@ def _load(path: Path) -> dict:
     return d
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("multihost")
+def _two_hosts(tmp: Path, name: str, extra: list[str]) -> list[str]:
     port = _free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "experiments.multihost", "--out", str(tmp / "two_hosts.json"), *ARGS],
+            [sys.executable, "-m", "experiments.multihost", "--out", str(tmp / f"{name}.json"), *ARGS, *extra],
             env=_env(2, CCPO_JAX_DISTRIBUTED="1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                      JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)),
             cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -67,39 +67,62 @@ def runs(tmp_path_factory) -> dict:
             for q in procs:
                 q.kill()
             raise
-    for p, (so, se) in zip(procs, outs):
+    for p, (_, se) in zip(procs, outs):
         assert p.returncode == 0, se[-3000:]
-    out = {"two_hosts": _load(tmp / "two_hosts.json"), "stdout": [so for so, _ in outs]}
-    for n in (4, 2):
-        r = subprocess.run([sys.executable, "-m", "experiments.multihost", "--out", str(tmp / f"one_host_{n}.json"), *ARGS],
-                           env=_env(n), cwd=tmp, capture_output=True, text=True, timeout=400)
-        assert r.returncode == 0, r.stderr[-3000:]
-        out[f"one_host_{n}"] = _load(tmp / f"one_host_{n}.json")
+    return [so for so, _ in outs]
+
+
+def _one_host(tmp: Path, name: str, n_devices: int, extra: list[str]) -> None:
+    r = subprocess.run([sys.executable, "-m", "experiments.multihost", "--out", str(tmp / f"{name}.json"), *ARGS, *extra],
+                       env=_env(n_devices), cwd=tmp, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("multihost")
+    out = {"stdout": _two_hosts(tmp, "two_hosts", ["--member-block", "1"])}
+    _one_host(tmp, "one_device", 1, ["--member-block", "1"])
+    out["stdout_spmd"] = _two_hosts(tmp, "two_hosts_spmd", ["--member-block", "0"])
+    _one_host(tmp, "one_host_4_spmd", 4, ["--member-block", "0"])
     out["files"] = sorted(p.name for p in tmp.iterdir())
+    for name in ("two_hosts", "one_device", "two_hosts_spmd", "one_host_4_spmd"):
+        out[name] = _load(tmp / f"{name}.json")
     return out
 
 
 def test_two_hosts_form_one_four_device_mesh(runs):
     two = runs["two_hosts"]
-    assert two["processes"] == 2 and two["devices"] == 4
-    assert runs["one_host_4"]["processes"] == 1 and runs["one_host_4"]["devices"] == 4
+    assert two["processes"] == 2 and two["devices"] == 4 and two["member_block"] == 1
+    assert runs["one_device"]["processes"] == 1 and runs["one_device"]["devices"] == 1
     # only process 0 reports and writes
     assert sum("process 0 of 2" in s for s in runs["stdout"]) == 1
-    assert runs["files"] == ["one_host_2.json", "one_host_4.json", "two_hosts.json"]
+    assert runs["files"] == ["one_device.json", "one_host_4_spmd.json", "two_hosts.json", "two_hosts_spmd.json"]
     assert "SYNTHETIC" in two["note"]
 
 
-def test_two_hosts_equal_one_host_bitwise(runs):
-    two, one4, one2 = runs["two_hosts"], runs["one_host_4"], runs["one_host_2"]
-    assert two["state_sha256"] == one4["state_sha256"] == one2["state_sha256"]
+def _assert_same(a: dict, b: dict) -> None:
+    assert a["state_sha256"] == b["state_sha256"]
     for key in ("rows", "kappa_hat", "kappa_online_curve_mean"):
-        assert two[key] == one4[key] == one2[key], key
+        assert a[key] == b[key], key
+
+
+def test_two_hosts_with_member_block_equal_one_device_bitwise(runs):
+    """member_block=1: each device of each host runs the one-device program (sharding.PerDevice)."""
+    two = runs["two_hosts"]
+    _assert_same(two, runs["one_device"])
     # the runs did something: every row has 3 splits of coverage in [0, 1], kappa moved
     assert {"CPO", "CPO batch", "CPO online", "CCPO (lambda=0)"} <= set(two["rows"])
     for row in two["rows"].values():
         assert len(row["coverage"]) == 3 and all(0.0 <= c <= 1.0 for c in row["coverage"])
     curve = two["kappa_online_curve_mean"]
     assert len(curve) == 8 and curve[-1] != curve[0]
+
+
+def test_two_hosts_spmd_equal_one_host_with_four_devices_bitwise(runs):
+    """No block: one SPMD program over 4 partitions, whether the partitions are on 1 host or 2."""
+    assert runs["two_hosts_spmd"]["member_block"] is None and runs["two_hosts_spmd"]["processes"] == 2
+    _assert_same(runs["two_hosts_spmd"], runs["one_host_4_spmd"])
 
 
 def test_reproduce_refuses_multi_host_with_a_clear_error(tmp_path):
