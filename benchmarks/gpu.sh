@@ -15,7 +15,7 @@
 #   1. env + eval  (full sizes, 1 .. 65,536 episodes; 1 .. 1,000 splits)          <= 105 s
 #   2. train (full: 300 iterations, 1 split; retrain 10 and 100 splits, 100 it)     <= 150 s
 #   3. reproduce (full: 100 splits, the default 1,500 iterations)                    <= 150 s
-#   4. devices (quick: forced CPU host devices N = 1, 2, 4, 8, on the CPU cores)     <= 75 s
+#   4. devices (quick: forced CPU host devices N = 1, 2, on the CPU cores)           <= 75 s
 # Files: OUT_DIR/bench_gpu.json (merged), bench_<stage>.json, bench_gpu.log (6 files).
 set -u
 cd "$(dirname "$0")/.."
@@ -75,7 +75,7 @@ t0=$(date +%s)
 stage env_eval 105 --only env,eval
 stage train 150 --only train
 stage reproduce 150 --only reproduce
-stage devices 75 --quick --only devices
+stage devices 75 --quick --only devices --device-counts 1,2
 grep -A12 "^summary" "$LOG"
 
 "$PY" - "$OUT_DIR" <<'EOF'

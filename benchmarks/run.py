@@ -602,6 +602,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write the JSON records here (a list)")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
     ap.add_argument("--env-sizes", default=None, help="parallel episodes, e.g. 1,64,4096,65536")
+    ap.add_argument("--device-counts", default="1,2,4,8",
+                    help="forced CPU device counts of the devices section (must include 1), e.g. 1,2")
     ap.add_argument("--device-worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-no-train", action="store_true", help=argparse.SUPPRESS)
@@ -632,13 +634,19 @@ def main(argv=None) -> int:
         env_sizes = [int(x) for x in args.env_sizes.split(",")]
     else:
         env_sizes = [1, 64, 4096, 65536] if args.quick else [1, 16, 256, 4096, 16384, 65536]
+    try:
+        device_counts = tuple(sorted({int(x) for x in args.device_counts.split(",")}))
+    except ValueError:
+        ap.error(f"--device-counts: comma-separated integers, got {args.device_counts!r}")
+    if 1 not in device_counts or min(device_counts) < 1:
+        ap.error(f"--device-counts: must include 1 (the reference) and be >= 1, got {args.device_counts!r}")
     ctx = {
         "cache": cache,
         "params": params,
         "base_cfg": {"cache": "synthetic hotpotqa-llama2 Q=1400 seed=0", "synthetic": True, "T": cache.T},
         "env_sizes": env_sizes,
         "train_splits": (1, 10, 100),
-        "device_counts": (1, 2, 4, 8),
+        "device_counts": device_counts,
     }
     rec = Recorder(backend, device)
     print(f"ccpo-jax benchmarks on {backend}: {device}; jax {jax.__version__}; "
