@@ -332,7 +332,7 @@ def _resolve_mesh(devices: int | str | None):
     if n > len(available):
         hint = ""
         if jax.default_backend() == "cpu":
-            hint = (f"; on CPU, the ccpo-jax command line forces N host devices itself, from Python set "
+            hint = (f"; on a CPU the ccpo-jax command forces N host devices itself; from Python, set "
                     f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before importing jax")
         raise UserError(f"--devices {n}: only {len(available)} {jax.default_backend()} device(s) available{hint}")
     if n == 1:
@@ -413,9 +413,10 @@ def reproduce(
                    devices (an int or "all"; default 1: no mesh). Execution
                    option: not saved in run.json, a resumed run may use another;
       member_block train the members this many at a time
-                   (``ccpo_jax.sharding.blocked_vmap``): runs with the same block
-                   are bit-identical on any number of devices >= 2 (README
-                   "Performance"); default None: one vmap per device.
+                   (``ccpo_jax.sharding.blocked_vmap``), one single-device program
+                   per device (``sharding.PerDevice``): bit-identical to a
+                   one-device run with the same block (README "Performance");
+                   default None: one SPMD program, a vmap per device.
     Raises UserError / CacheError for bad input before anything is written.
     """
     t_start = time.perf_counter()

@@ -15,12 +15,14 @@ leading axis placed on it:
 * :func:`member_map` wraps a vmapped function in ``jax.shard_map`` so every
   device runs the same per-member program on its own block of members with
   no communication (closed-over constants, e.g. the replay cache, are
-  replicated). Per-member results therefore equal the one-device results;
+  replicated): one SPMD program, one compilation. Per-member results equal
+  the one-device results up to floating-point rounding (an SPMD program
+  is optimised differently; :class:`PerDevice` below is bit-exact);
 * :class:`PerDevice` instead runs one single-device program per device
   (one compilation each), which is what makes a multi-device run equal a
   one-device run bitwise (with :func:`blocked_vmap`);
 * :func:`init_distributed` calls ``jax.distributed.initialize()`` for
-  multi-host runs when asked (``--distributed`` or ``CCPO_JAX_DISTRIBUTED=1``).
+  multi-host runs when asked (``CCPO_JAX_DISTRIBUTED=1``).
 
 Inputs are built with ``jax.make_array_from_callback`` (each process fills
 only its addressable shards), and :func:`to_host` gathers a possibly
@@ -147,8 +149,10 @@ def member_map(fn: Callable, mesh: Mesh) -> Callable:
     """``jax.shard_map`` of a function batched over the leading axis of all its inputs and outputs.
 
     ``fn`` must already be vmapped (it sees a block of members per device).
-    No collectives: each device's block is computed exactly as one device
-    would compute it, so results equal the unsharded call.
+    No collectives: each device computes its block with the same per-member
+    code. Results equal the unsharded call up to floating-point rounding (XLA
+    optimises an SPMD program differently, see :class:`PerDevice`); for the
+    evaluators and env rollouts in this project they are bitwise equal (tested).
     """
     spec = P(_axis(mesh))
     return jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
@@ -160,12 +164,11 @@ def blocked_vmap(fn: Callable, block: int | None) -> Callable:
     With ``block`` set, the leading axis (a multiple of ``block``) is reshaped
     to [n / block, block] and ``jax.lax.map`` runs one ``vmap`` of ``block``
     members per step. Every member is then computed by the same compiled
-    block program whatever the total number of members or devices, which is
-    what makes a sharded run bit-identical to a one-device run: XLA picks its
-    dot kernels (and so the last bit of rounding) by the batch shape, so a
-    plain ``vmap`` over 8 members on one device and over 1 member on each of
-    8 devices round differently. ``block`` None is the plain ``vmap`` (fastest
-    on one device).
+    block program whatever the total number of members: XLA picks its dot
+    kernels (and so the last bit of rounding) by the batch shape, so a plain
+    ``vmap`` over 8 members and over 2 members round differently. With
+    :class:`PerDevice` this makes a sharded run bit-identical to a one-device
+    run. ``block`` None is the plain ``vmap`` (fastest on one device).
     """
     vfn = jax.vmap(fn)
     if block is None:

@@ -392,10 +392,14 @@ def train_many(
             return sharding.PerDevice(fn, mesh.devices.flat)
         return jax.jit(sharding.member_map(fn, mesh) if spmd else fn)
 
-    if spmd:
-        (flat_idx, flat_var), _ = sharding.shard_leading((flat_idx, flat_var), mesh, block)
-    elif padded:
-        flat_idx, flat_var = sharding.pad_leading((flat_idx, flat_var), sharding.padded_size(n_members, mesh, block))
+    def place(tree):  # pad the member axis for the devices x block; shard it for SPMD
+        if spmd:
+            return sharding.shard_leading(tree, mesh, block)[0]
+        if padded:
+            return sharding.pad_leading(tree, sharding.padded_size(n_members, mesh, block))
+        return tree
+
+    flat_idx, flat_var = place((flat_idx, flat_var))
 
     n_chunks = -(-config.iterations // config.chunk)
     sizes = [min(config.chunk, config.iterations - i * config.chunk) for i in range(n_chunks)]
@@ -431,10 +435,7 @@ def train_many(
             state = restored["state"]
             history = restored["metrics"]["history"]
             start_chunk = latest
-    if spmd:
-        state, _ = sharding.shard_leading(state, mesh, block)
-    elif padded:
-        state = sharding.pad_leading(state, sharding.padded_size(n_members, mesh, block))
+    state = place(state)
 
     compiled: dict[int, Any] = {}
     compile_s = 0.0

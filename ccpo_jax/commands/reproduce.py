@@ -30,8 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="shard the training's variant x split members over N devices (default 1); on a CPU "
                    "host N devices are forced with XLA_FLAGS=--xla_force_host_platform_device_count=N")
     p.add_argument("--member-block", type=int, default=None, metavar="B",
-                   help="train members B at a time: runs with the same B are bit-identical on any number "
-                   "of devices >= 2 (default: all of a device's members in one vmap, fastest)")
+                   help="train members B at a time, one single-device program per device: bit-identical to a "
+                   "one-device run with the same B (default: one SPMD program, a vmap per device, fastest)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--list-settings", action="store_true", help="list the settings (one per paper table) and exit")
     p.set_defaults(func=_reproduce)
