@@ -23,7 +23,7 @@ q = g'v, r = g'w, s = b'w, A = q - r^2/s, B = 2 delta - c^2/s:
 each maximised by projecting sqrt(A/B), resp. sqrt(q/(2 delta)), onto its
 interval; lam* = the better of the two. (Achiam/OmniSafe write nu = (lam c - r)/s
 and -r c/s: that is the same dual with r measured on the LOSS gradient -g. Mixing
-"maximise g'x" with those formulas is a sign error; the SLSQP tests catch it.)
+"maximise g'x" with those formulas is a sign error; the KKT tests catch it.)
 
 Cases (OmniSafe numbering):
     4: b ~ 0 and c < 0        -> TRPO step sqrt(2 delta / q) v

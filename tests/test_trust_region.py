@@ -1,5 +1,6 @@
-"""CPO trust-region step (BRIEF 1.9) against scipy SLSQP, jnp.linalg.solve, an explicit Fisher
-matrix and a sequential NumPy line search."""
+"""CPO trust-region step (Achiam et al. 2017; CCPO paper, arXiv 2511.11828, Eq. 7) against a
+closed-form float64 optimum checked by the KKT conditions (no solver, so no solver version to
+depend on), jnp.linalg.solve, an explicit Fisher matrix and a sequential NumPy line search."""
 from __future__ import annotations
 
 import chex
@@ -7,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy.optimize import minimize
 
 from ccpo_jax import conformal as cf
 from ccpo_jax import networks
@@ -32,19 +32,68 @@ def _problem(seed, case):
     return [x.astype(np.float32) for x in (H, g, b)] + [np.float32(c), np.float32(delta)]
 
 
-def _slsqp(H, g, b, c, delta):
+def _exact(H, g, b, c, delta):
+    """Closed-form optimum in float64, derived geometrically (no solver, no dual formulas).
+
+    With H = L L' and y = L'x the problem is: maximise gh'y subject to |y|^2 <= r^2 = 2 delta and
+    c + bh'y <= 0, where gh = L^-1 g, bh = L^-1 b. If even the best point of the ball, y = -r bh/|bh|,
+    violates the plane (c - r|bh| > 0), the step minimises the violation: y = -r bh/|bh|. Else the
+    TRPO point r gh/|gh| if it satisfies the plane; else the optimum lies on the disc where plane and
+    ball meet: y = y0 + rho gp/|gp|, y0 = -c bh/|bh|^2 (the plane's point nearest 0),
+    rho = sqrt(r^2 - |y0|^2), gp = the part of gh orthogonal to bh. :func:`_assert_kkt` checks it.
+    """
     H, g, b = (np.asarray(x, np.float64) for x in (H, g, b))
     c, delta = float(c), float(delta)
-    tr_con = {"type": "ineq", "fun": lambda x: delta - 0.5 * x @ H @ x, "jac": lambda x: -H @ x}
-    lin = {"type": "ineq", "fun": lambda x: -(c + b @ x), "jac": lambda x: -b}
-    if c + -np.sqrt(2 * delta * (b @ np.linalg.solve(H, b))) > 0:  # infeasible: minimise b'x in the region
-        res = minimize(lambda x: b @ x, np.zeros(N), jac=lambda x: b, constraints=[tr_con],
-                       method="SLSQP", options={"ftol": 1e-12, "maxiter": 500})
+    L = np.linalg.cholesky(H)
+    gh, bh = np.linalg.solve(L, g), np.linalg.solve(L, b)
+    r = np.sqrt(2 * delta)
+    nb = np.linalg.norm(bh)
+    if nb > 0 and c - r * nb > 0:
+        y = -r * bh / nb
     else:
-        res = minimize(lambda x: -g @ x, np.zeros(N), jac=lambda x: -g, constraints=[tr_con, lin],
-                       method="SLSQP", options={"ftol": 1e-12, "maxiter": 500})
-    assert res.success, res.message
-    return res.x
+        y = r * gh / np.linalg.norm(gh)
+        if c + bh @ y > 0:
+            y0 = -c * bh / nb**2
+            gp = gh - (gh @ bh) / nb**2 * bh
+            y = y0 + np.sqrt(max(r * r - y0 @ y0, 0.0)) * gp / np.linalg.norm(gp)
+    return np.linalg.solve(L.T, y)
+
+
+def _assert_kkt(H, g, b, c, delta, x, tol):
+    """The KKT conditions of the (convex) step problem at ``x``; multipliers fitted by least squares.
+
+    Feasible problem (max g'x s.t. 0.5 x'Hx - delta <= 0, c + b'x <= 0): stationarity
+    g = mu1 Hx + mu2 b, dual feasibility mu >= 0, complementary slackness mu_i h_i = 0, primal
+    feasibility h_i <= 0. Infeasible one (min b'x s.t. 0.5 x'Hx <= delta): -b = mu1 Hx, mu1 >= 0,
+    0.5 x'Hx = delta. With Slater's condition these are sufficient, and the optimum is unique.
+    Returns (mu1, mu2).
+    """
+    H, g, b, x = (np.asarray(v, np.float64) for v in (H, g, b, x))
+    c, delta = float(c), float(delta)
+    Hx = H @ x
+    h1, h2 = 0.5 * x @ Hx - delta, c + b @ x
+    infeasible = c - np.sqrt(2 * delta * (b @ np.linalg.solve(H, b))) > 0
+    if infeasible:
+        A, rhs = Hx[:, None], -b
+    else:
+        A, rhs = np.stack([Hx, b], 1), g
+    mu = np.linalg.lstsq(A, rhs, rcond=None)[0]
+    scale = np.linalg.norm(rhs)
+    assert np.linalg.norm(A @ mu - rhs) <= tol * scale, ("stationarity", A @ mu - rhs)
+    assert (mu >= -tol * (1 + np.abs(mu).max())).all(), ("dual feasibility", mu)
+    assert abs(h1) * mu[0] <= tol * (1 + mu[0]) * delta, ("complementary slackness (trust region)", h1, mu)
+    assert h1 <= tol * delta, ("primal feasibility (trust region)", h1)
+    if infeasible:
+        return float(mu[0]), 0.0
+    assert abs(h2) * mu[1] <= tol * (1 + abs(mu[1])) * (1 + abs(c)), ("complementary slackness (plane)", h2, mu)
+    assert h2 <= tol * (1 + abs(c)), ("primal feasibility (plane)", h2)
+    return float(mu[0]), float(mu[1])
+
+
+def _oracle(H, g, b, c, delta):
+    x = _exact(H, g, b, c, delta)
+    _assert_kkt(H, g, b, c, delta, x, tol=1e-8)
+    return x
 
 
 def _direction(H, g, b, c, delta):
@@ -53,17 +102,18 @@ def _direction(H, g, b, c, delta):
 
 
 @pytest.mark.parametrize("case", [0, 1, 2, 3, 4])
-def test_direction_matches_slsqp_in_every_case(case):
+def test_direction_is_the_kkt_optimum_in_every_case(case):
     direction = jax.jit(_direction)
     for seed in range(6):
         H, g, b, c, delta = _problem(100 * case + seed, case)
         x, info = direction(H, g, b, c, delta)
         assert int(info.case) == case
-        ref = _slsqp(H, g, b, c, delta)
+        ref = _oracle(H, g, b, c, delta)
         np.testing.assert_allclose(np.asarray(x), ref, atol=1e-4 * max(1.0, np.abs(ref).max()),
                                    err_msg=f"case {case} seed {seed}")
-        if case in (1, 2):  # KKT: dual step reproduces x and nu >= 0
-            assert float(info.nu) >= 0 and float(info.lam) > 0
+        mu1, mu2 = _assert_kkt(H, g, b, c, delta, x, tol=2e-3)  # the float32 step itself
+        if case in (1, 2, 3, 4):  # the implementation's duals are the KKT multipliers
+            np.testing.assert_allclose([float(info.lam), float(info.nu)], [mu1, mu2], rtol=2e-3, atol=2e-3)
 
 
 def test_partially_feasible_covers_active_and_inactive_constraint():
@@ -73,7 +123,7 @@ def test_partially_feasible_covers_active_and_inactive_constraint():
     for seed in range(30):
         H, g, b, c, delta = _problem(7000 + seed, 2)
         x, info = direction(H, g, b, c, delta)
-        np.testing.assert_allclose(np.asarray(x), _slsqp(H, g, b, c, delta), atol=1e-4)
+        np.testing.assert_allclose(np.asarray(x), _oracle(H, g, b, c, delta), atol=1e-4)
         nus.append(float(info.nu))
     assert min(nus) == 0.0 and max(nus) > 0.0
 
@@ -143,7 +193,7 @@ def test_no_nan_in_degenerate_problems(what):
         assert float(0.5 * x @ jnp.asarray(H, jnp.float32) @ x) <= delta * 1.01 + 1e-6
         if what in ("b0", "s0") and c < 0:  # constraint gradient ~ 0 and feasible: TRPO step
             assert int(info.case) == 4
-            ref = _slsqp(H, g, np.zeros(N), c, delta)
+            ref = _oracle(H, g, np.zeros(N, np.float32), c, delta)
             np.testing.assert_allclose(np.asarray(x), ref, atol=1e-4)
 
 
@@ -163,13 +213,13 @@ def _quad_setup(seed, case, quartic=0.0):
 
 
 @pytest.mark.parametrize("case", [0, 1, 2, 3, 4])
-def test_update_on_exact_quadratic_takes_the_full_slsqp_step(case):
+def test_update_on_exact_quadratic_takes_the_full_optimal_step(case):
     theta0, flat0, objective, constraint, kl, (H, g, b, c, delta) = _quad_setup(11 + case, case)
     new, info = jax.jit(lambda p: tr.cpo_update(p, objective, constraint, kl, c, delta, damping=0.0,
                                                 cg_iters=2 * N))(theta0)
     assert bool(info.accepted) and float(info.step_frac) == 1.0 and int(info.direction.case) == case
     step = jax.flatten_util.ravel_pytree(new)[0] - flat0
-    np.testing.assert_allclose(step, _slsqp(H, g, b, c, delta), atol=2e-4)
+    np.testing.assert_allclose(step, _oracle(H, g, b, c, delta), atol=2e-4)
 
 
 def _sequential_line_search(f0, fracs, obj, kl, con, c, delta, case, slack=1.5):
