@@ -367,6 +367,10 @@ def _resume_config(resume: Path, given: Mapping[str, Any]) -> tuple[Path, RunCon
             new = _resolve_split_sizes(v, get_setting(cfg.setting))
         if k == "cache" and isinstance(v, (str, os.PathLike)):
             new = str(Path(v).absolute())
+        if k == "iterations" and old is None:  # saved as "the trainer's default": an explicit default matches
+            from ccpo_jax.config import TrainConfig
+
+            old = TrainConfig().iterations
         if new != old:
             raise UserError(
                 f"--resume: the interrupted run used {k}={old!r}, not {new!r}; drop the flag (resume takes the saved configuration)"

@@ -115,11 +115,20 @@ class Manifest:
     exit_models: tuple[str, ...] = ()
     llm_policy_models: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
+    #: sha256 over the arrays and :meth:`hashed_fields` (:func:`cache_checksum`).
     checksum: str = ""
+    #: sha256 over the arrays alone (:func:`arrays_checksum`): tells a damaged arrays.npz from an edited manifest.
+    arrays_checksum: str = ""
 
     @property
     def is_synthetic(self) -> bool:
         return self.provenance.get("kind") == "synthetic"
+
+    def hashed_fields(self) -> dict[str, Any]:
+        """Every manifest field that changes results or labels (all but the checksums)."""
+        d = self.to_dict()
+        del d["checksum"], d["arrays_checksum"]
+        return d
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -133,6 +142,7 @@ class Manifest:
             "llm_policy_models": list(self.llm_policy_models),
             "schema_version": self.schema_version,
             "checksum": self.checksum,
+            "arrays_checksum": self.arrays_checksum,
         }
 
     @classmethod
@@ -182,6 +192,7 @@ class Manifest:
             exit_models=tuple(d.get("exit_models", ())),
             llm_policy_models=tuple(d.get("llm_policy_models", ())),
             checksum=str(d.get("checksum", "")),
+            arrays_checksum=str(d.get("arrays_checksum", "")),
         )
 
 
@@ -232,10 +243,13 @@ class ResponseCache:
         return np.where(a["round_mask"], usd * 100.0, 0.0).astype(np.float32)
 
     def checksum(self) -> str:
-        return arrays_checksum(self.arrays)
+        """sha256 over the arrays and the manifest fields that change results or labels."""
+        return manifest_checksum(arrays_checksum(self.arrays), self.manifest.hashed_fields())
 
     def with_checksum(self) -> "ResponseCache":
-        man = dataclasses.replace(self.manifest, checksum=self.checksum())
+        asum = arrays_checksum(self.arrays)
+        man = dataclasses.replace(self.manifest, checksum=manifest_checksum(asum, self.manifest.hashed_fields()),
+                                  arrays_checksum=asum)
         return ResponseCache(man, self.arrays)
 
     def subset(self, idx: np.ndarray) -> "ResponseCache":
@@ -269,6 +283,37 @@ def arrays_checksum(arrays: dict[str, np.ndarray]) -> str:
         h.update(str(v.dtype.str).encode())
         h.update(str(v.shape).encode())
         h.update(v.tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    raise TypeError(f"{type(v).__name__} is not JSON-serialisable")
+
+
+def canonical_json(obj: Any) -> bytes:
+    """One byte string per JSON value: sorted keys, no spaces, UTF-8, shortest float repr.
+
+    A manifest written to ``manifest.json`` (or a JSONL manifest line) and read
+    back serialises to the same bytes, so the checksum survives every format.
+    """
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=_json_default).encode("utf-8")
+
+
+def manifest_checksum(arrays_sum: str, fields: dict[str, Any]) -> str:
+    """The checksum of a cache or grid: sha256 over its arrays' checksum and the
+    canonical serialisation (:func:`canonical_json`) of its manifest ``fields``
+    (prices, models, T, provenance, normalisation, name, ...), so editing any of
+    them is detected like damage to the arrays (DESIGN 7)."""
+    h = hashlib.sha256()
+    h.update(b"ccpo-jax checksum v2\0")
+    h.update(arrays_sum.encode())
+    h.update(b"\0")
+    h.update(canonical_json(fields))
     return "sha256:" + h.hexdigest()
 
 
@@ -421,13 +466,7 @@ def read_fast_dir(path: Path, what: str = "cache") -> tuple[dict[str, Any], dict
     for p in (mpath, apath):
         if not p.is_file():
             raise CacheError(f"{path}: not a fast-format {what} (missing {p.name})")
-    try:
-        with open(mpath) as f:
-            mdict = json.load(f)
-    except json.JSONDecodeError as e:
-        raise CacheError(f"{mpath}: line {e.lineno}: not valid JSON ({e.msg})") from None
-    if not isinstance(mdict, dict):
-        raise CacheError(f"{mpath}: must hold a JSON object")
+    mdict = read_json_object(mpath)
     try:
         with np.load(apath, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -436,15 +475,75 @@ def read_fast_dir(path: Path, what: str = "cache") -> tuple[dict[str, Any], dict
     return mdict, arrays
 
 
-def verify_checksum(path: Path, expected: str, arrays: dict[str, np.ndarray], what: str = "cache") -> None:
-    """Refuse arrays whose checksum is missing from the manifest or differs from it."""
-    if not expected:
-        raise CacheError(f"{path / MANIFEST_FILE}: missing field 'checksum'")
-    got = arrays_checksum(arrays)
+#: Largest manifest.json read (a manifest is a few kB; anything near this is not one).
+MAX_MANIFEST_BYTES = 64 << 20
+
+
+def read_json_object(path: Path, what: str = "manifest") -> dict[str, Any]:
+    """Parse ``path`` as one JSON object; every way it can fail is a CacheError naming the file.
+
+    Invalid UTF-8, invalid JSON, nesting too deep for the parser (e.g. 100,000
+    nested lists), an oversized file or a non-object all become one line.
+    """
+    try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise CacheError(f"{path}: {path.stat().st_size} bytes, too large for a {what} (limit {MAX_MANIFEST_BYTES})")
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CacheError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise CacheError(f"{path}: line {line}: not UTF-8 text (byte {e.start}); the {what} is damaged") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CacheError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise CacheError(f"{path}: JSON nested too deeply; the {what} is damaged") from None
+    except ValueError as e:  # e.g. an integer with more than 4300 digits
+        raise CacheError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise CacheError(f"{path}: must hold a JSON object")
+    return obj
+
+
+def verify_checksum(path: Path, mdict: dict[str, Any], arrays: dict[str, np.ndarray], fields: dict[str, Any],
+                    what: str = "cache", reimport: str = "ccpo-jax data import --format FORMAT SRC --out PATH") -> None:
+    """Refuse a fast-format directory whose arrays or manifest differ from its checksums.
+
+    ``mdict`` is ``manifest.json`` as read, ``fields`` the parsed manifest's
+    hashed fields (:meth:`Manifest.hashed_fields`). Three refusals: the arrays
+    differ from ``arrays_checksum`` (damaged ``arrays.npz``); the manifest
+    fields differ from ``checksum`` (an edited ``manifest.json``); or the
+    directory predates manifest checksums (no ``arrays_checksum``: re-import).
+    """
+    mpath, apath = path / MANIFEST_FILE, path / ARRAYS_FILE
+    expected = mdict.get("checksum")
+    if not expected or not isinstance(expected, str):
+        raise CacheError(f"{mpath}: missing field 'checksum'")
+    got_arrays = arrays_checksum(arrays)
+    stored_arrays = mdict.get("arrays_checksum")
+    if stored_arrays is None:  # written before the checksum covered the manifest
+        if expected != got_arrays:
+            raise CacheError(f"{apath}: checksum mismatch (manifest says {expected}, arrays hash to {got_arrays}); "
+                             f"the {what} is damaged or was edited")
+        raise CacheError(
+            f"{path}: an old {what} whose checksum covers only the arrays, not the manifest (prices, models, T, "
+            f"provenance); re-import it to upgrade ({reimport})"
+        )
+    if stored_arrays != got_arrays:
+        raise CacheError(
+            f"{apath}: checksum mismatch (manifest says {stored_arrays}, arrays hash to {got_arrays}); "
+            f"the {what} is damaged or was edited"
+        )
+    got = manifest_checksum(got_arrays, fields)
     if got != expected:
         raise CacheError(
-            f"{path / ARRAYS_FILE}: checksum mismatch (manifest says {expected}, arrays hash to {got}); "
-            f"the {what} is damaged or was edited"
+            f"{mpath}: checksum mismatch (manifest says {expected}, manifest + {ARRAYS_FILE} hash to {got}); "
+            f"a manifest field that changes results or labels ({', '.join(sorted(fields))}) was edited; "
+            f"restore the {what} or re-import it"
         )
 
 
@@ -454,7 +553,7 @@ def load_fast(path: str | os.PathLike) -> ResponseCache:
     mdict, arrays = read_fast_dir(path)
     manifest = Manifest.from_dict(mdict, where=str(path / MANIFEST_FILE))
     check_arrays(manifest, arrays, str(path / ARRAYS_FILE))
-    verify_checksum(path, manifest.checksum, arrays)
+    verify_checksum(path, mdict, arrays, manifest.hashed_fields())
     return ResponseCache(manifest, arrays)
 
 

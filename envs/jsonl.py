@@ -22,8 +22,11 @@ the README ("Response caches"); the ones the design leaves open:
   of any question, models "base" and "guide" at price 0, provenance
   ``{"kind": "real", "source": <path>, "license": "unknown"}``.
 * With one: ``models``, ``T`` and ``provenance`` are required; ``name``
-  defaults to the file stem, ``task`` to "unknown". A ``checksum`` there is
-  informational: the checksum is recomputed from the arrays on every read.
+  defaults to the file stem, ``task`` to "unknown". ``checksum`` and
+  ``arrays_checksum`` there are informational: both are recomputed on every
+  read, and ``checksum`` covers the manifest fields too (prices, models, T,
+  provenance, normalisation, name: :func:`envs.cache.manifest_checksum`), so
+  an edited manifest line gives another checksum (and ``--resume`` refuses it).
 * Answers are normalised (:func:`envs.normalise.normalise_answer`) and numbered
   per question in order of first appearance (round 0 base, round 0 guide,
   round 1 base, ...); base and guide share the numbering. Only the normalised
@@ -238,7 +241,7 @@ def _manifest(path: Path, line_no: int | None, mdict: dict | None, max_rounds: i
             raise CacheError(f"{where}: manifest.{key}: duplicate model name")
         lists[key] = listed + [m for m in seen if m not in listed]
     d["exit_models"], d["llm_policy_models"] = lists["exit_models"], lists["llm_policy_models"]
-    d["checksum"] = ""
+    d["checksum"] = d["arrays_checksum"] = ""
     try:
         man = Manifest.from_dict(d, where="manifest")
     except CacheError as e:

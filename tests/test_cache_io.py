@@ -115,7 +115,7 @@ def test_id_mapping_and_arrays_match_hand_oracle(tiny):
     np.testing.assert_array_equal(a["exit_rounds"], [[3, 0], [0, 0], [0, 1]])
     np.testing.assert_allclose(a["exit_cost_cents"], [[0, 0], [0, 0], [0, 0.3]], rtol=1e-6)
     np.testing.assert_array_equal(a["llm_policy_actions"][:, 0], [[-1, -1, -1], [2, 2, 1], [0, -1, -1]])
-    assert tiny.manifest.checksum == arrays_checksum(a)
+    assert tiny.manifest.arrays_checksum == arrays_checksum(a) and tiny.manifest.checksum == tiny.checksum()
 
 
 def test_derived_fields_match_hand_computation(tiny):
@@ -376,9 +376,9 @@ def test_synthetic_cache_survives_jsonl_round_trip_up_to_id_renumbering(tmp_path
 
 
 @pytest.mark.parametrize("fmt, rel", [("uala-hotpotqa", "uala"), ("omnisbench", "omnisbench")])
-def test_real_imports_survive_jsonl_round_trip_with_same_checksum(shared_data, tmp_path, fmt, rel):
+def test_real_imports_survive_jsonl_round_trip_with_same_checksum(real_data, tmp_path, fmt, rel):
     from envs.importers import import_cache
 
-    c1 = import_cache(fmt, shared_data / rel)
+    c1 = import_cache(fmt, real_data.root / rel)
     c2 = read_jsonl(write_jsonl(c1, tmp_path / "r.jsonl"))
     assert c2.checksum() == c1.checksum() and c2.manifest.provenance == c1.manifest.provenance

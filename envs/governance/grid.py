@@ -18,7 +18,9 @@ name           dtype    meaning
 K task types, M model conditions, C/P/U action levels (in [0, 1], strictly
 increasing), H turns (turn h is the (h+1)-th turn of a session held at that
 action), R repeated trials. The manifest names the axes and holds the
-provenance (``kind`` 'synthetic' or 'real') and a checksum of the arrays.
+provenance (``kind`` 'synthetic' or 'real') and two checksums: ``arrays_checksum``
+over the arrays and ``checksum`` over the arrays and every other manifest field
+(axes, levels, provenance, name), so an edited manifest is refused on load.
 
 **Human format** (JSON Lines): an optional first line ``{"manifest": {...}}``
 with the same fields as ``manifest.json`` (checksum not needed), then one
@@ -44,7 +46,14 @@ from typing import Any
 
 import numpy as np
 
-from envs.cache import CacheError, arrays_checksum, read_fast_dir, verify_checksum, write_fast_dir
+from envs.cache import (
+    CacheError,
+    arrays_checksum,
+    manifest_checksum,
+    read_fast_dir,
+    verify_checksum,
+    write_fast_dir,
+)
 
 GRID_SCHEMA_VERSION = 1
 
@@ -75,7 +84,14 @@ class GridManifest:
     trials: int
     provenance: dict[str, Any]
     schema_version: int = GRID_SCHEMA_VERSION
-    checksum: str = ""
+    checksum: str = ""  # arrays + hashed_fields() (envs.cache.manifest_checksum)
+    arrays_checksum: str = ""  # arrays alone
+
+    def hashed_fields(self) -> dict[str, Any]:
+        """Every manifest field (all but the checksums): each changes results or labels."""
+        d = self.to_dict()
+        del d["checksum"], d["arrays_checksum"]
+        return d
 
     @property
     def is_synthetic(self) -> bool:
@@ -97,6 +113,7 @@ class GridManifest:
             "provenance": dict(self.provenance),
             "schema_version": self.schema_version,
             "checksum": self.checksum,
+            "arrays_checksum": self.arrays_checksum,
         }
 
     @classmethod
@@ -142,7 +159,8 @@ class GridManifest:
         version = d.get("schema_version", GRID_SCHEMA_VERSION)
         if version != GRID_SCHEMA_VERSION:
             raise CacheError(f"{where}.schema_version: unsupported version {version!r} (this build reads {GRID_SCHEMA_VERSION})")
-        return cls(name, tuple(tasks), tuple(models), levels, turns, trials, dict(prov), checksum=str(d.get("checksum", "")))
+        return cls(name, tuple(tasks), tuple(models), levels, turns, trials, dict(prov), checksum=str(d.get("checksum", "")),
+                   arrays_checksum=str(d.get("arrays_checksum", "")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,10 +187,14 @@ class ResponseGrid:
         return int(self.tokens.size)
 
     def checksum(self) -> str:
-        return arrays_checksum(self.arrays)
+        """sha256 over the arrays and every manifest field (envs.cache.manifest_checksum)."""
+        return manifest_checksum(arrays_checksum(self.arrays), self.manifest.hashed_fields())
 
     def with_checksum(self) -> "ResponseGrid":
-        return ResponseGrid(dataclasses.replace(self.manifest, checksum=self.checksum()), self.arrays)
+        asum = arrays_checksum(self.arrays)
+        man = dataclasses.replace(self.manifest, checksum=manifest_checksum(asum, self.manifest.hashed_fields()),
+                                  arrays_checksum=asum)
+        return ResponseGrid(man, self.arrays)
 
     def levels_array(self, dim: str) -> np.ndarray:
         return np.asarray(self.manifest.levels[dim], np.float32)
@@ -221,7 +243,8 @@ def load_grid_fast(path: str | os.PathLike) -> ResponseGrid:
     mdict, arrays = read_fast_dir(path, "response grid")
     manifest = GridManifest.from_dict(mdict, str(path / MANIFEST_FILE))
     check_grid(manifest, arrays, str(path / ARRAYS_FILE))
-    verify_checksum(path, manifest.checksum, arrays, "grid")
+    verify_checksum(path, mdict, arrays, manifest.hashed_fields(), "grid",
+                    reimport="regenerate it, or convert its JSONL form: ccpo-jax stackelberg --grid G.jsonl --write-grid PATH")
     return ResponseGrid(manifest, arrays)
 
 
@@ -258,8 +281,15 @@ def read_grid_jsonl(path: str | os.PathLike) -> ResponseGrid:
     path = Path(path)
     if not path.is_file():
         raise CacheError(f"{path}: no such file")
-    with open(path) as f:
-        lines = f.readlines()
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CacheError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        lines = raw.decode("utf-8-sig").splitlines(keepends=True)
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise CacheError(f"{path}:{line}: not UTF-8 text (byte {e.start})") from None
     if not lines:
         raise CacheError(f"{path}: empty file")
 
@@ -268,12 +298,16 @@ def read_grid_jsonl(path: str | os.PathLike) -> ResponseGrid:
             return json.loads(lines[i])
         except json.JSONDecodeError as e:
             raise CacheError(f"{path}:{i + 1}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise CacheError(f"{path}:{i + 1}: JSON nested too deeply") from None
+        except ValueError as e:  # e.g. an integer with more than 4300 digits
+            raise CacheError(f"{path}:{i + 1}: not valid JSON ({e})") from None
 
     head = parse(0)
     if not isinstance(head, dict) or "manifest" not in head:
         raise CacheError(f"{path}:1: the first line must be {{\"manifest\": {{...}}}} (names the grid axes)")
     m = GridManifest.from_dict(head["manifest"], f"{path}:1: manifest")
-    m = dataclasses.replace(m, checksum="")
+    m = dataclasses.replace(m, checksum="", arrays_checksum="")
     shape = m.shape
     tok = np.full(shape, np.nan, np.float32)
     qual = np.full(shape, np.nan, np.float32)

@@ -1,0 +1,160 @@
+"""Integrity under damage (issue 15): cache and grid checksums cover the manifest, damaged
+manifests and full disks are one ``error:`` line, ``--resume`` accepts explicit defaults."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from envs.cache import CacheError, arrays_checksum, load_cache, load_fast, save_fast
+from envs.jsonl import read_jsonl, write_jsonl
+
+ENV = dict(os.environ, JAX_PLATFORMS="cpu")
+
+
+@pytest.fixture(scope="module")
+def syn() -> "object":
+    from envs.synthetic import generate
+
+    return generate("hotpotqa-llama2", n_questions=60, seed=0)
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ccpo_jax.cli", *args], env=ENV, capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+def _one_error_line(r: subprocess.CompletedProcess, *needles: str) -> str:
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def _edit_manifest(d: Path, fn) -> None:
+    man = json.loads((d / "manifest.json").read_text())
+    fn(man)
+    (d / "manifest.json").write_text(json.dumps(man, indent=2))
+
+
+# -- (a) the checksum covers the manifest ----------------------------------------------------
+
+EDITS = {
+    "guide price": lambda m: m["models"]["guide"].__setitem__("price_in", m["models"]["guide"]["price_in"] * 10),
+    "base model name": lambda m: m["models"]["base"].__setitem__("name", "another-model"),
+    "provenance kind": lambda m: m["provenance"].__setitem__("kind", "real"),
+    "cache name": lambda m: m.__setitem__("name", "renamed"),
+    "exit model names": lambda m: m.__setitem__("exit_models", list(reversed(m["exit_models"]))),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_manifest_edit_is_refused(tmp_path, syn, edit):
+    d = save_fast(syn, tmp_path / "fast")
+    load_fast(d)
+    _edit_manifest(d, EDITS[edit])
+    with pytest.raises(CacheError, match="manifest.json: checksum mismatch") as e:
+        load_fast(d)
+    assert "was edited" in str(e.value)
+
+
+def test_manifest_edit_is_one_error_line_in_data_check(tmp_path, syn):
+    d = save_fast(syn, tmp_path / "fast")
+    _edit_manifest(d, EDITS["guide price"])
+    _one_error_line(_cli("data", "check", str(d)), str(d / "manifest.json"), "checksum mismatch")
+
+
+def test_checksum_survives_formats_and_covers_each_hashed_field(tmp_path, syn):
+    d = save_fast(syn, tmp_path / "fast")
+    j = write_jsonl(load_fast(d), tmp_path / "c.jsonl")
+    c = read_jsonl(j)
+    assert c.manifest.checksum == syn.checksum() == load_fast(d).manifest.checksum
+    assert c.manifest.arrays_checksum == arrays_checksum(syn.arrays) != c.manifest.checksum
+    # an edited JSONL manifest line is legitimate input, but gives another checksum
+    lines = j.read_text().splitlines()
+    head = json.loads(lines[0])
+    head["manifest"]["models"]["guide"]["price_in"] = 25.0
+    j.write_text("\n".join([json.dumps(head)] + lines[1:]) + "\n")
+    assert read_jsonl(j).manifest.checksum != syn.checksum()
+
+
+def test_old_cache_gets_a_reimport_message(tmp_path, syn):
+    d = save_fast(syn, tmp_path / "fast")
+
+    def to_old(m):  # what the build before manifest checksums wrote
+        del m["arrays_checksum"]
+        m["checksum"] = arrays_checksum(syn.arrays)
+
+    _edit_manifest(d, to_old)
+    with pytest.raises(CacheError, match="re-import it to upgrade"):
+        load_cache(d)
+    # an old cache whose arrays do not match is still called damaged
+    with np.load(d / "arrays.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["base_tokens_in"][0, 0] += 1
+    np.savez_compressed(d / "arrays.npz", **arrays)
+    with pytest.raises(CacheError, match="arrays.npz: checksum mismatch"):
+        load_cache(d)
+
+
+def test_resume_refuses_a_cache_whose_manifest_changed(tmp_path):
+    """A JSONL cache's manifest edited between the kill and --resume (the checksum covers it)."""
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.pipeline import reproduce
+    from envs.synthetic import generate
+
+    src = write_jsonl(generate("hotpotqa-llama2", n_questions=100, seed=0), tmp_path / "c.jsonl")
+
+    def interrupted(**kw):
+        kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+        raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(cache=str(src), n_splits=2, split_sizes="60,20,20", out_dir=out, learned_rows=interrupted, echo=None)
+    lines = src.read_text().splitlines()
+    head = json.loads(lines[0])
+    head["manifest"]["provenance"]["kind"] = "real"
+    src.write_text("\n".join([json.dumps(head)] + lines[1:]) + "\n")
+    with pytest.raises(UserError, match="the cache changed since the run was interrupted"):
+        reproduce(resume=out, learned_rows=interrupted, echo=None)
+    # (f) an explicit --iterations equal to the trainer's default matches the saved None
+    from ccpo_jax.config import TrainConfig
+
+    with pytest.raises(UserError, match="the cache changed"):  # past the flag check
+        reproduce(resume=out, iterations=TrainConfig().iterations, learned_rows=interrupted, echo=None)
+    with pytest.raises(UserError, match="iterations"):
+        reproduce(resume=out, iterations=TrainConfig().iterations + 1, learned_rows=interrupted, echo=None)
+
+
+def test_grid_manifest_edit_and_old_grid(tmp_path):
+    from envs.governance.grid import load_grid, save_grid
+    from envs.governance.synthetic import generate_grid
+
+    grid = generate_grid(seed=0, levels=(0.0, 0.5, 1.0), trials=1, turns=2)
+    d = save_grid(grid, tmp_path / "g")
+    assert load_grid(d).manifest.checksum == grid.checksum()
+    for edit in (lambda m: m["provenance"].__setitem__("kind", "real"),
+                 lambda m: m.__setitem__("model_conditions", list(reversed(m["model_conditions"])))):
+        d = save_grid(grid, tmp_path / "g")
+        _edit_manifest(d, edit)
+        with pytest.raises(CacheError, match="manifest.json: checksum mismatch"):
+            load_grid(d)
+    d = save_grid(grid, tmp_path / "g")
+
+    def to_old(m):
+        del m["arrays_checksum"]
+        m["checksum"] = arrays_checksum(grid.arrays)
+
+    _edit_manifest(d, to_old)
+    with pytest.raises(CacheError, match="re-import it to upgrade"):
+        load_grid(d)
