@@ -51,10 +51,10 @@ def setup(tmp_path_factory):
     p = policy_net().init(jax.random.PRNGKey(5), jnp.zeros((F,), jnp.float32))
     p = jax.tree_util.tree_map_with_path(
         lambda path, x: x * 300.0 if "Dense_3" in jax.tree_util.keystr(path) else x, p)
-    stack = jax.tree.map(lambda a: np.asarray(a)[None, None], p)
-    state = types.SimpleNamespace(policy=stack, kappa=np.array([[0.3]], np.float32))
+    stack = jax.tree.map(lambda a: np.asarray(a)[None, None, None], p)  # [variant, split, seed, ...]
+    state = types.SimpleNamespace(policy=stack, kappa=np.array([[[0.3]]], np.float32))
     save_policies(root / "run" / "policies", TrainConfig(), [Variant("CCPO (lambda=0)", True, 0.0)], state,
-                  {"CCPO (lambda=0)": np.array([0.2], np.float32)}, cache, "recalibrate")
+                  {"CCPO (lambda=0)": np.array([[0.2]], np.float32)}, cache, "recalibrate")
     art = export_router(root / "run", root / "art")
     return types.SimpleNamespace(root=root, cache=cache, env=make_env_params(cache), router=Router.load(art),
                                  art=art, records=cache_to_records(cache))
@@ -305,3 +305,187 @@ def test_serve_command(setup):
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+# -- abuse (issue 15): bounded shapes, deadlines, connection cap, strict JSON ----------------
+
+
+def test_router_compiles_a_bounded_set_of_batch_shapes(setup):
+    """Every batch is padded to a power-of-two bucket: sizes 1..70 compile at most 8 shapes,
+    and a row's bits do not depend on the batch it came in."""
+    from ccpo_jax.serving.router import bucket_sizes
+
+    r = setup.router
+    assert r.buckets == bucket_sizes(2048) and r.buckets[:4] == (1, 2, 4, 8) and r.buckets[-1] == 2048
+    obs, avail = np.asarray(setup.env.obs)[:, 0], np.asarray(setup.env.available)[:, 0]
+    ref_p, ref_s = r.probs(obs[:70], avail[:70]), r.action_set(obs[:70], avail[:70])
+    before = r._call._cache_size()
+    for b in range(1, 71):
+        assert np.array_equal(r.action_set(obs[:b], avail[:b]), ref_s[:b])
+        assert np.array_equal(r.probs(obs[70 - b:70], avail[70 - b:70]), ref_p[70 - b:])
+    assert r._call._cache_size() - before <= 7 and r._call._cache_size() <= len(r.buckets)
+
+
+@pytest.fixture()
+def strict_server(setup, capfd):
+    """A server with short limits: 1 s per request, 2 s idle, 4 connections."""
+    from ccpo_jax.serving.http import start_in_thread
+
+    srv, thread = start_in_thread(setup.router, "127.0.0.1", 0, max_bytes=20_000, max_batch=8,
+                                  request_timeout_s=1.0, idle_timeout_s=2.0, max_connections=4)
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=5)
+
+
+def _raw(srv, data: bytes, *, read_timeout: float = 5.0, pause: float = 0.0) -> bytes:
+    """Send ``data`` on a fresh socket, then read until the server closes (bounded by read_timeout)."""
+    with socket.create_connection(srv.server_address[:2], timeout=read_timeout) as s:
+        s.sendall(data)
+        if pause:
+            time.sleep(pause)
+        out, t0 = b"", time.monotonic()
+        while time.monotonic() - t0 < read_timeout:
+            try:
+                chunk = s.recv(65536)
+            except (socket.timeout, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def _post_head(n: int, extra: str = "") -> bytes:
+    return (f"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {n}\r\n{extra}\r\n").encode()
+
+
+def _strict_json(data: bytes):
+    def no_constant(name):
+        raise AssertionError(f"{name} in the server's output")
+
+    return json.loads(data, parse_constant=no_constant)
+
+
+def test_http_rejects_batch_with_rounds_and_non_finite_ids(setup, strict_server):
+    rounds = setup.records[0]["rounds"][:1]
+    st, _, body = _request(strict_server, "POST", "/v1/route", {"rounds": rounds, "batch": [{"rounds": rounds}]})
+    assert st == 422 and "not both" in body["error"]["message"]
+    for payload, where in [(b'{"id": 1e400, "rounds": %s}' % json.dumps(rounds).encode(), "request.id"),
+                           (b'{"batch": [{"rounds": %s}, {"id": [1, -1e999], "rounds": %s}]}'
+                            % (json.dumps(rounds).encode(), json.dumps(rounds).encode()), "batch[1].id")]:
+        st, _, body = _request(strict_server, "POST", "/v1/route", payload)
+        assert st == 422 and body["error"]["message"].startswith(where + ": a non-finite number"), body
+    data = _raw(strict_server, _post_head(len(json.dumps({"id": 1e300, "rounds": rounds})), "Connection: close\r\n")
+                + json.dumps({"id": 1e300, "rounds": rounds}).encode())
+    head, _, payload = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and _strict_json(payload)["id"] == 1e300
+
+
+def test_http_expect_100_only_when_the_request_will_be_read(setup, strict_server):
+    big = _raw(strict_server, _post_head(50_000, "Expect: 100-continue\r\n"))
+    assert big.startswith(b"HTTP/1.1 413") and b"100 Continue" not in big
+    body = json.dumps({"rounds": setup.records[0]["rounds"][:1]}).encode()
+    with socket.create_connection(strict_server.server_address[:2], timeout=5) as s:
+        s.sendall(_post_head(len(body), "Expect: 100-continue\r\nConnection: close\r\n"))
+        first = s.recv(4096)
+        assert first.startswith(b"HTTP/1.1 100 Continue"), first
+        s.sendall(body)
+        rest = b""
+        for _ in range(100):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+    assert (first + rest).split(b"\r\n\r\n", 1)[1].startswith(b"HTTP/1.1 200"), first + rest
+
+
+def test_http_slow_and_trickling_clients_get_408_and_one_log_line(setup, strict_server, capfd):
+    # announces 1,000 bytes, sends 10, goes silent: 408 after ~1 s, not a 500 after 30 s
+    t0 = time.monotonic()
+    data = _raw(strict_server, _post_head(1000) + b'{"rounds":')
+    assert data.startswith(b"HTTP/1.1 408") and 0.8 < time.monotonic() - t0 < 4
+    assert "not complete within 1 s" in _strict_json(data.split(b"\r\n\r\n", 1)[1])["error"]["message"]
+    # one byte every 0.3 s (each read well inside any per-read timeout): still 408 by the deadline
+    with socket.create_connection(strict_server.server_address[:2], timeout=5) as s:
+        t0 = time.monotonic()
+        got = b""
+        for ch in _post_head(200).decode():
+            try:
+                s.sendall(ch.encode())
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            s.settimeout(0.3)
+            try:
+                got += s.recv(4096)
+            except socket.timeout:
+                continue
+            if got:
+                break
+        elapsed = time.monotonic() - t0
+    assert got.startswith(b"HTTP/1.1 408") and elapsed < 3, (got, elapsed)
+    err = capfd.readouterr().err
+    assert err.count("408, connection closed") == 2 and "Traceback" not in err, err
+
+
+def test_http_client_disconnect_is_one_log_line(setup, strict_server, capfd):
+    with socket.create_connection(strict_server.server_address[:2], timeout=5) as s:
+        s.sendall(_post_head(1000) + b'{"rounds":')
+    # a client that closes before reading its (large) answer
+    batch = json.dumps({"batch": [{"rounds": r["rounds"][:1]} for r in setup.records[:8]]}).encode()
+    for _ in range(3):
+        with socket.create_connection(strict_server.server_address[:2], timeout=5) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.sendall(_post_head(len(batch)) + batch)
+    for _ in range(50):  # bounded wait for the server threads to notice
+        err = capfd.readouterr().err
+        if "client disconnected" in err:
+            break
+        time.sleep(0.05)
+    assert "client disconnected (ConnectionResetError)" in err and "Traceback" not in err, err
+    st, _, _ = _request(strict_server, "GET", "/healthz")
+    assert st == 200
+
+
+def test_http_connection_cap_and_backlog(setup, strict_server):
+    assert strict_server.request_queue_size == 128 and strict_server.max_connections == 4
+    held = [socket.create_connection(strict_server.server_address[:2], timeout=5) for _ in range(4)]
+    try:
+        time.sleep(0.2)  # accepted, each holding a thread
+        over = _raw(strict_server, b"")
+        assert over.startswith(b"HTTP/1.1 503") and b"more than 4 open connections" in over
+    finally:
+        for s in held:
+            s.close()
+    for _ in range(100):  # bounded: the held threads see EOF and give their slots back
+        st = _raw(strict_server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        if st.startswith(b"HTTP/1.1 200"):
+            break
+        time.sleep(0.05)
+    assert st.startswith(b"HTTP/1.1 200")
+    # 120 connections at once (over the cap: answered 503). The accept loop shares this process's
+    # GIL, so most wait in the listen queue: with the stdlib's backlog of 5 some connects would
+    # take a 1 s SYN retry; with 128 none does. (200 from another process: benchmarks/serving_abuse.py.)
+    times = []
+    socks = []
+    try:
+        for _ in range(120):
+            t0 = time.monotonic()
+            socks.append(socket.create_connection(strict_server.server_address[:2], timeout=5))
+            times.append(time.monotonic() - t0)
+    finally:
+        for s in socks:
+            s.close()
+    assert max(times) < 0.5, max(times)
+
+
+def test_http_batch_sizes_compile_bounded_shapes(setup, strict_server):
+    r = setup.router
+    before = r._call._cache_size()
+    for b in range(1, 9):
+        batch = [{"rounds": x["rounds"][:1]} for x in setup.records[:b]]
+        st, _, body = _request(strict_server, "POST", "/v1/route", {"batch": batch})
+        assert st == 200 and body["decisions"] == r.decide_many(batch)
+    assert r._call._cache_size() == before  # the server compiled its buckets before listening

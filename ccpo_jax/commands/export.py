@@ -39,6 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1, loopback only)")
     s.add_argument("--max-bytes", type=int, default=1 << 20, help="largest request body in bytes (default: 1 MiB; larger -> 413)")
     s.add_argument("--max-batch", type=int, default=1024, help="most requests in one 'batch' (default: 1024)")
+    s.add_argument("--backlog", type=int, default=128, help="listen backlog: connections queued before accept (default: 128)")
+    s.add_argument("--max-connections", type=int, default=64,
+                   help="connections served at once (one thread each); more get 503 (default: 64)")
+    s.add_argument("--request-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds from a request's first byte to its last; slower -> 408 (default: 10)")
+    s.add_argument("--idle-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a keep-alive connection may stay silent (default: 30)")
     s.add_argument("--verbose", action="store_true", help="log every request to stderr")
     s.set_defaults(func=_serve)
 
@@ -135,12 +142,15 @@ def _serve(args) -> int:
         raise UserError(f"--port: expected 0..65535, got {args.port}")
     if args.max_bytes < 1 or args.max_batch < 1:
         raise UserError("--max-bytes and --max-batch must be >= 1")
+    if args.backlog < 1 or args.max_connections < 1:
+        raise UserError("--backlog and --max-connections must be >= 1")
+    if not (args.request_timeout > 0 and args.idle_timeout > 0):
+        raise UserError("--request-timeout and --idle-timeout must be > 0 seconds")
     router = Router.load(args.artifact)
-    router.decide([{"base": {"answer": "", "tokens_in": 0, "tokens_out": 0},
-                    "guide": {"verdict": True, "answer": "", "tokens_in": 0, "tokens_out": 0}}])  # compile before serving
-    try:
+    try:  # RouterServer compiles every batch bucket up to --max-batch before it listens
         server = RouterServer(router, args.host, args.port, max_bytes=args.max_bytes, max_batch=args.max_batch,
-                              verbose=args.verbose)
+                              verbose=args.verbose, backlog=args.backlog, max_connections=args.max_connections,
+                              request_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout)
     except OSError as e:
         raise UserError(f"--host {args.host} --port {args.port}: cannot listen ({e.strerror})") from None
     if args.host not in LOOPBACK:

@@ -12,8 +12,22 @@ import jax
 import numpy as np
 
 from ccpo_jax.serving import features as feats
-from ccpo_jax.serving.artifact import ArtifactError, RouterInputError, read_verified
+from ccpo_jax.serving.artifact import BLOCK_ROWS, ArtifactError, RouterInputError, read_verified
 from envs.cache import ModelInfo
+
+
+def bucket_sizes(max_rows: int = BLOCK_ROWS) -> tuple[int, ...]:
+    """The batch shapes a Router compiles: powers of two 1, 2, 4, ... up to ``max_rows``."""
+    out, b = [], 1
+    while b < max_rows:
+        out.append(b)
+        b *= 2
+    return tuple(out) + (int(max_rows),)
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket holding ``n`` rows (``n`` <= the largest bucket)."""
+    return next(b for b in buckets if b >= n)
 
 
 class Router:
@@ -30,6 +44,10 @@ class Router:
         self._exported = exported
         self._params = tuple(jax.device_put(p) for p in params)
         self._call = jax.jit(exported.call)
+        # Every batch is padded to one of these row counts, so a server compiles at most
+        # len(buckets) executables whatever batch sizes its clients send (memory stays
+        # flat). The module maps over blocks of block_rows rows, so padding changes no bit.
+        self.buckets = bucket_sizes(int(manifest.get("module", {}).get("block_rows", BLOCK_ROWS)))
         fs = manifest["features"]
         self.T = int(manifest["T"])
         self.F = int(fs["count"])
@@ -107,10 +125,29 @@ class Router:
         return v
 
     def _run(self, obs: np.ndarray, available: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if obs.shape[0] == 0:
+        B = obs.shape[0]
+        if B == 0:
             return np.zeros((0, 3), np.float32), np.zeros((0, 3), bool)
+        top = self.buckets[-1]
+        if B > top:  # whole blocks of the largest bucket, then the rest
+            parts = [self._run(obs[i:i + top], available[i:i + top]) for i in range(0, B, top)]
+            return np.concatenate([p for p, _ in parts]), np.concatenate([s for _, s in parts])
+        b = bucket_for(B, self.buckets)
+        if b != B:  # padding rows: zero features, every action available (no empty mask)
+            obs = np.concatenate([obs, np.zeros((b - B, obs.shape[1]), obs.dtype)])
+            available = np.concatenate([available, np.ones((b - B, 3), bool)])
         probs, in_set = self._call(self._params, obs, available, self.kappa)
-        return np.asarray(probs), np.asarray(in_set)
+        return np.asarray(probs)[:B], np.asarray(in_set)[:B]
+
+    def warm_up(self, max_rows: int | None = None) -> int:
+        """Compile every bucket up to ``max_rows`` (default: all) now, not on first use; returns how many."""
+        n = 0
+        for b in self.buckets:
+            if max_rows is not None and b > bucket_for(min(max_rows, self.buckets[-1]), self.buckets):
+                break
+            self._run(np.zeros((b, self.F), np.float32), np.ones((b, 3), bool))
+            n += 1
+        return n
 
     def probs(self, obs: Any, available: Any = None) -> np.ndarray:
         """pi(a|o) ``[B, 3]`` float32 for observations ``[B, F]`` (``available`` ``[B, 3]``, default all)."""
