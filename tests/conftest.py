@@ -1,9 +1,18 @@
-"""Shared fixtures. Tests that need the real data read ``../shared/data`` and fail
-loudly (never skip) when it is missing, as CI requires."""
+"""Shared fixtures.
+
+Real data comes in two sizes:
+
+- ``tests/fixtures/data``: a few hundred questions of each public source, shipped in the
+  repository (``tests/fixtures/SOURCES.md``), so the suite passes on a fresh clone;
+- the full data folder, ``$CCPO_SHARED_DATA`` or else ``../shared/data`` beside the
+  repository. Tests that need it run whenever it is there and are skipped otherwise;
+  with ``CI=true`` (CI has the folder) a missing folder fails those tests loudly instead.
+"""
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -14,16 +23,46 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("CCPO_SHARED_DATA", REPO.parent / "shared" / "data"))
+FIXTURE_DATA = REPO / "tests" / "fixtures" / "data"
+SHARED_DATA = Path(os.environ.get("CCPO_SHARED_DATA") or REPO.parent / "shared" / "data")
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+class RealData(NamedTuple):
+    """A real-data folder in the ``shared/data`` layout; ``full`` is False for the fixtures."""
+
+    root: Path
+    full: bool
+
+
+def _have_shared() -> bool:
+    return (SHARED_DATA / "SOURCES.md").is_file()
+
+
+def _require_shared() -> Path:
+    if _have_shared():
+        return SHARED_DATA
+    msg = (f"full real data not found at {SHARED_DATA} (set CCPO_SHARED_DATA to the data folder, "
+           "the one holding SOURCES.md, or put shared/ beside the repository)")
+    if IN_CI:
+        pytest.fail(f"CI=true and the {msg}", pytrace=False)
+    pytest.skip(msg)
+
+
+def pytest_report_header(config):
+    where = "found" if _have_shared() else ("MISSING: CI=true, its tests fail" if IN_CI else "missing: its tests skip")
+    return f"full real data: {SHARED_DATA} ({where}); fixtures: {FIXTURE_DATA.relative_to(REPO)}"
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """Path of ``../shared/data``; a missing folder is an error, not a skip."""
-    if not (SHARED_DATA / "SOURCES.md").is_file():
-        pytest.fail(
-            f"real-data tests need {SHARED_DATA} (the shared/ folder beside the repository); "
-            "it is missing. Set CCPO_SHARED_DATA to its location.",
-            pytrace=False,
-        )
-    return SHARED_DATA
+    """The full data folder; skips without it (fails under CI=true)."""
+    return _require_shared()
+
+
+@pytest.fixture(scope="session", params=["fixtures", "shared"])
+def real_data(request) -> RealData:
+    """Each real-data folder in turn: the shipped fixtures, then the full data (if present)."""
+    if request.param == "fixtures":
+        return RealData(FIXTURE_DATA, full=False)
+    return RealData(_require_shared(), full=True)

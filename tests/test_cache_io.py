@@ -376,9 +376,9 @@ def test_synthetic_cache_survives_jsonl_round_trip_up_to_id_renumbering(tmp_path
 
 
 @pytest.mark.parametrize("fmt, rel", [("uala-hotpotqa", "uala"), ("omnisbench", "omnisbench")])
-def test_real_imports_survive_jsonl_round_trip_with_same_checksum(shared_data, tmp_path, fmt, rel):
+def test_real_imports_survive_jsonl_round_trip_with_same_checksum(real_data, tmp_path, fmt, rel):
     from envs.importers import import_cache
 
-    c1 = import_cache(fmt, shared_data / rel)
+    c1 = import_cache(fmt, real_data.root / rel)
     c2 = read_jsonl(write_jsonl(c1, tmp_path / "r.jsonl"))
     assert c2.checksum() == c1.checksum() and c2.manifest.provenance == c1.manifest.provenance

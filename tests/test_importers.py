@@ -3,8 +3,10 @@
 Every number is checked against an independent reading of the raw files with
 ``csv`` / ``json`` only (not the importers' parsers), or against numbers the
 sources themselves publish (SOURCES.md accuracies, OmnisBench's leaderboard,
-UALA's derived ``hotpotqa_joined.jsonl``). Real data comes from the
-``shared_data`` fixture, which fails loudly when ``../shared/data`` is missing.
+UALA's derived ``hotpotqa_joined.jsonl``). Every check runs on the shipped subsets in
+``tests/fixtures/data`` and again on the full data (``real_data``; skipped when the full
+data is absent, an error under CI=true); counts the sources publish for the full files
+(SOURCES.md accuracies, 14,042 MMLU questions, ...) are checked on the full data only.
 """
 from __future__ import annotations
 
@@ -23,14 +25,16 @@ import pytest
 from envs.cache import CacheError, check_arrays, load_fast, save_fast
 from envs.importers import IMPORTERS, import_cache
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "data"
+
 MIXTRAL = "mistralai/Mixtral-8x7B-Instruct-v0.1"
 GPT4 = "gpt-4-1106-preview"
 
 
 @pytest.fixture(scope="module")
-def caches(shared_data: Path) -> dict:
-    """Each importer run once on the real files."""
-    d = shared_data
+def caches(real_data) -> dict:
+    """Each importer run once on the real files (fixtures, then full data)."""
+    d = real_data.root
     return {
         "routellm-mmlu": import_cache("routellm-mmlu", d / "routellm" / "mmlu"),
         "routellm-gsm8k": import_cache("routellm-gsm8k", d / "routellm" / "gsm8k"),
@@ -79,22 +83,22 @@ def test_structure_provenance_and_fast_round_trip(caches, name, tmp_path):
 # -- RouteLLM ------------------------------------------------------------------
 
 
-def test_routellm_mmlu_matches_raw_csvs(caches, shared_data):
+def test_routellm_mmlu_matches_raw_csvs(caches, real_data):
     c = caches["routellm-mmlu"]
     base, guide, n_in, ids = [], [], [], []
-    for path in sorted((shared_data / "routellm" / "mmlu").glob("*.csv")):
+    for path in sorted((real_data.root / "routellm" / "mmlu").glob("*.csv")):
         subject = path.stem[len("mmlu_"):]
         for i, r in enumerate(_csv_rows(path)):
             base.append(r[MIXTRAL] == "True")
             guide.append(r[GPT4] == "True")
             n_in.append(-(-len(r["prompt"]) // 4))
             ids.append(f"{subject}/{i}")
-    assert c.n_questions == len(base) == 14042 and c.T == 1
+    assert c.n_questions == len(base) == (14042 if real_data.full else 538) and c.T == 1
     assert list(c.question_ids) == ids
     np.testing.assert_array_equal(c.base_correct[:, 0], base)
     np.testing.assert_array_equal(c.guide_correct[:, 0], guide)
-    # SOURCES.md: accuracy 0.681 (Mixtral) vs 0.806 (GPT-4)
-    assert round(float(np.mean(base)), 3) == 0.681 and round(float(np.mean(guide)), 3) == 0.806
+    if real_data.full:  # SOURCES.md: accuracy 0.681 (Mixtral) vs 0.806 (GPT-4)
+        assert round(float(np.mean(base)), 3) == 0.681 and round(float(np.mean(guide)), 3) == 0.806
     # correctness-only verdict: agree iff both right or both wrong
     np.testing.assert_array_equal(c.guide_verdict[:, 0], np.equal(base, guide))
     np.testing.assert_array_equal(c.guide_tokens_in[:, 0], n_in)
@@ -105,20 +109,20 @@ def test_routellm_mmlu_matches_raw_csvs(caches, shared_data):
     assert c.round_cost_cents()[0, 0] == pytest.approx(want, rel=1e-6)
 
 
-def test_routellm_mmlu_single_csv(shared_data):
-    path = shared_data / "routellm" / "mmlu" / "mmlu_anatomy.csv"
+def test_routellm_mmlu_single_csv(real_data):
+    path = real_data.root / "routellm" / "mmlu" / "mmlu_anatomy.csv"
     c = import_cache("routellm-mmlu", path)
     rows = _csv_rows(path)
     assert c.n_questions == len(rows) == 135
     assert c.base_correct[:, 0].sum() == sum(r[MIXTRAL] == "True" for r in rows)
 
 
-def test_routellm_gsm8k_matches_raw_csv(caches, shared_data):
+def test_routellm_gsm8k_matches_raw_csv(caches, real_data):
     c = caches["routellm-gsm8k"]
-    rows = _csv_rows(shared_data / "routellm" / "gsm8k" / "gsm8k_responses.csv")
+    rows = _csv_rows(real_data.root / "routellm" / "gsm8k" / "gsm8k_responses.csv")
     base = np.array([r[MIXTRAL] == "True" for r in rows])
     guide = np.array([r[GPT4] == "True" for r in rows])
-    assert c.n_questions == len(rows) == 1319
+    assert c.n_questions == len(rows) == (1319 if real_data.full else 200)
     np.testing.assert_array_equal(c.base_correct[:, 0], base)
     np.testing.assert_array_equal(c.guide_correct[:, 0], guide)
     out = [-(-len(r[f"{MIXTRAL}_response"]) // 4) for r in rows]
@@ -134,25 +138,27 @@ def test_routellm_gsm8k_matches_raw_csv(caches, shared_data):
 # -- UALA ----------------------------------------------------------------------
 
 
-def test_uala_hotpotqa_against_joined_file(caches, shared_data):
+def test_uala_hotpotqa_against_joined_file(caches, real_data):
     c = caches["uala-hotpotqa"]
-    joined = {r["question_idx"]: r for r in _jsonl(shared_data / "uala" / "hotpotqa_joined.jsonl")}
-    assert c.n_questions == len(joined) == 500 and c.T == 2
+    joined = {r["question_idx"]: r for r in _jsonl(real_data.root / "uala" / "hotpotqa_joined.jsonl")}
+    n = 500 if real_data.full else 200
+    assert c.n_questions == len(joined) == n and c.T == 2
     qidx = [int(q.split("/")[1]) for q in c.question_ids]
     assert set(qidx) == set(joined)
     J = [joined[i] for i in qidx]
     # round 2 exists exactly where Llama's UALA run escalated to the tool (steps > 2)
     esc = np.array([r["llama2_70b_uala"]["steps"] > 2 for r in J])
-    assert esc.sum() == 101
+    assert esc.sum() == (101 if real_data.full else 40)
     np.testing.assert_array_equal(c.round_mask[:, 1], esc)
     # Llama's final UALA answer is round 2's base answer if escalated, else round 1's
     final = np.where(esc, c.base_correct[:, 1], c.base_correct[:, 0])
     np.testing.assert_array_equal(final, [r["llama2_70b_uala"]["em"] for r in J])
-    assert final.mean() == pytest.approx(0.366)
+    if real_data.full:
+        assert final.mean() == pytest.approx(0.366)
     # gpt-3.5's UALA run that did not escalate (steps == 2) ended on its CoT answer: its em is
     # round 1's guide correctness ('kept_cot' in the joined file means "final answer kept", not CoT)
     kept = np.array([r["gpt35i_uala"]["steps"] == 2 for r in J])
-    assert kept.sum() == 500 - 104
+    assert kept.sum() == n - (104 if real_data.full else 43)
     np.testing.assert_array_equal(c.guide_correct[kept, 0], [r["gpt35i_uala"]["em"] for r, k in zip(J, kept) if k])
     # round 2 guide = gpt-3.5 ReAct run
     np.testing.assert_array_equal(c.guide_correct[esc, 1], [r["gpt35i_react"]["em"] for r, e in zip(J, esc) if e])
@@ -167,7 +173,7 @@ def test_uala_hotpotqa_against_joined_file(caches, shared_data):
     assert c.exit_mask.shape[1] == 0  # no cached EXIT runs: absent, not faked
 
 
-def test_uala_correctness_rule_reproduces_source_em(shared_data):
+def test_uala_correctness_rule_reproduces_source_em(real_data):
     """normalise_answer(answer) == normalise_answer(gold) is the source's own `em`, on every record."""
     from envs.normalise import normalise_answer
 
@@ -176,7 +182,7 @@ def test_uala_correctness_rule_reproduces_source_em(shared_data):
         "outputs/HotpotQA/chatgpt-hotpotqa-dev-uala.jsonl",
         "outputs/HotpotQA/chatgpt-hotpotqa-dev-react.jsonl",
     ):
-        recs = _jsonl(shared_data / "uala" / rel)
+        recs = _jsonl(real_data.root / "uala" / rel)
         got = [normalise_answer(r["answer"]) == normalise_answer(r["gt_answer"]) for r in recs]
         assert got == [bool(r["em"]) for r in recs], rel
 
@@ -189,12 +195,13 @@ def _omnis(path: Path) -> dict:
         return json.load(f)
 
 
-def test_omnisbench_matches_results_and_leaderboard(caches, shared_data):
-    path = shared_data / "omnisbench" / "results_2026-08-19.json"
+def test_omnisbench_matches_results_and_leaderboard(caches, real_data):
+    path = real_data.root / "omnisbench" / "results_2026-08-19.json"
     doc = _omnis(path)
     c = caches["omnisbench-main"]
-    assert c.n_questions == 364
-    assert Counter(q.split("/")[1] for q in c.question_ids) == {"gsm8k": 200, "humaneval": 164}
+    want = {"gsm8k": 200, "humaneval": 164} if real_data.full else {"gsm8k": 40, "humaneval": 30}
+    assert c.n_questions == sum(want.values())
+    assert Counter(q.split("/")[1] for q in c.question_ids) == want
     lead = {r["policy"]: r for r in doc["leaderboard"]}
     assert c.base_correct[:, 0].mean() == pytest.approx(lead["always_cheap"]["quality"])
     assert c.guide_correct[:, 0].mean() == pytest.approx(lead["always_big"]["quality"])
@@ -210,16 +217,16 @@ def test_omnisbench_matches_results_and_leaderboard(caches, shared_data):
     assert guide_cents.mean() == pytest.approx(lead["always_big"]["avg_cost_usd"] * 100, rel=1e-5)
 
 
-def test_omnisbench_folder_holds_every_run(caches, shared_data):
+def test_omnisbench_folder_holds_every_run(caches, real_data):
     c = caches["omnisbench"]
     runs = Counter()
-    for p in sorted((shared_data / "omnisbench").glob("results*.json")):
+    for p in sorted((real_data.root / "omnisbench").glob("results*.json")):
         doc = _omnis(p)
         for it in doc["items"]:
             if it["policy"] == "always_cheap":
                 runs[(doc["provenance"]["run_date"], it["dataset"])] += 1
     assert Counter(tuple(q.split("/")[:2]) for q in c.question_ids) == runs
-    assert c.n_questions == sum(runs.values()) == 364 + 35
+    assert c.n_questions == sum(runs.values()) == (364 if real_data.full else 70) + 35
 
 
 # -- malformed sources -----------------------------------------------------------
@@ -248,14 +255,14 @@ def test_csv_empty_file(tmp_path):
         import_cache("routellm-gsm8k", p)
 
 
-def test_uala_missing_and_broken_files(tmp_path, shared_data):
+def test_uala_missing_and_broken_files(tmp_path):
     src = tmp_path / "uala"
-    shutil.copytree(shared_data / "uala" / "llama2_70b", src / "llama2_70b")
+    shutil.copytree(FIXTURES / "uala" / "llama2_70b", src / "llama2_70b")
     with pytest.raises(CacheError, match=r"chatgpt-hotpotqa-dev-uala\.jsonl: no such file"):
         import_cache("uala-hotpotqa", src)
     (src / "outputs" / "HotpotQA").mkdir(parents=True)
     for name in ("chatgpt-hotpotqa-dev-uala.jsonl", "chatgpt-hotpotqa-dev-react.jsonl"):
-        shutil.copy(shared_data / "uala" / "outputs" / "HotpotQA" / name, src / "outputs" / "HotpotQA" / name)
+        shutil.copy(FIXTURES / "uala" / "outputs" / "HotpotQA" / name, src / "outputs" / "HotpotQA" / name)
     react = src / "outputs" / "HotpotQA" / "chatgpt-hotpotqa-dev-react.jsonl"
     lines = react.read_text(encoding="utf-8").splitlines()
     rec = json.loads(lines[4])
@@ -270,9 +277,9 @@ def test_uala_missing_and_broken_files(tmp_path, shared_data):
         import_cache("uala-hotpotqa", src)
 
 
-def test_omnisbench_malformed(tmp_path, shared_data):
-    shutil.copy(shared_data / "omnisbench" / "pricing_2026-08-18.yaml", tmp_path)
-    doc = _omnis(shared_data / "omnisbench" / "results_2026-08-19.json")
+def test_omnisbench_malformed(tmp_path):
+    shutil.copy(FIXTURES / "omnisbench" / "pricing_2026-08-18.yaml", tmp_path)
+    doc = _omnis(FIXTURES / "omnisbench" / "results_2026-08-19.json")
     doc["items"][3]["passed"] = "yes"
     p = tmp_path / "results_bad.json"
     p.write_text(json.dumps(doc), encoding="utf-8")
@@ -299,13 +306,13 @@ def test_unknown_format_and_missing_source(tmp_path):
             import_cache(fmt, tmp_path / "absent")
 
 
-def test_cli_data_import(shared_data, tmp_path):
+def test_cli_data_import(real_data, tmp_path):
     """`ccpo-jax data import` writes a fast-format cache; a bad source exits 2, no traceback."""
     cmd = [sys.executable, "-m", "ccpo_jax.cli", "data", "import", "--format", "routellm-gsm8k"]
     out = tmp_path / "gsm8k"
-    r = subprocess.run([*cmd, str(shared_data / "routellm" / "gsm8k"), "--out", str(out)], capture_output=True, text=True)
+    r = subprocess.run([*cmd, str(real_data.root / "routellm" / "gsm8k"), "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert load_fast(out).n_questions == 1319
+    assert load_fast(out).n_questions == (1319 if real_data.full else 200)
     bad = _write(tmp_path / "gsm8k_responses.csv", "prompt\n")
     r = subprocess.run([*cmd, str(bad), "--out", str(tmp_path / "x")], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "gsm8k_responses.csv" in r.stderr
