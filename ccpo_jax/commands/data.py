@@ -1,4 +1,4 @@
-"""``ccpo-jax data {check,synth,import,export}``: inspect, generate and convert response caches."""
+"""``ccpo-jax data {check,synth,import,export,collect}``: inspect, generate, convert and collect response caches."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     f = dsub.add_parser("formats", help="list the import formats and synthetic profiles")
     f.set_defaults(func=_formats)
+
+    from ccpo_jax.collect.command import add_arguments
+
+    co = dsub.add_parser("collect", help="collect a cache from live OpenAI-compatible endpoints (docs/collect.md)",
+                         description="Run the CCPO base-guide protocol against live chat-completions endpoints and "
+                         "write a human-format cache, resumably, with a cost bound printed first (docs/collect.md).")
+    add_arguments(co)
+    co.set_defaults(func=_collect)
 
 
 def write_cache(cache, out: str) -> Path:
@@ -87,6 +95,12 @@ def _export(args) -> int:
     out = write_jsonl(load_cache(args.path), Path(args.out))
     print(f"wrote {out}")
     return 0
+
+
+def _collect(args) -> int:
+    from ccpo_jax.collect.command import run
+
+    return run(args)
 
 
 def _formats(args) -> int:

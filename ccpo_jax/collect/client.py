@@ -1,0 +1,319 @@
+"""One OpenAI-compatible chat-completions endpoint, called over httpx with retries.
+
+Works with vLLM (``vllm serve``), the llama.cpp server, OpenAI and any other
+server that speaks ``POST {base_url}/chat/completions``. What a call does:
+
+* sends the request body as JSON, with ``Authorization: Bearer <key>`` when the
+  endpoint names an environment variable holding the key (keys are read from
+  the environment only, and are redacted from every message this module makes);
+* retries, a bounded number of times, on timeouts and connection errors, on
+  HTTP 408, 409, 429 and 5xx, and on a 200 whose body is not a chat completion
+  (malformed JSON, no ``choices``): exponential backoff with jitter
+  (``backoff_s * 2**k``, capped at ``max_backoff_s``, each wait drawn uniformly
+  in [d/2, d]); a ``Retry-After`` (seconds or an HTTP date) or
+  ``retry-after-ms`` header on a 429/503 is honoured (the wait is at least what
+  the server asks, plus up to 10% jitter), and a server asking for more than
+  ``max_retry_after_s`` ends the call instead of sleeping for hours;
+* other 4xx (bad key, unknown model, prompt too long) fail at once: retrying
+  cannot help and may cost money.
+
+The result is a :class:`Reply` (text, tokens from ``usage``, token log-probs
+when the endpoint returns them) and a :class:`CallStats` (attempts, the waits
+and why, latency of the successful attempt).
+"""
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import json
+import math
+import os
+import random
+import threading
+import time
+from typing import Any, Callable
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from ccpo_jax.errors import UserError
+
+#: HTTP statuses that are retried (besides every 5xx).
+RETRY_STATUS = frozenset({408, 409, 429})
+
+
+class EndpointError(UserError):
+    """A call failed for good (non-retryable status, or retries exhausted); ``stats``: what it tried."""
+
+    def __init__(self, msg: str, stats: "CallStats | None" = None):
+        super().__init__(msg)
+        self.stats = stats
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """Where a model is served. ``url`` is the API base (``http://host:8000/v1``) or the
+    full ``.../chat/completions`` URL; ``key_env`` names the environment variable
+    holding the API key (None: send no key, e.g. a local server)."""
+
+    url: str
+    model: str
+    key_env: str | None = None
+
+    @property
+    def completions_url(self) -> str:
+        u = self.url.rstrip("/")
+        return u if u.endswith("/chat/completions") else u + "/chat/completions"
+
+    @property
+    def public_url(self) -> str:
+        """The completions URL without user info, query or fragment (what provenance records)."""
+        return public_url(self.completions_url)
+
+    def api_key(self) -> str | None:
+        if not self.key_env:
+            return None
+        key = os.environ.get(self.key_env)
+        if not key:
+            raise UserError(f"the environment variable {self.key_env} (the API key of {self.model} at "
+                            f"{self.public_url}) is not set or empty")
+        return key
+
+
+def public_url(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def parse_endpoint(spec: str, flag: str, key_env: str | None = None) -> Endpoint:
+    """``URL,MODEL`` (the flag value) -> :class:`Endpoint`; a bad value is a UserError naming ``flag``."""
+    if "," not in spec:
+        raise UserError(f"{flag} {spec!r}: expected URL,MODEL (e.g. http://127.0.0.1:8000/v1,meta-llama/Llama-3.2-3B-Instruct)")
+    url, model = (s.strip() for s in spec.rsplit(",", 1))
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"{flag}: {url!r} is not an http(s) URL")
+    if parts.username or parts.password or parts.query:
+        raise UserError(f"{flag}: put credentials in an environment variable (see --base-key-env/--guide-key-env), "
+                        "not in the URL (no user:password@ or ?query)")
+    if not model:
+        raise UserError(f"{flag} {spec!r}: the model name after the comma is empty")
+    return Endpoint(url=url, model=model, key_env=key_env)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How hard one call tries. ``retries`` = attempts after the first."""
+
+    retries: int = 6
+    backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+    max_retry_after_s: float = 600.0
+    timeout_s: float = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """A chat completion: ``tokens_in/out`` from ``usage`` (None when the endpoint sent none);
+    ``logprobs`` = [(token, logprob)] of the completion, None when not returned."""
+
+    text: str
+    tokens_in: int | None
+    tokens_out: int | None
+    logprobs: tuple[tuple[str, float], ...] | None
+    finish_reason: str | None
+
+
+@dataclasses.dataclass
+class CallStats:
+    """What one call took: ``waits`` = [(reason, seconds slept)] before each retry."""
+
+    attempts: int = 0
+    waits: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+    latency_s: float = 0.0
+
+
+class Stopped(Exception):
+    """The run was asked to stop while this call waited to retry."""
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    for s in secrets:
+        if s:
+            text = text.replace(s, "***")
+    return text
+
+
+def retry_after_s(headers: httpx.Headers, now: float | None = None) -> float | None:
+    """Seconds the server asks to wait (``retry-after-ms``, or ``Retry-After`` as seconds or an HTTP date)."""
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            v = float(ms) / 1000.0
+            if math.isfinite(v) and v >= 0:
+                return v
+        except ValueError:
+            pass
+    ra = headers.get("retry-after")
+    if ra is None:
+        return None
+    try:
+        v = float(ra)
+        return v if math.isfinite(v) and v >= 0 else None
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(ra)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _finite_logprob(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) and v <= 0.0 else None
+
+
+def parse_completion(body: Any) -> Reply:
+    """A parsed response body -> :class:`Reply`; ValueError when it is not a chat completion."""
+    if not isinstance(body, dict):
+        raise ValueError("the body is not a JSON object")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ValueError("no choices in the body")
+    ch = choices[0]
+    msg = ch.get("message")
+    if not isinstance(msg, dict):
+        raise ValueError("choices[0].message missing")
+    text = msg.get("content")
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise ValueError("choices[0].message.content is not a string")
+    usage = body.get("usage")
+    t_in = t_out = None
+    if isinstance(usage, dict):
+        pi, co = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(pi, int) and not isinstance(pi, bool) and pi >= 0:
+            t_in = pi
+        if isinstance(co, int) and not isinstance(co, bool) and co >= 0:
+            t_out = co
+        if t_in is None or t_out is None:
+            t_in = t_out = None  # half a usage record is no usage record
+    lps = None
+    lp = ch.get("logprobs")
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        out = []
+        for item in lp["content"]:
+            tok = item.get("token") if isinstance(item, dict) else None
+            v = _finite_logprob(item.get("logprob")) if isinstance(item, dict) else None
+            if not isinstance(tok, str) or v is None:
+                out = None  # one bad entry: do not trust the rest
+                break
+            out.append((tok, v))
+        if out:
+            lps = tuple(out)
+    finish = ch.get("finish_reason")
+    return Reply(text=text, tokens_in=t_in, tokens_out=t_out, logprobs=lps,
+                 finish_reason=finish if isinstance(finish, str) else None)
+
+
+class ChatClient:
+    """Calls one endpoint; thread-safe (one pooled ``httpx.Client`` shared by the worker threads)."""
+
+    def __init__(self, endpoint: Endpoint, retry: RetryPolicy, *, max_connections: int = 8,
+                 stop: threading.Event | None = None, seed: int = 0,
+                 sleep: Callable[[float], Any] | None = None):
+        self.endpoint = endpoint
+        self.retry = retry
+        self._key = endpoint.api_key()
+        self._secrets = [self._key] if self._key else []
+        self._stop = stop or threading.Event()
+        self._sleep = sleep
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+        headers = {"Content-Type": "application/json"}
+        if self._key:
+            headers["Authorization"] = f"Bearer {self._key}"
+        self._http = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(retry.timeout_s),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            follow_redirects=False,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _jitter(self, lo: float, hi: float) -> float:
+        with self._rng_lock:
+            return self._rng.uniform(lo, hi)
+
+    def _wait(self, seconds: float) -> None:
+        if self._sleep is not None:
+            self._sleep(seconds)
+        elif self._stop.wait(seconds):
+            raise Stopped()
+
+    def _fail(self, msg: str, stats: CallStats) -> EndpointError:
+        return EndpointError(redact(f"{self.endpoint.model} at {self.endpoint.public_url}: {msg}", self._secrets), stats)
+
+    def chat(self, body: dict) -> tuple[Reply, CallStats]:
+        """POST ``body``; the reply, or EndpointError once retrying is pointless or exhausted."""
+        stats = CallStats()
+        url = self.endpoint.completions_url
+        payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        pol = self.retry
+        last = ""
+        for attempt in range(pol.retries + 1):
+            if self._stop.is_set():
+                raise Stopped()
+            stats.attempts = attempt + 1
+            asked: float | None = None
+            t0 = time.perf_counter()
+            try:
+                resp = self._http.post(url, content=payload)
+                raw = resp.content
+            except httpx.TimeoutException:
+                reason = f"timeout after {pol.timeout_s:g} s"
+            except httpx.TransportError as e:
+                reason = f"connection error ({type(e).__name__})"
+            else:
+                latency = time.perf_counter() - t0
+                st = resp.status_code
+                if st == 200:
+                    try:
+                        reply = parse_completion(json.loads(raw.decode("utf-8")))
+                    except (ValueError, UnicodeDecodeError) as e:
+                        reason = f"malformed body ({e})" if not isinstance(e, json.JSONDecodeError) else "malformed JSON body"
+                    else:
+                        stats.latency_s = latency
+                        return reply, stats
+                elif st in RETRY_STATUS or 500 <= st <= 599:
+                    reason = f"HTTP {st}"
+                    asked = retry_after_s(resp.headers)
+                else:
+                    excerpt = raw[:300].decode("utf-8", "replace").strip()
+                    raise self._fail(f"HTTP {st} (not retried): {excerpt}", stats)
+            last = reason
+            if attempt == pol.retries:
+                break
+            backoff = min(pol.max_backoff_s, pol.backoff_s * 2.0 ** attempt)
+            if asked is not None:
+                if asked > pol.max_retry_after_s:
+                    raise self._fail(f"{reason}: the server asks to wait {asked:.0f} s, more than "
+                                     f"--max-retry-after {pol.max_retry_after_s:g} s", stats)
+                delay = asked + self._jitter(0.0, 0.1 * max(asked, pol.backoff_s))
+                reason += f", Retry-After {asked:g} s"
+            else:
+                delay = self._jitter(backoff / 2.0, backoff)
+            stats.waits.append((reason, round(delay, 3)))
+            self._wait(delay)
+        raise self._fail(f"gave up after {stats.attempts} attempts (last: {last})", stats)

@@ -1,0 +1,235 @@
+"""Flags of ``ccpo-jax data collect`` and the glue to :func:`ccpo_jax.collect.collector.collect`."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from ccpo_jax.errors import UserError
+
+
+def add_arguments(c: argparse.ArgumentParser) -> None:
+    g = c.add_argument_group("what to collect")
+    g.add_argument("--questions", required=True, metavar="FILE",
+                   help="questions: .jsonl (id, question, gold: a string or an array of aliases) or .csv (id,question,gold)")
+    g.add_argument("--base", required=True, metavar="URL,MODEL",
+                   help="base model: chat-completions API base URL and model, e.g. http://127.0.0.1:8000/v1,meta-llama/Llama-3.2-3B-Instruct")
+    g.add_argument("--guide", required=True, metavar="URL,MODEL", help="guide model, e.g. https://api.openai.com/v1,gpt-4o")
+    g.add_argument("--out", required=True, metavar="CACHE.jsonl", help="output cache (human JSONL format); its call log is CACHE.jsonl.calls")
+    g.add_argument("--rounds", type=int, default=4, metavar="T", help="base-guide rounds per question (default: 4, the paper's)")
+    g.add_argument("--exit-baselines", default="", metavar="ROLES",
+                   help="collect LLM-EXIT runs of these models: base, guide or base,guide (default: none)")
+    g.add_argument("--policy-baselines", default="", metavar="ROLES",
+                   help="collect LLM-as-policy actions of these models: base, guide or base,guide (default: none)")
+    g.add_argument("--policy-coverage", type=float, default=0.9, metavar="C",
+                   help="coverage the LLM-as-policy prompt aims at (default: 0.9)")
+    g.add_argument("--f1", type=float, default=None, metavar="THRESHOLD",
+                   help="also count an answer correct when its token F1 with a gold answer is >= THRESHOLD (default: exact match only)")
+    g.add_argument("--name", default=None, help="cache name in the manifest (default: the --out file's stem)")
+    g.add_argument("--task", default="unknown", help="task name in the manifest (default: unknown)")
+    g.add_argument("--license", default="unknown", help="license of the questions, for the provenance (default: unknown)")
+
+    k = c.add_argument_group("keys and prices (USD per million tokens)")
+    k.add_argument("--base-key-env", default=None, metavar="VAR", help="environment variable holding the base endpoint's API key (default: send none)")
+    k.add_argument("--guide-key-env", default=None, metavar="VAR", help="environment variable holding the guide endpoint's API key, e.g. OPENAI_API_KEY (default: send none)")
+    k.add_argument("--base-price", default=None, metavar="IN,OUT", help="base model price, e.g. 0,0 for a local server")
+    k.add_argument("--guide-price", default=None, metavar="IN,OUT", help="guide model price, e.g. 2.5,10 for gpt-4o")
+    k.add_argument("--pricing", default=None, metavar="FILE",
+                   help="JSON or YAML file {model: {price_in, price_out}}; flags win; else the list prices in envs/pricing.py")
+
+    r = c.add_argument_group("requests")
+    r.add_argument("--base-max-tokens", type=int, default=512, help="max_tokens of a base answer (default: 512)")
+    r.add_argument("--guide-max-tokens", type=int, default=32, help="max_tokens of a guide verdict (default: 32)")
+    r.add_argument("--decision-max-tokens", type=int, default=8, help="max_tokens of an EXIT / policy decision (default: 8)")
+    r.add_argument("--base-temperature", default="0,1", metavar="FIRST[,LATER]",
+                   help="base temperature in round 1 and later rounds (default: 0,1, the paper's MMLU setting)")
+    r.add_argument("--guide-temperature", type=float, default=0.0, help="guide temperature (default: 0)")
+    r.add_argument("--seed", default="0", help="request seed sent to the endpoints, or 'none' (default: 0)")
+    r.add_argument("--no-logprobs", action="store_true",
+                   help="do not ask for token log-probs (then no uncertainty / confidence is stored)")
+
+    e = c.add_argument_group("execution")
+    e.add_argument("--concurrency", type=int, default=8, help="questions in flight at once (default: 8)")
+    e.add_argument("--timeout", type=float, default=120.0, help="seconds per HTTP attempt (default: 120)")
+    e.add_argument("--retries", type=int, default=6, help="retries per call on timeouts, 429, 5xx, malformed bodies (default: 6)")
+    e.add_argument("--backoff", type=float, default=1.0, help="first retry wait in seconds, doubled each retry, with jitter (default: 1)")
+    e.add_argument("--max-retry-after", type=float, default=600.0,
+                   help="fail a call whose server asks (Retry-After) to wait longer than this many seconds (default: 600)")
+    e.add_argument("--max-cost-usd", type=float, default=None,
+                   help="stop cleanly before a call whose worst-case cost would take the collection's total past this")
+    e.add_argument("--limit", type=int, default=None, metavar="N", help="collect only the first N questions")
+    e.add_argument("--resume", action="store_true", help="continue the collection in --out (same settings), replaying paid calls")
+    e.add_argument("--dry-run", action="store_true", help="print the cost bound and exit without calling any endpoint")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _pair(text: str, flag: str) -> tuple[float, float]:
+    try:
+        a, b = (float(x) for x in text.split(","))
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected IN,OUT in USD per million tokens, e.g. 2.5,10") from None
+    if not (math.isfinite(a) and math.isfinite(b)) or a < 0 or b < 0:
+        raise UserError(f"{flag} {text!r}: prices must be finite and >= 0")
+    return a, b
+
+
+def _pricing_file(path: str) -> dict[str, tuple[float, float]]:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"--pricing {p}: cannot read ({e.strerror or e})") from None
+    try:
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as e:  # noqa: BLE001 - any parse error is the user's file
+        raise UserError(f"--pricing {p}: not valid {'YAML' if p.suffix.lower() in ('.yaml', '.yml') else 'JSON'} ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"--pricing {p}: expected a mapping model -> {{price_in, price_out}}")
+    out = {}
+    for model, v in data.items():
+        if isinstance(v, dict) and "price_in" in v and "price_out" in v:
+            vals = (v["price_in"], v["price_out"])
+        elif isinstance(v, list) and len(v) == 2:
+            vals = tuple(v)
+        else:
+            raise UserError(f"--pricing {p}: {model}: expected {{price_in, price_out}} (USD per million tokens)")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in vals):
+            raise UserError(f"--pricing {p}: {model}: prices must be numbers >= 0")
+        out[str(model)] = (float(vals[0]), float(vals[1]))
+    return out
+
+
+def resolve_prices(args, models: dict[str, str]) -> tuple[dict, dict]:
+    """role -> (price_in, price_out) and role -> where it came from."""
+    from envs.pricing import PRICES
+
+    table = _pricing_file(args.pricing) if args.pricing else {}
+    prices, sources = {}, {}
+    for role, flag in (("base", "--base-price"), ("guide", "--guide-price")):
+        m = models[role]
+        given = getattr(args, f"{role}_price")
+        if given is not None:
+            prices[role] = _pair(given, flag)
+            sources[role] = f"{flag} {given}"
+        elif m in table:
+            prices[role] = table[m]
+            sources[role] = f"--pricing {Path(args.pricing).name}"
+        elif m in PRICES:
+            pr = PRICES[m]
+            prices[role] = (pr.price_in, pr.price_out)
+            sources[role] = f"envs/pricing.py: {pr.source}"
+        else:
+            raise UserError(f"no price for the {role} model {m!r}: give {flag} IN,OUT (USD per million tokens; "
+                            "0,0 for a local server) or a --pricing file")
+    return prices, sources
+
+
+def _roles(text: str, flag: str) -> tuple[str, ...]:
+    roles = tuple(r.strip() for r in text.split(",") if r.strip())
+    bad = [r for r in roles if r not in ("base", "guide")]
+    if bad:
+        raise UserError(f"{flag}: expected base, guide or base,guide, got {', '.join(bad)}")
+    return tuple(dict.fromkeys(roles))
+
+
+def settings_from_args(args):
+    from ccpo_jax.collect.client import parse_endpoint
+    from ccpo_jax.collect.collector import Settings
+    from ccpo_jax.collect.questions import load_questions
+
+    if not 1 <= args.rounds <= 64:
+        raise UserError(f"--rounds {args.rounds}: must be between 1 and 64")
+    for flag, v in (("--base-max-tokens", args.base_max_tokens), ("--guide-max-tokens", args.guide_max_tokens),
+                    ("--decision-max-tokens", args.decision_max_tokens)):
+        if v < 1:
+            raise UserError(f"{flag} {v}: must be >= 1")
+    if args.f1 is not None and not 0.0 < args.f1 <= 1.0:
+        raise UserError(f"--f1 {args.f1}: must be in (0, 1]")
+    if not 0.0 < args.policy_coverage < 1.0:
+        raise UserError(f"--policy-coverage {args.policy_coverage}: must be in (0, 1)")
+    try:
+        temps = [float(x) for x in args.base_temperature.split(",")]
+    except ValueError:
+        temps = []
+    if len(temps) == 1:
+        temps = temps * 2
+    if len(temps) != 2 or not all(0.0 <= t <= 2.0 for t in temps):
+        raise UserError(f"--base-temperature {args.base_temperature!r}: expected FIRST[,LATER] in [0, 2]")
+    if not 0.0 <= args.guide_temperature <= 2.0:
+        raise UserError(f"--guide-temperature {args.guide_temperature}: must be in [0, 2]")
+    if args.seed.lower() == "none":
+        seed = None
+    else:
+        try:
+            seed = int(args.seed)
+        except ValueError:
+            raise UserError(f"--seed {args.seed!r}: expected an integer or 'none'") from None
+    base = parse_endpoint(args.base, "--base", args.base_key_env)
+    guide = parse_endpoint(args.guide, "--guide", args.guide_key_env)
+    questions, sha = load_questions(args.questions)
+    prices, sources = resolve_prices(args, {"base": base.model, "guide": guide.model})
+    s = Settings(
+        T=args.rounds, base=base, guide=guide, prices=prices, price_sources=sources,
+        questions_file=Path(args.questions).name, questions_sha256=sha,
+        base_max_tokens=args.base_max_tokens, guide_max_tokens=args.guide_max_tokens,
+        decision_max_tokens=args.decision_max_tokens, base_temperature=(temps[0], temps[1]),
+        guide_temperature=args.guide_temperature, seed=seed, logprobs=not args.no_logprobs,
+        f1_threshold=args.f1, exit_roles=_roles(args.exit_baselines, "--exit-baselines"),
+        policy_roles=_roles(args.policy_baselines, "--policy-baselines"), policy_coverage=args.policy_coverage,
+        name=args.name or Path(args.out).stem, task=args.task, license=args.license,
+    )
+    return s, questions
+
+
+def execution_from_args(args):
+    from ccpo_jax.collect.client import RetryPolicy
+    from ccpo_jax.collect.collector import Execution
+
+    if args.concurrency < 1:
+        raise UserError(f"--concurrency {args.concurrency}: must be >= 1")
+    if args.retries < 0:
+        raise UserError(f"--retries {args.retries}: must be >= 0")
+    for flag, v in (("--timeout", args.timeout), ("--backoff", args.backoff), ("--max-retry-after", args.max_retry_after)):
+        if not (math.isfinite(v) and v > 0):
+            raise UserError(f"{flag} {v}: must be > 0")
+    if args.max_cost_usd is not None and not (math.isfinite(args.max_cost_usd) and args.max_cost_usd >= 0):
+        raise UserError(f"--max-cost-usd {args.max_cost_usd}: must be >= 0")
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit {args.limit}: must be >= 1")
+    retry = RetryPolicy(retries=args.retries, backoff_s=args.backoff, max_backoff_s=max(60.0, args.backoff),
+                        max_retry_after_s=args.max_retry_after, timeout_s=args.timeout)
+    return Execution(concurrency=args.concurrency, retry=retry, max_cost_usd=args.max_cost_usd,
+                     progress=not args.no_progress, limit=args.limit, resume=args.resume, dry_run=args.dry_run)
+
+
+def run(args) -> int:
+    """``ccpo-jax data collect``: 0 = complete, 3 = stopped by --max-cost-usd; errors exit 2 (cli)."""
+    from ccpo_jax.collect.collector import EXIT_BUDGET, CollectError, collect, summary
+
+    s, questions = settings_from_args(args)
+    ex = execution_from_args(args)
+    try:
+        o = collect(s, questions, args.out, ex)
+    except KeyboardInterrupt:
+        print(f"interrupted: finished questions are in {args.out}; continue with the same flags and --resume",
+              file=sys.stderr)
+        raise
+    if ex.dry_run:
+        return 0
+    print(summary(o, s))
+    if o.stopped == "budget":
+        print(f"stopped by --max-cost-usd {ex.max_cost_usd:g}: the next call could have crossed it. "
+              f"{o.done}/{o.total} questions are in {o.out}; continue with --resume and a higher --max-cost-usd",
+              file=sys.stderr)
+        return EXIT_BUDGET
+    if o.stopped:
+        raise CollectError(f"{o.stopped}. {o.done}/{o.total} questions are saved in {o.out}; "
+                           "fix the cause and rerun with --resume (paid calls are replayed)")
+    return 0
