@@ -76,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         init_distributed()
     try:
         rc = args.func(args)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows up here at the latest
+    except BrokenPipeError:
+        # SIGPIPE: the reader closed the pipe; stop quietly, as `cat FILE | head` does. Point
+        # stdout at /dev/null so the interpreter's final flush cannot raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, the status a shell reports for a command killed by it
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -185,6 +185,31 @@ def conformal_rank(n: int, alpha: Array | float) -> Array:
     return jnp.ceil((n + 1) * (1.0 - jnp.asarray(alpha, jnp.float32)) - 1e-4).astype(jnp.int32)
 
 
+def calibration_size_warning(n: int, alpha: float) -> str | None:
+    """A warning when ``n`` calibration questions are too few for a useful threshold at ``alpha``.
+
+    The rank k = ceil((n+1)(1-alpha)) (:func:`conformal_rank`'s float32 arithmetic, on the host)
+    exceeds n: kappa-hat = 0, every available action is in every set and coverage is 1 by
+    construction; k = n: kappa-hat is the single lowest calibration score. None otherwise.
+    """
+    import numpy as np
+
+    def rank(m: int) -> int:
+        return int(np.ceil(np.float32(m + 1) * (np.float32(1.0) - np.float32(alpha)) - np.float32(1e-4)))
+
+    k = rank(n)
+    if k < n:
+        return None
+    n_min = n + 1
+    while rank(n_min) >= n_min:
+        n_min += 1
+    what = ("so kappa-hat = 0: every set holds every available action and coverage is 1 by construction"
+            if k > n else "so kappa-hat is the single lowest calibration score (a very noisy threshold)")
+    return (f"{n} calibration questions are too few for alpha={alpha:g}: the conformal rank "
+            f"ceil((n+1)(1-alpha)) = {k} {'exceeds' if k > n else 'equals'} n = {n}, {what}; "
+            f"use at least {n_min} (the middle number of --split-sizes)")
+
+
 def calibrate_kappa(kappa_i: Array, alpha: Array | float) -> Array:
     """Exact split-conformal threshold (DESIGN 5): kappa-hat = the
     ceil((n+1)(1-alpha))-th LARGEST kappa_i, clipped to [0, 1].

@@ -486,10 +486,17 @@ def reproduce(
             created = True
             saved = dict(cfg.to_dict(), cache_checksum=cache_obj.manifest.checksum)
             report.atomic_write_text(work / RUN_FILE, json.dumps(saved, indent=2) + "\n")
-        say(f"reproduce {st.name} ({st.description})")
+        own_cache = is_setting_profile(st, cache_obj)
+        say(f"reproduce {st.name} ({st.run_title(cache_obj.manifest.name, own_cache, cfg.alpha)})")
         say(f"  {describe_cache(cache_obj)}")
         say(f"  protocol {cfg.protocol}, {cfg.n_splits} splits of {'/'.join(map(str, cfg.split_sizes))} "
             f"(train/cal/test), alpha {cfg.alpha:g}, seed {cfg.seed}")
+        from ccpo_jax.conformal import calibration_size_warning
+
+        small = calibration_size_warning(cfg.split_sizes[1], cfg.alpha)
+        if small:
+            notes.append(small)
+            say(f"  warning: {small}")
         if mesh is not None or member_block is not None:
             n_dev = 1 if mesh is None else mesh.devices.size
             say(f"  training sharded over {n_dev} {jax.default_backend()} device(s)"
@@ -533,7 +540,7 @@ def reproduce(
         compare = is_setting_profile(st, cache_obj)
         report.write_results(work, results)
         report.write_table(work, results, st, cfg.split_sizes, compare_paper=compare)
-        report.write_boxplots(work, results)
+        report.write_boxplots(work, results, st, own_cache=compare)
         table = report.format_table(results, st, cfg.split_sizes, compare_paper=compare)
         out.parent.mkdir(parents=True, exist_ok=True)
         os.replace(work, out)
@@ -550,6 +557,9 @@ def reproduce(
     say("")
     say(table.rstrip("\n"))
     say("")
-    say(f"wrote {out}/results.json, table.md, {report.COST_PNG}, {report.COVERAGE_PNG}"
-        + (f", {TB_DIR}/" if (out / TB_DIR).exists() else ""))
+    if small:  # again below the table, where a reader of the coverage column looks
+        say(f"warning: {small}")
+    dirs = [f"{d}/" for d in (TB_DIR, "policies", CKPT_DIR) if (out / d).is_dir()]  # policies/: train.POLICIES_DIR
+    say(f"wrote {out}/: {report.RESULTS_FILE}, {report.TABLE_FILE}, {report.COST_PNG}, {report.COVERAGE_PNG}, "
+        + ", ".join([RUN_FILE] + dirs))
     return ReproduceResult(out_dir=out, results=results, table=table, notes=notes)

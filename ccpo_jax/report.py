@@ -183,6 +183,14 @@ def _fmt(metric: str, x: float | None) -> str:
     return f"{x:.2f}"
 
 
+def run_title(results: Mapping[str, Any], setting: Setting | None = None, own_cache: bool = False) -> str:
+    """``<setting>: <what was run>`` (:meth:`Setting.run_title`): the paper's table only when
+    ``own_cache`` (the setting's synthetic profile), else the custom cache by name."""
+    if setting is None:
+        return f"{results['setting']} on cache `{results['cache']['name']}`"
+    return f"{results['setting']}: {setting.run_title(results['cache']['name'], own_cache, results['alpha'])}"
+
+
 def format_table(
     results: Mapping[str, Any],
     setting: Setting | None = None,
@@ -197,10 +205,7 @@ def format_table(
     lines: list[str] = []
     cache = results["cache"]
     prov = cache["provenance"]
-    title = f"# {results['setting']}"
-    if setting is not None:
-        title += f": {setting.description}"
-    lines.append(title)
+    lines.append(f"# {run_title(results, setting, compare_paper)}")
     lines.append("")
     if is_synthetic(results):
         gen = ", ".join(f"{k}={v}" for k, v in prov.items() if k != "kind")
@@ -267,11 +272,44 @@ def write_table(
 
 # -- box plots ------------------------------------------------------------------
 
-def write_boxplots(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> list[Path]:
+def _is_exit_row(row: str) -> bool:
+    return row.endswith(" EXIT")
+
+
+def cost_panels(rows: list[str]) -> list[tuple[list[str], bool]]:
+    """The cost plot's panels as (rows, is_exit): the EXIT rows apart from the rest, if both exist."""
+    exit_rows = [r for r in rows if _is_exit_row(r)]
+    other = [r for r in rows if r not in exit_rows]
+    if exit_rows and other:
+        return [(exit_rows, True), (other, False)]
+    return [(exit_rows or other, bool(exit_rows))]
+
+
+def _box_panel(ax, rows: list[str], data: list[np.ndarray], annotate: bool = False) -> None:
+    ax.boxplot(data, tick_labels=rows, whis=(5, 95), showfliers=True)
+    ax.tick_params(axis="x", labelrotation=45)
+    for lab in ax.get_xticklabels():
+        lab.set_horizontalalignment("right")
+    if annotate:  # EXIT rows: say the mean, so a box sitting at 0 is read as 0, not as missing
+        for k, d in enumerate(data, start=1):
+            if np.isfinite(d).any():
+                ax.annotate(f"mean {np.nanmean(d):.4g}", (k, float(np.nanmax(d))), textcoords="offset points",
+                            xytext=(0, 4), ha="center", fontsize=7)
+
+
+def write_boxplots(
+    out_dir: str | os.PathLike,
+    results: Mapping[str, Any],
+    setting: Setting | None = None,
+    own_cache: bool = False,
+) -> list[Path]:
     """Box plots of cost and coverage over splits, one box per row (as the paper's Figs 2-9).
 
-    The coverage plot has a dashed line at 1 - alpha. Uses the Agg canvas
-    directly (no global pyplot state). Returns the two PNG paths.
+    The coverage plot has a dashed line at 1 - alpha. The cost plot puts the EXIT rows
+    (single-LLM runs, ~100x the others' cost) in a panel of their own, so every other row
+    gets a readable linear axis; both axes are linear. Titles name the run as
+    :func:`run_title` does. Uses the Agg canvas directly (no global pyplot state).
+    Returns the two PNG paths.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -279,35 +317,38 @@ def write_boxplots(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> li
     out_dir = Path(out_dir)
     rows = list(results["policies"])
     synth = " [SYNTHETIC cache]" if is_synthetic(results) else ""
+    title = run_title(results, setting, own_cache)
     paths = []
     for metric, fname in (("cost_cents", COST_PNG), ("coverage", COVERAGE_PNG)):
-        data = []
+        data = {}
         for r in rows:
             v = np.asarray([x for x in results["policies"][r]["per_split"][metric] if x is not None], float)
-            data.append(v if v.size else np.array([np.nan]))
-        fig = Figure(figsize=(max(6.0, 0.8 * len(rows) + 2), 4.5))
+            data[r] = v if v.size else np.array([np.nan])
+        panels = cost_panels(rows) if metric == "cost_cents" else [(rows, False)]
+        width = max(6.0, 0.8 * len(rows) + 2 + (1.0 if len(panels) > 1 else 0.0))
+        fig = Figure(figsize=(width, 5.0))
         FigureCanvasAgg(fig)
-        ax = fig.add_subplot(1, 1, 1)
-        if rows:
-            ax.boxplot(data, tick_labels=rows, whis=(5, 95), showfliers=True)
-        ax.tick_params(axis="x", labelrotation=45)
-        for lab in ax.get_xticklabels():
-            lab.set_horizontalalignment("right")
+        ratios = [max(len(p), 1) + 0.6 for p, _ in panels]
+        axes = fig.subplots(1, len(panels), gridspec_kw={"width_ratios": ratios}, squeeze=False)[0]
+        for ax, (prow, is_exit) in zip(axes, panels):
+            if prow:
+                _box_panel(ax, prow, [data[r] for r in prow], annotate=is_exit)
+            ax.set_ylabel(METRIC_TITLES[metric] + (" (EXIT rows)" if is_exit and len(panels) > 1 else ""))
+            if metric == "cost_cents":
+                vals = np.concatenate([data[r] for r in prow]) if prow else np.array([])
+                vals = vals[np.isfinite(vals)]
+                top = float(vals.max()) if vals.size else 1.0
+                top = top if top > 0 else 1.0
+                # linear; start just below 0 so a row at 0 (a free model's EXIT run) shows as a box
+                ax.set_ylim(-0.04 * top, top * (1.15 if is_exit else 1.05))
         if metric == "coverage":
-            ax.axhline(1 - results["alpha"], color="k", linestyle="--", linewidth=1, label=f"1 - alpha = {1 - results['alpha']:g}")
+            ax = axes[0]
+            ax.axhline(1 - results["alpha"], color="k", linestyle="--", linewidth=1,
+                       label=f"1 - alpha = {1 - results['alpha']:g}")
             ax.legend(loc="lower right")
-        else:
-            finite = np.concatenate([d[np.isfinite(d)] for d in data]) if data else np.array([])
-            pos = finite[finite > 0]
-            if pos.size and finite.max() / max(pos.min(), 1e-9) > 50 and finite.min() >= 0:
-                # EXIT rows cost ~100x the others: log scale, linear only below the cheapest nonzero cost
-                ax.set_yscale("symlog", linthresh=float(max(pos.min(), 1e-6)))
-                ax.set_ylim(0.0, float(finite.max()) * 2.0)
-        ax.set_ylabel(METRIC_TITLES[metric])
-        ax.set_title(
-            f"{results['setting']}: {METRIC_TITLES[metric].lower()} over {results['splits']} splits "
-            f"(whiskers 5-95%){synth}",
-            fontsize=9,
+        fig.suptitle(
+            f"{title}\n{METRIC_TITLES[metric].lower()} over {results['splits']} splits (whiskers 5-95%){synth}",
+            fontsize=8,
         )
         fig.tight_layout()
         path = out_dir / fname
@@ -332,11 +373,20 @@ def write_scalars(logdir: str | os.PathLike, tag_prefix: str, metrics: Mapping[s
     ``metrics``: name -> array [iters] (one run), or [S, iters] (one run per
     split, e.g. ``--protocol retrain``: the mean over splits is written).
     Non-finite values are skipped. Returns the number of scalars written.
+
+    Each ``tag_prefix`` (row) gets its own event file, named with a suffix from
+    the prefix: tensorboardX names files by the second, so writers of several
+    rows created in one second would otherwise overwrite each other. An earlier
+    file of the same row (a resumed run writing its whole curves again) is
+    replaced, so every row has exactly one set of curves.
     """
+    import re
+
     from tensorboardX import SummaryWriter
 
+    suffix = "." + (re.sub(r"[^A-Za-z0-9]+", "-", tag_prefix).strip("-").lower() or "run")
     n = 0
-    with SummaryWriter(logdir=str(logdir)) as w:
+    with SummaryWriter(logdir=str(logdir), filename_suffix=suffix) as w:
         for name, values in metrics.items():
             v = np.asarray(values, dtype=np.float64)
             if v.ndim == 2:
@@ -346,4 +396,7 @@ def write_scalars(logdir: str | os.PathLike, tag_prefix: str, metrics: Mapping[s
                 if np.isfinite(x):
                     w.add_scalar(f"{tag_prefix}/{name}", float(x), global_step=i)
                     n += 1
+    files = sorted(Path(logdir).glob(f"events.out.tfevents.*{suffix}"), key=lambda f: f.stat().st_mtime_ns)
+    for f in files[:-1]:  # the row's earlier files; the one just written is the newest
+        f.unlink(missing_ok=True)
     return n

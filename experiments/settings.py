@@ -148,6 +148,23 @@ class Setting:
             f"alpha={self.alpha:g}, lambda={', '.join(format_lambda(x) for x in self.all_lambdas)}"
         )
 
+    def run_title(self, cache_name: str, own_cache: bool, alpha: float | None = None) -> str:
+        """What a run of this setting is, honestly: the paper's table only on the setting's own
+        (synthetic) cache; any other cache is named as a custom cache run with the setting's
+        alpha and lambdas. ``alpha``: the run's alpha if ``--alpha`` overrode the setting's."""
+        alpha = self.alpha if alpha is None else float(alpha)
+        lams = ", ".join(format_lambda(x) for x in self.all_lambdas)
+        same = abs(alpha - self.alpha) < 1e-12
+        if own_cache:
+            a = f"alpha={alpha:g}" + ("" if same else f" (the paper's: {self.alpha:g})")
+            return (f"paper Table {self.table}: {self.task_title}, {self.base_model} + {self.guide_model}, "
+                    f"{a}, lambda={lams}")
+        if same:
+            return (f"custom cache `{cache_name}` with the Table {self.table} setting's alpha and lambdas "
+                    f"(alpha={alpha:g}, lambda={lams})")
+        return (f"custom cache `{cache_name}` with the Table {self.table} setting's lambdas "
+                f"(lambda={lams}) and alpha={alpha:g}")
+
     @property
     def task_title(self) -> str:
         return {"hotpotqa": "HotpotQA", "mmlu": "MMLU"}.get(self.task, self.task)

@@ -136,3 +136,19 @@ def test_split_conformal_coverage_over_2000_draws(pool):
     se = cov.std(ddof=1) / math.sqrt(D)
     lo, hi = 1 - alpha, 1 - alpha + 1 / (n + 1)
     assert lo - 4 * se <= cov.mean() <= hi + 4 * se, (cov.mean(), lo, hi, se)
+
+
+def test_calibration_size_warning_names_trivial_and_minimal_thresholds():
+    from ccpo_jax.conformal import calibration_size_warning, conformal_rank
+
+    # k = ceil((n+1)(1-alpha)) > n: kappa-hat = 0, coverage 1 by construction (6 questions at 0.1)
+    w = calibration_size_warning(6, 0.1)
+    assert w and "= 7 exceeds n = 6" in w and "coverage is 1" in w and "at least 19" in w
+    assert "equals n = 18" in calibration_size_warning(18, 0.1)  # k = n: the lowest score
+    for n, alpha in ((19, 0.1), (200, 0.1), (9, 0.2), (100, 0.05)):
+        assert calibration_size_warning(n, alpha) is None
+    # the same rank as the calibration itself, for every small n
+    for alpha in (0.05, 0.1, 0.2):
+        for n in range(1, 60):
+            k = int(conformal_rank(n, alpha))
+            assert (calibration_size_warning(n, alpha) is None) == (k < n), (n, alpha)

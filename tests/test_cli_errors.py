@@ -221,3 +221,20 @@ def test_good_cache_check_import_export(tmp_path):
     check_back = _cli("check", str(tmp_path / "back.jsonl"))
     checksum = [ln for ln in res.stdout.splitlines() if ln.startswith("checksum")]
     assert checksum and all(checksum[0] in r.stdout for r in (check_fast, check_back))
+
+
+def test_a_closed_stdout_pipe_ends_quietly(tmp_path):
+    """`ccpo-jax data check FILE | head`: the reader goes away; no BrokenPipeError traceback."""
+    from envs.jsonl import write_jsonl
+    from envs.synthetic import generate
+
+    path = write_jsonl(generate("hotpotqa-llama2", n_questions=30, seed=0), tmp_path / "s.jsonl")
+    r_fd, w_fd = os.pipe()
+    os.close(r_fd)  # every write to stdout now fails with EPIPE, as after `head` has exited
+    try:
+        p = subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "data", "check", str(path)],
+                           stdout=w_fd, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w_fd)
+    assert p.returncode == 141, p.stderr
+    assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr

@@ -164,3 +164,25 @@ def test_write_scalars_roundtrip(tmp_path):
     assert kappa == pytest.approx({0: 0.3, 1: 0.25, 3: 0.2})
     cov = {s: x for (t, s), x in got.items() if t.endswith("/coverage")}
     assert cov == pytest.approx({0: 0.7, 1: 0.8})  # mean over splits
+
+
+def test_titles_name_a_custom_cache_honestly(tmp_path, results):
+    res, _ = results
+    st = get_setting("hotpotqa-llama2-a0.1")
+    real = dict(res, cache=dict(res["cache"], name="uala-hotpotqa", provenance={"kind": "real", "source": "x"}))
+    title = report.format_table(real, st).splitlines()[0]
+    assert title == ("# hotpotqa-llama2-a0.1: custom cache `uala-hotpotqa` with the Table 2 setting's alpha and "
+                     "lambdas (alpha=0.1, lambda=0, 2e-4)")
+    assert "paper Table" not in report.format_table(real, st)
+    own = report.format_table(res, st, (1000, 200, 200), compare_paper=True).splitlines()[0]
+    assert own.startswith("# hotpotqa-llama2-a0.1: paper Table 2: HotpotQA, LLaMA-2-7B")
+    other_alpha = dict(real, alpha=0.2)
+    assert "lambdas (lambda=0, 2e-4) and alpha=0.2" in report.run_title(other_alpha, st, own_cache=False)
+    assert "alpha=0.2 (the paper's: 0.1)" in report.run_title(dict(res, alpha=0.2), st, own_cache=True)
+
+
+def test_cost_plot_puts_exit_rows_in_their_own_panel():
+    rows = ["gpt-4o EXIT", "llama-2-7b EXIT", "Random", "CPO", "CCPO (lambda=0)"]
+    assert report.cost_panels(rows) == [(["gpt-4o EXIT", "llama-2-7b EXIT"], True),
+                                        (["Random", "CPO", "CCPO (lambda=0)"], False)]
+    assert report.cost_panels(["Random", "CPO"]) == [(["Random", "CPO"], False)]
