@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +159,94 @@ def test_grid_manifest_edit_and_old_grid(tmp_path):
     _edit_manifest(d, to_old)
     with pytest.raises(CacheError, match="re-import it to upgrade"):
         load_grid(d)
+
+
+# -- (e) TensorBoard: every row's curves survive, also across --resume --------------------------
+
+def _scalars(logdir: Path) -> dict[str, list[int]]:
+    """tag -> steps, parsed from every event file (TFRecord: length, crc, data, crc)."""
+    from tensorboardX.proto import event_pb2
+
+    out: dict[str, list[int]] = {}
+    for f in sorted(logdir.rglob("events.out.tfevents.*")):
+        data = f.read_bytes()
+        i = 0
+        while i < len(data):
+            n = int.from_bytes(data[i:i + 8], "little")
+            ev = event_pb2.Event()
+            ev.ParseFromString(data[i + 12:i + 12 + n])
+            i += 12 + n + 4
+            for v in ev.summary.value:
+                out.setdefault(v.tag, []).append(ev.step)
+    return out
+
+
+ROWS = ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)")
+
+
+def _tag(row: str, metric: str) -> str:
+    """The tag as tensorboardX stores it (it replaces characters outside [-/\\w.] by '_')."""
+    import re
+
+    return re.sub(r"[^-/\w\.]", "_", f"{row}/{metric}")
+
+
+def _fake_trainer(interrupt: bool = False):
+    from ccpo_jax.pipeline import LearnedRows
+    from experiments.settings import METRICS
+
+    def fn(**kw):
+        kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+        if interrupt:
+            raise KeyboardInterrupt
+        S = kw["splits"].test.shape[0]
+        rows = {r: {m: np.full(S, 0.5) for m in METRICS} for r in ROWS}
+        curves = {r: {"kappa": np.linspace(0.3, 0.2, 7), "cost": np.linspace(1, 2, 7)} for r in ROWS}
+        return LearnedRows(rows=rows, curves=curves, timing={})
+
+    return fn
+
+
+@pytest.fixture(scope="module")
+def cache100(tmp_path_factory) -> Path:
+    from envs.synthetic import generate
+
+    return save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), tmp_path_factory.mktemp("c") / "c100")
+
+
+def test_tensorboard_keeps_every_rows_curves(tmp_path, cache100):
+    from ccpo_jax.pipeline import TB_DIR, reproduce
+
+    out = tmp_path / "run"
+    reproduce(cache=str(cache100), n_splits=2, split_sizes="60,20,20", out_dir=out, learned_rows=_fake_trainer(),
+              echo=None)
+    tags = _scalars(out / TB_DIR)
+    for r in ROWS:  # written within one second: before the fix only one row's file survived
+        assert tags[_tag(r, "kappa")] == list(range(7)) and tags[_tag(r, "cost")] == list(range(7)), (r, sorted(tags))
+    assert len(list((out / TB_DIR).glob("events.out.tfevents.*"))) == len(ROWS)
+
+
+def test_tensorboard_curves_survive_resume(tmp_path, cache100, monkeypatch):
+    """Killed after the curves were written (while writing results): the resumed run has each row's
+    curves once (the row's earlier file replaced, no doubled steps)."""
+    from ccpo_jax import report
+    from ccpo_jax.pipeline import TB_DIR, reproduce
+
+    out = tmp_path / "run"
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(report, "write_results", killed)
+        with pytest.raises(KeyboardInterrupt):
+            reproduce(cache=str(cache100), n_splits=2, split_sizes="60,20,20", out_dir=out,
+                      learned_rows=_fake_trainer(), echo=None)
+    work = tmp_path / ".run.partial"
+    assert set(_scalars(work / TB_DIR)) == {_tag(r, k) for r in ROWS for k in ("kappa", "cost")}
+    time.sleep(1.1)  # a new second: the resumed run's files get other names than the first run's
+    reproduce(resume=out, learned_rows=_fake_trainer(), echo=None)
+    tags = _scalars(out / TB_DIR)
+    for r in ROWS:
+        assert tags[_tag(r, "kappa")] == list(range(7)), (r, tags.get(_tag(r, "kappa")))
+    assert len(list((out / TB_DIR).glob("events.out.tfevents.*"))) == len(ROWS)
