@@ -187,6 +187,9 @@ def parse_completion(body: Any) -> Reply:
         raise ValueError("the body is not a JSON object")
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        err = body.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            raise ValueError(f"no choices; the server says: {err['message'][:200]}")
         raise ValueError("no choices in the body")
     ch = choices[0]
     msg = ch.get("message")

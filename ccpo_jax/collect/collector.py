@@ -314,6 +314,7 @@ class Meter:
         self.latencies: list[float] = []
         self.unreadable = {"guide verdict": 0, "base answer": 0, "EXIT decision": 0, "policy reply": 0}
         self.estimated_usage = 0
+        self.truncated = 0  # replies cut at max_tokens (finish_reason "length")
 
     @property
     def total_usd(self) -> float:
@@ -336,6 +337,7 @@ class Meter:
             if reply is None:
                 return
             self.sent += 1
+            self.truncated += reply.finish_reason == "length"
             self.spent += usd
             self.latencies.append(stats.latency_s)
 
@@ -856,7 +858,7 @@ def _postfix(m: Meter, done: int, total: int) -> str:
     tok = sum(a + b for a, b in m.tokens.values())
     s = f"calls {m.sent}"
     if m.replayed:
-        s += f" (+{m.replayed} replayed)"
+        s += f" (+{m.replayed} reused)"
     s += f" | tokens {tok:,} | ${m.total_usd:.4f}"
     if m.cap is not None:
         s += f" of ${m.cap:.2f}"
@@ -870,7 +872,8 @@ def summary(o: Outcome, s: Settings) -> str:
     lines.append(f"collected {o.done}/{o.total} question(s) into {o.out} ({state})")
     retries = sum(m.retries.values())
     rdesc = ", ".join(f"{k} {v}" for k, v in sorted(m.retries.items()))
-    lines.append(f"calls: {m.sent} sent, {m.replayed} replayed from the call log, {m.failed} failed; "
+    lines.append(f"calls: {m.sent} sent, {m.replayed} answered from the call log (the same request already "
+                 f"paid), {m.failed} failed; "
                  f"retries: {retries}{' (' + rdesc + ')' if rdesc else ''}, waited {m.waited_s:.1f} s")
     for r in ROLES:
         t_in, t_out = m.tokens[r]
@@ -887,6 +890,9 @@ def summary(o: Outcome, s: Settings) -> str:
     unread = ", ".join(f"{v} {k}(s)" for k, v in m.unreadable.items() if v)
     if unread:
         lines.append(f"unreadable (recorded as such): {unread}")
+    if m.truncated:
+        lines.append(f"note: {m.truncated} repl(ies) stopped at max_tokens (finish_reason 'length'); "
+                     "raise --base-max-tokens if base answers lack their 'Answer:' line")
     if m.estimated_usage:
         lines.append(f"warning: {m.estimated_usage} repl(ies) had no usage; their tokens are estimated and flagged")
     if o.sha256:

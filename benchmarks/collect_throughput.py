@@ -1,0 +1,82 @@
+"""Calls per second of ``ccpo-jax data collect`` against a local scripted server.
+
+The server is the tests' chat-completions fake (``tests/chat_server.py``: stdlib
+http.server on 127.0.0.1, deterministic replies with usage and logprobs), so
+the figure is the collector's own overhead (HTTP client, parsing, call log
+fsync, cache appends) plus the server's, at the given concurrency; with
+``--server-delay-ms`` each reply waits that long, as a remote model would.
+Protocol: T = 4 rounds, LLM-EXIT of both models and LLM-as-policy of the guide.
+
+Prints one JSON record per line {"name","value","unit","backend","device","config"}
+and writes them to --out (atomic).
+
+    python benchmarks/collect_throughput.py [--questions 200] [--concurrency 8] [--server-delay-ms 0,50]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the scripted server lives with the tests
+
+from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts  # noqa: E402
+
+from ccpo_jax.collect.client import Endpoint, RetryPolicy  # noqa: E402
+from ccpo_jax.collect.collector import Execution, Settings, collect  # noqa: E402
+from ccpo_jax.collect.questions import load_questions  # noqa: E402
+
+
+def run_once(n: int, concurrency: int, delay_ms: float, work: Path) -> dict:
+    scripts = make_scripts(n)
+    qf = work / f"q{n}.jsonl"
+    with open(qf, "w") as f:
+        for i, (q, s) in enumerate(scripts.items()):
+            f.write(json.dumps({"id": f"q{i}", "question": q, "gold": s.gold}) + "\n")
+    questions, sha = load_questions(qf)
+    out = work / f"c{concurrency}-d{delay_ms:g}.jsonl"
+    with FakeChatServer(scripts, delay_s=delay_ms / 1000.0) as srv:
+        s = Settings(T=4, base=Endpoint(srv.url, BASE_MODEL), guide=Endpoint(srv.url, GUIDE_MODEL),
+                     prices={"base": (0.0, 0.0), "guide": (2.5, 10.0)}, price_sources={"base": "-", "guide": "-"},
+                     questions_file=qf.name, questions_sha256=sha, exit_roles=("base", "guide"),
+                     policy_roles=("guide",))
+        o = collect(s, questions, out, Execution(concurrency=concurrency, retry=RetryPolicy(), progress=False),
+                    echo=lambda *_: None)
+    assert o.complete
+    return {"calls": o.meter.sent, "seconds": o.elapsed_s, "calls_per_s": o.meter.sent / o.elapsed_s,
+            "questions_per_s": n / o.elapsed_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--questions", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=Execution().concurrency)
+    ap.add_argument("--server-delay-ms", default="0,50")
+    ap.add_argument("--out", default="runs/benchmarks/collect_throughput.json")
+    args = ap.parse_args()
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for d in (float(x) for x in args.server_delay_ms.split(",")):
+            r = run_once(args.questions, args.concurrency, d, Path(tmp))
+            cfg = {"questions": args.questions, "concurrency": args.concurrency, "server_delay_ms": d,
+                   "T": 4, "baselines": "exit base,guide; policy guide", "calls": r["calls"],
+                   "seconds": round(r["seconds"], 3), "cpus": os.cpu_count()}
+            rec = {"name": "collect_calls_per_s", "value": round(r["calls_per_s"], 1), "unit": "calls/s",
+                   "backend": "http-loopback", "device": platform.processor() or platform.machine(), "config": cfg}
+            print(json.dumps(rec))
+            records.append(rec)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_path = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(records, f, indent=2)
+        f.write("\n")
+    os.replace(tmp_path, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""A scripted OpenAI-compatible chat-completions server on 127.0.0.1, for the collector's tests.
+
+Stdlib ``http.server`` in a thread (HTTP/1.1, keep-alive). Answers are a pure
+function of the request (model and messages), so any order of requests gets
+the same replies: a deterministic endpoint. It returns ``usage`` (prompt tokens
+= words + 4 per message, completion tokens = words of the reply) and, when
+asked, ``logprobs`` (one token per word with its leading whitespace). Faults are
+injected by request content: ``server.fault(match, kind, times)`` makes the
+next ``times`` requests whose last message contains ``match`` fail with
+``kind`` (``timeout``, ``429``, ``500``, ``503``, ``malformed``, ``no_usage``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+BASE_MODEL = "tiny-base"
+GUIDE_MODEL = "big-guide"
+
+
+@dataclasses.dataclass
+class Script:
+    """One question: its gold answer, the base's answer per round, and the guide's behaviour."""
+
+    gold: str
+    base: list[str]
+    guide: str = "judge"  # judge: Yes / No [gold]; wrong: No [bad]; unreadable: a non-verdict
+    no_answer_line: bool = False  # round 1 of the base has no "Answer:" line
+
+
+def make_scripts(n: int) -> dict[str, Script]:
+    """``n`` questions with a mix of behaviours (question text -> script)."""
+    out = {}
+    for i in range(n):
+        gold = f"answer {i}"
+        kind = i % 5
+        if kind == 0:
+            s = Script(gold, [gold])
+        elif kind == 1:
+            s = Script(gold, [f"wrong {i}", gold])
+        elif kind == 2:
+            s = Script(gold, [f"wrong {i}", f"other {i}"])
+        elif kind == 3:
+            s = Script(gold, [f"wrong {i}"], guide="wrong")
+        else:
+            s = Script(gold, [f"wrong {i}", f"wrong {i}", gold])
+        if i == 7:
+            s.guide = "unreadable"
+        if i == 11:
+            s.no_answer_line = True
+        out[f"Which answer belongs to item number {i}?"] = s
+    return out
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+class FakeChatServer:
+    def __init__(self, scripts: dict[str, Script], key: str | None = None, delay_s: float = 0.0,
+                 timeout_sleep_s: float = 1.0):
+        self.scripts = scripts
+        self.key = key
+        self.delay_s = delay_s
+        self.timeout_sleep_s = timeout_sleep_s
+        self.lock = threading.Lock()
+        self.faults: list[list] = []  # [match, kind, times left, retry_after]
+        self.requests = 0
+        self.fault_log: list[tuple[str, str]] = []
+        self.auth_seen: set[str] = set()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def fault(self, match: str, kind: str, times: int = 1, retry_after: str = "1") -> None:
+        with self.lock:
+            self.faults.append([match, kind, times, retry_after])
+
+    # -- replies ---------------------------------------------------------------------
+
+    def _script(self, text: str) -> tuple[str, Script] | None:
+        for q, s in self.scripts.items():
+            if q in text:
+                return q, s
+        return None
+
+    def reply(self, model: str, messages: list[dict]) -> str:
+        first = messages[0]["content"]
+        last = messages[-1]["content"]
+        found = self._script(first)
+        if found is None:
+            return "I do not know this question."
+        q, s = found
+        if first.startswith("Evaluate the answer."):
+            ans = re.search(r"^A: (.*)$", first, re.M).group(1).strip()
+            if s.guide == "unreadable":
+                return "Hmm, that is hard to tell."
+            if s.guide == "wrong":
+                return f"No [bad {s.gold}]"
+            return "Yes" if ans == s.gold else f"No [{s.gold}]"
+        if first.startswith("You are answering a question in rounds"):
+            answers = re.findall(r"^\d+\. (.*)$", last, re.M)
+            repeat = len(answers) > 1 and answers[-1] == answers[-2]
+            return "[EXIT]" if repeat or answers[-1] == s.gold else "[CONTINUE]"
+        if first.startswith("A small base model answers"):
+            rounds = re.findall(r"^Round \d+ of \d+: .*guide verdict: (\w+)", first, re.M)
+            if rounds[-1] == "Yes":
+                return "1"
+            return "2" if len(rounds) >= 2 else "3"
+        # a base-style answer: round = assistant messages so far
+        r = sum(1 for m in messages if m["role"] == "assistant")
+        ans = s.base[min(r, len(s.base) - 1)]
+        if model == GUIDE_MODEL:
+            ans = s.gold if s.guide == "judge" else f"bad {s.gold}"
+        if s.no_answer_line and r == 0:
+            return f"Let me think step by step. The item is {ans} I believe."
+        return f"Let me think step by step. Item {q.split()[-1]} is listed.\nAnswer: {ans}"
+
+    def completion(self, body: dict, with_usage: bool = True) -> dict:
+        text = self.reply(body["model"], body["messages"])
+        out = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        }
+        if body.get("logprobs"):
+            toks = re.findall(r"\s*\S+", text)
+            out["choices"][0]["logprobs"] = {
+                "content": [{"token": t, "logprob": -(0.05 + 0.1 * (len(t) % 5)), "top_logprobs": []} for t in toks]
+            }
+        if with_usage:
+            p = sum(_words(m["content"]) + 4 for m in body["messages"])
+            c = _words(text)
+            out["usage"] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        return out
+
+    def _take_fault(self, text: str) -> list | None:
+        with self.lock:
+            for f in self.faults:
+                if f[2] > 0 and f[0] in text:
+                    f[2] -= 1
+                    self.fault_log.append((f[0], f[1]))
+                    return f
+        return None
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _send(self, status: int, payload: bytes, headers: dict | None = None):
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    for k, v in (headers or {}).items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", "0"))
+                raw = self.rfile.read(n)
+                with server.lock:
+                    server.requests += 1
+                auth = self.headers.get("Authorization")
+                if auth:
+                    server.auth_seen.add(auth)
+                if not self.path.endswith("/chat/completions"):
+                    return self._send(404, b'{"error": {"message": "not found"}}')
+                if server.key is not None and auth != f"Bearer {server.key}":
+                    msg = {"error": {"message": f"Incorrect API key provided: {auth}", "type": "invalid_request_error"}}
+                    return self._send(401, json.dumps(msg).encode())
+                body = json.loads(raw)
+                if server.delay_s:
+                    time.sleep(server.delay_s)
+                f = server._take_fault(body["messages"][-1]["content"] + body["messages"][0]["content"])
+                if f is not None:
+                    kind = f[1]
+                    if kind == "timeout":
+                        time.sleep(server.timeout_sleep_s)
+                    elif kind == "429":
+                        return self._send(429, b'{"error": {"message": "rate limited"}}', {"Retry-After": f[3]})
+                    elif kind in ("500", "503"):
+                        return self._send(int(kind), b'{"error": {"message": "server error"}}')
+                    elif kind == "malformed":
+                        return self._send(200, b'{"choices": [{"message": {"content": "Ye')
+                    elif kind == "no_usage":
+                        return self._send(200, json.dumps(server.completion(body, with_usage=False)).encode())
+                self._send(200, json.dumps(server.completion(body)).encode())
+
+        return Handler

@@ -1,0 +1,354 @@
+"""``ccpo-jax data collect`` against a real local HTTP server (``tests/chat_server.py``, 127.0.0.1 only).
+
+The server is deterministic (a reply is a function of the request), so every
+run of the same collection must write the same file: the reference run's sha256
+is what the runs with faults, a kill, a budget stop and a failure must end with.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts
+from ccpo_jax.cli import main
+from ccpo_jax.collect import protocol as P
+from ccpo_jax.collect.client import parse_completion, retry_after_s
+
+N_QUESTIONS = 25
+EPOCH = "1796083200"  # SOURCE_DATE_EPOCH: 2026-12-01, so the provenance dates do not depend on today
+SCRIPTS = make_scripts(N_QUESTIONS)
+
+
+@pytest.fixture(autouse=True)
+def _fixed_date(monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with FakeChatServer(SCRIPTS) as srv:
+        yield srv
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_faults(request):
+    yield
+    if "server" in request.fixturenames:
+        srv = request.getfixturevalue("server")
+        left = [f for f in srv.faults if f[2] > 0]
+        srv.faults.clear()
+        srv.delay_s = 0.0
+        assert not left, f"faults not consumed: {left}"
+
+
+@pytest.fixture(scope="module")
+def questions_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("q") / "questions.jsonl"
+    with open(p, "w") as f:
+        for i, (q, s) in enumerate(SCRIPTS.items()):
+            f.write(json.dumps({"id": f"q{i}", "question": q, "gold": s.gold}) + "\n")
+    return p
+
+
+def _args(server, questions_file, out, *extra):
+    return ["data", "collect", "--questions", str(questions_file), "--base", f"{server.url},{BASE_MODEL}",
+            "--guide", f"{server.url},{GUIDE_MODEL}", "--out", str(out), "--base-price", "0.5,1.5",
+            "--guide-price", "2.5,10", "--exit-baselines", "base,guide", "--policy-baselines", "guide",
+            "--no-progress", *extra]
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _calls(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out.parent / (out.name + ".calls")).read_text().splitlines() if x.strip()]
+
+
+@pytest.fixture(scope="module")
+def reference(server, questions_file, tmp_path_factory):
+    """An uninterrupted run: (cache path, sha256, requests it sent, USD it paid)."""
+    os.environ["SOURCE_DATE_EPOCH"] = EPOCH
+    out = tmp_path_factory.mktemp("ref") / "cache.jsonl"
+    before = server.requests
+    assert main(_args(server, questions_file, out)) == 0
+    paid = sum(c.get("cost_usd", 0.0) for c in _calls(out))
+    return out, _sha(out), server.requests - before, paid
+
+
+# -- a normal run ------------------------------------------------------------------------------
+
+
+def test_normal_run_writes_a_cache_that_data_check_reads(reference, capsys):
+    from envs.jsonl import read_jsonl
+
+    out, sha, sent, paid = reference
+    cache = read_jsonl(out)
+    assert cache.n_questions == N_QUESTIONS and cache.T == 4
+    man = cache.manifest
+    assert (man.base.name, man.guide.name) == (BASE_MODEL, GUIDE_MODEL)
+    assert (man.guide.price_in, man.guide.price_out) == (2.5, 10.0)
+    assert man.exit_models == (BASE_MODEL, GUIDE_MODEL) and man.llm_policy_models == (GUIDE_MODEL,)
+    prov = man.provenance
+    assert prov["kind"] == "real" and prov["collected"] == {"started": "2026-12-01", "finished": "2026-12-01"}
+    assert prov["endpoints"]["guide"]["url"].startswith("http://127.0.0.1:")
+    assert set(prov["prompts_sha256"]) == set(P.PROMPTS) and "collector" in prov
+
+    lines = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    assert [r["id"] for r in lines] == [f"q{i}" for i in range(N_QUESTIONS)]  # questions-file order
+    calls = [c for c in _calls(out) if "text" in c]
+    assert len(calls) == sent
+    # tokens are the server's usage; cost = tokens x prices
+    q0 = lines[0]["rounds"][0]
+    first_base = next(c for c in calls if c["q"] == "q0" and c["call"] == "r0.base")
+    assert (q0["base"]["tokens_in"], q0["base"]["tokens_out"]) == (first_base["tokens_in"], first_base["tokens_out"])
+    assert first_base["cost_usd"] == pytest.approx((first_base["tokens_in"] * 0.5 + first_base["tokens_out"] * 1.5) / 1e6)
+    assert all(c["latency_s"] > 0 for c in calls)
+    # log-prob measures: the fake's verdict token "Yes" has logprob -0.35 -> uncertainty 1 - e^-0.35
+    assert q0["guide"]["verdict"] is True and q0["guide"]["uncertainty"] == pytest.approx(1 - 2.718281828 ** -0.35, abs=1e-6)
+    assert 0 < q0["base"]["confidence"] < 1
+    # question 2: base wrong, guide says No [gold] -> guide answer correct
+    r = lines[2]["rounds"][0]
+    assert r["base"]["correct"] is False and r["guide"] == {**r["guide"], "verdict": False, "answer": "answer 2", "correct": True}
+    # question 7: the guide's reply is not a verdict -> recorded as unreadable, not guessed
+    g = lines[7]["rounds"][0]["guide"]
+    assert g["verdict_parsed"] is False and g["raw"] == "Hmm, that is hard to tell."
+    assert g["verdict"] is False and g["answer"] == "" and g["correct"] is False and "uncertainty" not in g
+    # question 11: the base gave no "Answer:" line -> no answer, no confidence
+    b = lines[11]["rounds"][0]["base"]
+    assert b["answer_parsed"] is False and b["answer"] == "" and "confidence" not in b
+    # baselines: EXIT of both models and the LLM-as-policy of the guide
+    ex = lines[1]["baselines"]["exit"]
+    assert ex[BASE_MODEL]["rounds"] == 2 and ex[BASE_MODEL]["correct"] is True and ex[GUIDE_MODEL]["rounds"] == 1
+    assert lines[0]["baselines"]["llm_policy"][GUIDE_MODEL] == [0]
+    assert lines[2]["baselines"]["llm_policy"][GUIDE_MODEL] == [2, 1]
+    # the protocol's first base call and the base model's first EXIT round are one request, sent once
+    assert not any(c["call"] == "exit.base.r0" for c in calls)
+
+    capsys.readouterr()
+    assert main(["data", "check", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert f"questions:   {N_QUESTIONS}" in shown and f"{BASE_MODEL} EXIT" in shown and "guide uncertainty given" in shown
+
+
+@pytest.mark.slow
+def test_reproduce_runs_on_the_collected_cache(reference, tmp_path):
+    """``reproduce --cache`` on the collected file: every row the cache supports (the learned rows are
+    skipped here to keep the test short; the compiled baselines are most of its time)."""
+    from ccpo_jax.pipeline import reproduce
+
+    out = reference[0]
+
+    res = reproduce(cache=str(out), n_splits=2, split_sizes="13,6,6", out_dir=tmp_path / "run",
+                    learned_rows=False, echo=None, progress=False)
+    rows = res.results["policies"]
+    assert {f"{BASE_MODEL} EXIT", f"{GUIDE_MODEL} EXIT", "Random", f"LLM policy ({GUIDE_MODEL})", "UALA"} <= set(rows)
+    assert res.results["cache"]["provenance"]["kind"] == "real"
+    assert (tmp_path / "run" / "table.md").is_file()
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+
+def test_faults_are_retried_and_the_file_is_unchanged(server, questions_file, reference, tmp_path):
+    """A timeout, a 429 with Retry-After, two 500s, a 503 and a malformed body: each is retried
+    (the waits are in the call log) and the cache equals the reference byte for byte."""
+    server.timeout_sleep_s = 1.0
+    server.fault("item number 3?", "timeout")
+    server.fault("item number 5?", "429", retry_after="1")
+    server.fault("item number 6?", "500", times=2)
+    server.fault("item number 9?", "503")
+    server.fault("item number 8?", "malformed")
+    out = tmp_path / "cache.jsonl"
+    t0 = time.perf_counter()
+    assert main(_args(server, questions_file, out, "--timeout", "0.5", "--backoff", "0.01")) == 0
+    assert time.perf_counter() - t0 >= 1.0  # the Retry-After was honoured
+    assert _sha(out) == reference[1]
+    # (a loaded machine may add a timeout elsewhere: check that each injected fault is there)
+    waits: dict[str, list] = {}
+    for c in _calls(out):
+        waits.setdefault(c["q"], []).extend(c.get("waits") or [])
+    assert any(w[0] == "timeout after 0.5 s" for w in waits["q3"])
+    assert any(w[0] == "HTTP 429, Retry-After 1 s" and w[1] >= 1.0 for w in waits["q5"])
+    assert [w for w in waits["q6"] if w[0] == "HTTP 500"][1][1] <= 0.02  # backoff 0.01 doubled, with jitter
+    assert any(w[0] == "HTTP 503" for w in waits["q9"]) and any(w[0] == "malformed JSON body" for w in waits["q8"])
+
+
+def test_failure_after_retries_stops_cleanly_and_resume_completes(server, questions_file, reference, tmp_path, capsys):
+    server.fault("item number 4?", "500", times=3)
+    out = tmp_path / "cache.jsonl"
+    rc = main(_args(server, questions_file, out, "--retries", "2", "--backoff", "0.01", "--concurrency", "1"))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and "gave up after 3 attempts (last: HTTP 500)" in err
+    assert "--resume" in err and "Traceback" not in err
+    from envs.jsonl import read_jsonl
+
+    assert read_jsonl(out).n_questions == 4  # q0..q3 finished before the failing q4; the partial file is a cache
+    assert main(_args(server, questions_file, out, "--resume")) == 0
+    assert _sha(out) == reference[1]
+
+
+def test_kill_and_resume_gives_the_identical_file(server, questions_file, reference, tmp_path):
+    """SIGKILL a CLI run mid-collection, resume it: the same bytes as the uninterrupted run, and only
+    the calls in flight at the kill are sent twice (the rest are replayed from the call log)."""
+    out = tmp_path / "cache.jsonl"
+    server.delay_s = 0.03
+    before = server.requests
+    env = dict(os.environ, SOURCE_DATE_EPOCH=EPOCH, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([sys.executable, "-m", "ccpo_jax.cli", *_args(server, questions_file, out)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and len(out.read_bytes().splitlines()) >= 1 + 6:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    server.delay_s = 0.0
+    n_killed = len(out.read_bytes().splitlines()) - 1
+    assert 6 <= n_killed < N_QUESTIONS
+    assert main(_args(server, questions_file, out, "--resume")) == 0
+    assert _sha(out) == reference[1]
+    sent = server.requests - before
+    assert reference[2] <= sent <= reference[2] + 8  # at most one in-flight call per worker is paid twice
+    assert any(c.get("replayed") for c in _calls(out))
+
+
+def test_budget_stop_then_resume(server, questions_file, reference, tmp_path, capsys):
+    out = tmp_path / "cache.jsonl"
+    cap = reference[3] * 0.5
+    rc = main(_args(server, questions_file, out, "--max-cost-usd", f"{cap:.6f}", "--concurrency", "2"))
+    cap_r = float(f"{cap:.6f}")
+    cap_out = capsys.readouterr()
+    assert rc == 3 and "stopped by --max-cost-usd" in cap_out.err
+    assert cap_out.out.startswith("cost bound for 25 question(s)")
+    paid = sum(c.get("cost_usd", 0.0) for c in _calls(out))
+    assert 0 < paid <= cap_r
+    from envs.jsonl import read_jsonl
+
+    assert 0 < read_jsonl(out).n_questions < N_QUESTIONS
+    assert main(_args(server, questions_file, out, "--resume", "--max-cost-usd", "1")) == 0
+    assert _sha(out) == reference[1]
+    assert "already paid" in capsys.readouterr().out
+
+
+# -- keys --------------------------------------------------------------------------------------
+
+
+def test_api_key_is_sent_but_never_written(questions_file, tmp_path, monkeypatch, capfd):
+    secret = "sk-test-THIS-IS-SECRET-0123456789"
+    with FakeChatServer(SCRIPTS, key=secret) as srv:
+        monkeypatch.setenv("CCPO_TEST_KEY", secret)
+        out = tmp_path / "keyed.jsonl"
+        keys = ["--base-key-env", "CCPO_TEST_KEY", "--guide-key-env", "CCPO_TEST_KEY"]
+        assert main(_args(srv, questions_file, out, "--limit", "3", *keys)) == 0
+        assert srv.auth_seen == {f"Bearer {secret}"}
+        # a wrong key: the server echoes it in its 401 body; the error must not repeat it
+        wrong = "sk-test-WRONG-KEY-9876543210"
+        monkeypatch.setenv("CCPO_TEST_KEY", wrong)
+        out2 = tmp_path / "wrong.jsonl"
+        assert main(_args(srv, questions_file, out2, "--limit", "1", *keys)) == 2
+    printed = capfd.readouterr()
+    assert "HTTP 401 (not retried)" in printed.err and "***" in printed.err
+    for text in [printed.out, printed.err] + [p.read_text() for p in tmp_path.iterdir() if p.is_file()]:
+        assert secret not in text and wrong not in text
+    # a key variable that is not set is an error before any call
+    monkeypatch.delenv("CCPO_TEST_KEY")
+    assert main(_args(srv, questions_file, tmp_path / "nokey.jsonl", *keys)) == 2
+    assert "CCPO_TEST_KEY" in capfd.readouterr().err
+
+
+# -- user errors ---------------------------------------------------------------------------------
+
+
+def test_bad_input_is_one_error_line(server, questions_file, reference, tmp_path, capsys):
+    def err(args):
+        assert main(args) == 2
+        e = capsys.readouterr().err
+        assert e.startswith("error: ") and e.count("\n") == 1, e
+        return e
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "question": "Q?", "gold": "x"}\n{"id": "b", "question": "Q2?"}\n')
+    assert "bad.jsonl:2: gold" in err(_args(server, bad, tmp_path / "o.jsonl"))
+    assert "already exists" in err(_args(server, questions_file, reference[0]))
+    assert "T differ" in err(_args(server, questions_file, reference[0], "--resume", "--rounds", "3"))
+    assert "no price for the guide model" in err([a for a in _args(server, questions_file, tmp_path / "o.jsonl")
+                                                  if a not in ("--guide-price", "2.5,10")])
+    args = _args(server, questions_file, tmp_path / "o.jsonl")
+    args[args.index("--base") + 1] = "http://user:pw@127.0.0.1:1/v1,m"
+    assert "--base: put credentials in an environment variable" in err(args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+
+
+def test_dry_run_prints_the_bound_and_calls_nothing(server, questions_file, tmp_path, capsys):
+    before = server.requests
+    out = tmp_path / "cache.jsonl"
+    assert main(_args(server, questions_file, out, "--dry-run")) == 0
+    text = capsys.readouterr().out
+    assert "cost bound for 25 question(s), T=4" in text and "at most $" in text
+    assert server.requests == before and not out.exists()
+
+
+# -- parsers and measures (no server) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reply, verdict, correction", [
+    ("Yes", True, None), ("yes.", True, None), ("**Yes**", True, None), ("Response: Yes", True, None),
+    ("No [Paris]", False, "Paris"), ("No [answer 2]", False, "answer 2"), ("No, the correct answer is Paris.", False, "Paris"),
+    ("NO: Rome", False, "Rome"), ("No", False, None), ("No [correct answer]", False, None),
+    ("Nope", None, None), ("Correct", None, None), ("I think the answer is right", None, None), ("", None, None),
+])
+def test_parse_verdict(reply, verdict, correction):
+    assert P.parse_verdict(reply) == P.Verdict(verdict, correction)
+
+
+def test_parse_answers_and_decisions():
+    text = "Step 1 ... so it is big.\nAnswer: **Indiana University**."
+    ans, (s, e) = P.parse_base_answer(text)
+    assert ans == "Indiana University" and text[s:e] == ans
+    assert P.parse_base_answer("Answer: A\nmore thinking\nFinal answer: B")[0] == "B"
+    assert P.parse_base_answer("no answer here") is None and P.parse_base_answer("Answer:   ") is None
+    assert P.parse_exit("[EXIT]") is True and P.parse_exit("continue") is False and P.parse_exit("stop") is None
+    assert P.parse_policy_action("2", last_round=False) == 1 and P.parse_policy_action("3", last_round=False) == 2
+    assert P.parse_policy_action("3", last_round=True) is None and P.parse_policy_action("12", last_round=False) is None
+    assert P.is_correct("The Paris!", ["paris"]) and not P.is_correct("", ["x"])
+    assert P.is_correct("Indiana University Bloomington", ["Indiana University"], f1_threshold=0.8)
+    assert not P.is_correct("Indiana University Bloomington", ["Indiana University"])
+
+
+def test_logprob_measures_and_usage():
+    lps = (("**", -0.1), ("Yes", -0.2), ("**", -0.0))
+    assert P.verdict_uncertainty(lps) == pytest.approx(1 - 2.718281828 ** -0.2, abs=1e-6)
+    assert P.verdict_uncertainty(None) is None
+    text = "ok\nAnswer: Paris"
+    toks = (("ok", -1.0), ("\n", -1.0), ("Answer", -1.0), (":", -1.0), (" Par", -0.1), ("is", -0.3))
+    assert P.answer_confidence(toks, text, P.parse_base_answer(text)[1]) == pytest.approx(2.718281828 ** -0.2, abs=1e-6)
+    assert P.answer_confidence(toks[:-1], text, (11, 16)) is None  # tokens do not spell the text
+    body = {"choices": [{"message": {"content": "Yes"}, "finish_reason": "stop"}]}
+    r = parse_completion(body)
+    assert r.tokens_in is None and r.logprobs is None  # no usage, no logprobs: absent, not invented
+    with pytest.raises(ValueError):
+        parse_completion({"choices": []})
+
+
+def test_retry_after_forms():
+    import httpx
+
+    assert retry_after_s(httpx.Headers({"Retry-After": "7"})) == 7.0
+    assert retry_after_s(httpx.Headers({"retry-after-ms": "250"})) == 0.25
+    assert retry_after_s(httpx.Headers({"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}), now=1792567670.0) == pytest.approx(10.0)
+    assert retry_after_s(httpx.Headers({"Retry-After": "soon"})) is None
