@@ -623,7 +623,9 @@ def cost_bound(s: Settings, questions: list[Question]) -> dict[str, dict[str, fl
                     add(role, len(P.EXIT_PROMPT) + qc, 1, (t + 1) * B, D)
         for role in dict.fromkeys(s.policy_roles):
             for t in range(s.T):
-                add(role, len(P.POLICY_PROMPT) + len(P.POLICY_NEXT) + qc + 200 * (t + 1), 1, (t + 1) * (2 * B), D)
+                # each round shown: a line of ~200 characters around the base answer (<= B tokens) and the
+                # guide's answer (<= G tokens)
+                add(role, len(P.POLICY_PROMPT) + len(P.POLICY_NEXT) + qc + 200 * (t + 1), 1, (t + 1) * (B + G), D)
     return out
 
 
@@ -770,7 +772,9 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
     caller = Caller(s, ex, log, meter, stop, clients)
     stopped: str | None = None
     t0 = time.perf_counter()
-    bar = _progress(ex.progress, len(selected), sum(1 for q in selected if q.id in done))
+    n_before = sum(1 for q in selected if q.id in done)
+    n_new = 0
+    bar = _progress(ex.progress, len(selected), n_before)
 
     def work(q: Question) -> dict:
         if stop.is_set():
@@ -811,13 +815,14 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
                         f.flush()
                         os.fsync(f.fileno())
                         done[q.id] = line
+                        n_new += 1
                         if bar is not None:
                             bar.update(1)
                     if stop.is_set():
                         for fut in pending:
                             fut.cancel()
                     if bar is not None:
-                        bar.set_postfix_str(_postfix(meter, len(done), len(selected)), refresh=True)
+                        bar.set_postfix_str(_postfix(meter, n_before + n_new, len(selected), n_new), refresh=True)
             except KeyboardInterrupt:
                 stop.set()
                 for fut in pending:
@@ -854,14 +859,18 @@ def _progress(enabled: bool, total: int, initial: int):
     return tqdm(total=total, initial=initial, unit="q", desc="questions", file=sys.stderr, dynamic_ncols=True)
 
 
-def _postfix(m: Meter, done: int, total: int) -> str:
+def _postfix(m: Meter, done: int, total: int, done_now: int) -> str:
+    """calls, tokens, dollars so far and, once a question finished in this run, the projected total
+    (this run's dollars per finished question x the questions left)."""
     tok = sum(a + b for a, b in m.tokens.values())
     s = f"calls {m.sent}"
     if m.replayed:
         s += f" (+{m.replayed} reused)"
     s += f" | tokens {tok:,} | ${m.total_usd:.4f}"
+    if done_now > 0 and done < total:
+        s += f" (~${m.total_usd + m.spent / done_now * (total - done):.4f} at the end)"
     if m.cap is not None:
-        s += f" of ${m.cap:.2f}"
+        s += f" | cap ${m.cap:.2f}"
     return s
 
 
