@@ -22,7 +22,7 @@ from ccpo_jax.cli import main
 from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.client import parse_completion, retry_after_s
 
-N_QUESTIONS = 25
+N_QUESTIONS = 20
 EPOCH = "1796083200"  # SOURCE_DATE_EPOCH: 2026-12-01, so the provenance dates do not depend on today
 SCRIPTS = make_scripts(N_QUESTIONS)
 
@@ -147,7 +147,7 @@ def test_reproduce_runs_on_the_collected_cache(reference, tmp_path):
 
     out = reference[0]
 
-    res = reproduce(cache=str(out), n_splits=2, split_sizes="13,6,6", out_dir=tmp_path / "run",
+    res = reproduce(cache=str(out), n_splits=2, split_sizes="8,6,6", out_dir=tmp_path / "run",
                     learned_rows=False, echo=None, progress=False)
     rows = res.results["policies"]
     assert {f"{BASE_MODEL} EXIT", f"{GUIDE_MODEL} EXIT", "Random", f"LLM policy ({GUIDE_MODEL})", "UALA"} <= set(rows)
@@ -200,7 +200,7 @@ def test_kill_and_resume_gives_the_identical_file(server, questions_file, refere
     """SIGKILL a CLI run mid-collection, resume it: the same bytes as the uninterrupted run, and only
     the calls in flight at the kill are sent twice (the rest are replayed from the call log)."""
     out = tmp_path / "cache.jsonl"
-    server.delay_s = 0.03
+    server.delay_s = 0.02
     before = server.requests
     env = dict(os.environ, SOURCE_DATE_EPOCH=EPOCH, JAX_PLATFORMS="cpu")
     proc = subprocess.Popen([sys.executable, "-m", "ccpo_jax.cli", *_args(server, questions_file, out)],
@@ -227,6 +227,21 @@ def test_kill_and_resume_gives_the_identical_file(server, questions_file, refere
     assert any(c.get("replayed") for c in _calls(out))
 
 
+def test_resume_drops_lines_cut_by_a_kill(server, questions_file, reference, tmp_path):
+    """A kill in the middle of a write leaves a last line without its newline, in the cache or the
+    call log: resume drops it and re-collects that question (its calls come from the log)."""
+    ref, ref_sha = reference[0], reference[1]
+    out = tmp_path / "cache.jsonl"
+    lines = ref.read_bytes().splitlines(keepends=True)
+    out.write_bytes(b"".join(lines[:6]) + lines[6][:40])
+    log = (ref.parent / (ref.name + ".calls")).read_bytes().splitlines(keepends=True)
+    (tmp_path / "cache.jsonl.calls").write_bytes(b"".join(log[:-1]) + log[-1][:25])
+    before = server.requests
+    assert main(_args(server, questions_file, out, "--resume")) == 0
+    assert _sha(out) == ref_sha
+    assert server.requests - before <= 1  # only the call whose log line was cut is sent again
+
+
 def test_budget_stop_then_resume(server, questions_file, reference, tmp_path, capsys):
     out = tmp_path / "cache.jsonl"
     cap = reference[3] * 0.5
@@ -234,7 +249,7 @@ def test_budget_stop_then_resume(server, questions_file, reference, tmp_path, ca
     cap_r = float(f"{cap:.6f}")
     cap_out = capsys.readouterr()
     assert rc == 3 and "stopped by --max-cost-usd" in cap_out.err
-    assert cap_out.out.startswith("cost bound for 25 question(s)")
+    assert cap_out.out.startswith(f"cost bound for {N_QUESTIONS} question(s)")
     paid = sum(c.get("cost_usd", 0.0) for c in _calls(out))
     assert 0 < paid <= cap_r
     from envs.jsonl import read_jsonl
@@ -261,6 +276,7 @@ def test_api_key_is_sent_but_never_written(questions_file, tmp_path, monkeypatch
         monkeypatch.setenv("CCPO_TEST_KEY", wrong)
         out2 = tmp_path / "wrong.jsonl"
         assert main(_args(srv, questions_file, out2, "--limit", "1", *keys)) == 2
+        assert not out2.exists()  # nothing was paid or finished: no files left to block the corrected rerun
     printed = capfd.readouterr()
     assert "HTTP 401 (not retried)" in printed.err and "***" in printed.err
     for text in [printed.out, printed.err] + [p.read_text() for p in tmp_path.iterdir() if p.is_file()]:
@@ -299,7 +315,7 @@ def test_dry_run_prints_the_bound_and_calls_nothing(server, questions_file, tmp_
     out = tmp_path / "cache.jsonl"
     assert main(_args(server, questions_file, out, "--dry-run")) == 0
     text = capsys.readouterr().out
-    assert "cost bound for 25 question(s), T=4" in text and "at most $" in text
+    assert f"cost bound for {N_QUESTIONS} question(s), T=4" in text and "at most $" in text
     assert server.requests == before and not out.exists()
 
 

@@ -192,7 +192,7 @@ def make_manifest(s: Settings, started: str) -> dict[str, Any]:
         "llm_policy_models": s.model_names(s.policy_roles),
         "provenance": {
             "kind": "real",
-            "source": "collected from live chat-completions endpoints by 'ccpo-jax data collect'",
+            "source": "ccpo-jax data collect (live chat-completions endpoints)",
             "license": s.license,
             "collector": collector_version(),
             "collected": {"started": started},
@@ -209,13 +209,8 @@ def make_manifest(s: Settings, started: str) -> dict[str, Any]:
                 "logprobs": s.logprobs,
             },
             "correctness": rule,
-            "measures": {
-                "guide_uncertainty": "1 - p(verdict token): the first reply token holding a letter or digit",
-                "base_confidence": "exp(mean logprob) of the tokens of the final answer span",
-            },
-            "unreadable": "an unreadable guide verdict is stored as verdict false, answer '' and verdict_parsed false "
-                          "(raw reply kept); a base completion without an 'Answer:' line as answer '' with "
-                          "answer_parsed false",
+            "measures": {"guide_uncertainty": "1 - p(verdict token)",
+                         "base_confidence": "exp(mean logprob) over the answer tokens"},
             "config_sha256": s.config_sha256(),
         },
     }
@@ -663,6 +658,7 @@ class Outcome:
     meter: Meter
     elapsed_s: float
     sha256: str | None = None
+    removed: bool = False  # stopped before anything was paid or finished: the files were removed
 
 
 def _read_existing(path: Path, s: Settings) -> tuple[dict, dict[str, str]]:
@@ -764,6 +760,10 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
     if man is None:
         man = make_manifest(s, today())
         _write_atomic(out, manifest_line(man) + "\n")
+        created = True
+    else:
+        created = False
+    log_created = not log_path.exists()
     if log is None:
         log = CallLog(log_path)
     stop = threading.Event()
@@ -836,6 +836,15 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
         log.close()
     elapsed = time.perf_counter() - t0
     complete = all(q.id in done for q in selected)
+    removed = not complete and created and log_created and not done and not log.replies
+    if removed:
+        # stopped before anything was paid or finished (a bad key, an unknown model, a tiny cap):
+        # the files hold nothing worth resuming, and would only block the corrected rerun
+        for p in (out, log_path):
+            try:
+                p.unlink()
+            except OSError:
+                pass
     sha = None
     if complete:
         order = [q.id for q in questions if q.id in done]
@@ -848,7 +857,8 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
 
         read_jsonl(out)  # the file must be a valid cache (a failure here is a collector bug)
         sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return Outcome(out, complete, sum(1 for q in selected if q.id in done), len(selected), stopped, meter, elapsed, sha)
+    return Outcome(out, complete, sum(1 for q in selected if q.id in done), len(selected), stopped, meter, elapsed, sha,
+                   removed)
 
 
 def _progress(enabled: bool, total: int, initial: int):
@@ -906,5 +916,8 @@ def summary(o: Outcome, s: Settings) -> str:
         lines.append(f"warning: {m.estimated_usage} repl(ies) had no usage; their tokens are estimated and flagged")
     if o.sha256:
         lines.append(f"sha256 {o.sha256}")
-    lines.append(f"call log: {o.out.with_name(o.out.name + '.calls')}")
+    if o.removed:
+        lines.append(f"nothing was paid or finished: {o.out} and its call log were removed")
+    else:
+        lines.append(f"call log: {o.out.with_name(o.out.name + '.calls')}")
     return "\n".join(lines)

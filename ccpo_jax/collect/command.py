@@ -225,11 +225,14 @@ def run(args) -> int:
         return 0
     print(summary(o, s))
     if o.stopped == "budget":
-        print(f"stopped by --max-cost-usd {ex.max_cost_usd:g}: the next call could have crossed it. "
-              f"{o.done}/{o.total} questions are in {o.out}; continue with --resume and a higher --max-cost-usd",
+        saved = ("nothing was paid, no files kept; rerun with a higher --max-cost-usd" if o.removed else
+                 f"{o.done}/{o.total} questions are in {o.out}; continue with --resume and a higher --max-cost-usd")
+        print(f"stopped by --max-cost-usd {ex.max_cost_usd:g}: the next call could have crossed it. {saved}",
               file=sys.stderr)
         return EXIT_BUDGET
     if o.stopped:
-        raise CollectError(f"{o.stopped}. {o.done}/{o.total} questions are saved in {o.out}; "
-                           "fix the cause and rerun with --resume (paid calls are replayed)")
+        saved = ("nothing was paid or saved (no files kept); fix the cause and rerun" if o.removed else
+                 f"{o.done}/{o.total} questions are saved in {o.out}; fix the cause and rerun with --resume "
+                 "(paid calls are replayed)")
+        raise CollectError(f"{o.stopped}. {saved}")
     return 0
