@@ -1,6 +1,6 @@
 """The ``ccpo-jax`` console entry point: one command, several subcommands.
 
-User errors (:data:`ccpo_jax.errors.USER_ERRORS`) are printed as one line
+User errors (:data:`ccpo_jax.errors.USER_ERRORS`, and a full disk: :func:`ccpo_jax.errors.disk_full_message`) are printed as one line
 ``error: ...`` on stderr with exit status 2 and no traceback; Ctrl-C exits 130.
 """
 from __future__ import annotations
@@ -89,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a full disk anywhere (reproduce, export, data, stackelberg) is a user error too
+        from ccpo_jax.errors import disk_full_message
+
+        msg = disk_full_message(e)
+        if msg is None:
+            raise
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
     return int(rc or 0)
 
 

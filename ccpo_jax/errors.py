@@ -1,4 +1,7 @@
 """User-facing errors: the CLI prints the message and exits non-zero, no traceback."""
+import errno
+import re
+
 from envs.cache import CacheError
 
 
@@ -10,3 +13,43 @@ class UserError(ValueError):
 
 
 USER_ERRORS = (UserError, CacheError)
+
+
+#: errno values of a full disk or quota.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded")
+
+
+def disk_full_message(exc: BaseException) -> str | None:
+    """One line for an exception caused by a full disk, else None.
+
+    Looks through the chain (``__cause__``, ``__context__``, exception groups),
+    because libraries wrap the OSError: orbax/tensorstore raise
+    ``RESOURCE_EXHAUSTED ... No space left on device`` as a ValueError, and
+    matplotlib or tensorboardX re-raise from their own frames.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            where = f" writing {e.filename}" if e.filename else ""
+            why = e.strerror or str(e)
+            return f"no space left on device{where}{f' ({why})' if why and 'No space' not in why else ''}; " \
+                "free some space and run again"
+        text = str(e)
+        hit = next((t for t in _DISK_FULL_TEXT if t in text), None)
+        if hit is not None:
+            # tensorstore: '... Failed writing: "/path/of/the/file": ... No space left on device'
+            paths = re.findall(r'"(/[^"]+)"', text)
+            if paths:
+                return f"no space left on device writing {paths[-1]} ({hit}); free some space and run again"
+            line = next(ln for ln in text.splitlines() if hit in ln).strip()
+            if len(line) > 300:
+                line = line[:297] + "..."
+            return f"no space left on device ({line}); free some space and run again"
+        todo.extend([e.__cause__, e.__context__, *getattr(e, "exceptions", ())])
+    return None

@@ -138,7 +138,7 @@ def find_policy(run_dir: Path, row: str | None) -> Path:
     for d in sorted(pdir.iterdir()):
         try:
             rows.append(json.loads((d / POLICY_META).read_text())["row"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             continue
     raise UserError(f"--row: no policy {row!r} in {pdir} (available: {', '.join(repr(r) for r in rows) or 'none'})")
 
@@ -250,8 +250,10 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     policy_dir = find_policy(run_dir, row)
     try:
         params, meta = load_policy(policy_dir)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{policy_dir}: cannot read the trained policy ({e})") from None
+    except RecursionError:  # e.g. 100,000 nested lists in policy.json
+        raise UserError(f"{policy_dir}: cannot read the trained policy (JSON nested too deeply)") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:  # incl. invalid UTF-8 (a ValueError)
+        raise UserError(f"{policy_dir}: cannot read the trained policy ({type(e).__name__}: {e})") from None
     from envs.features import n_features
 
     F = n_features(int(meta["T"]))

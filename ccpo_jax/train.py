@@ -323,12 +323,11 @@ def eval_pointwise(key, probs, params: EnvParams, idx):
 
 
 def _checkpoint_manager(ckpt_dir: Path):
-    import orbax.checkpoint as ocp
+    # orbax CheckpointManager + a digest per step, checked before restore; damaged steps
+    # are refused (one line naming the file) and the previous good one used (ccpo_jax/checkpoints.py).
+    from ccpo_jax.checkpoints import VerifiedCheckpoints
 
-    return ocp.CheckpointManager(
-        ckpt_dir.absolute(),
-        options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True),
-    )
+    return VerifiedCheckpoints(ckpt_dir, max_to_keep=2)
 
 
 def train_many(

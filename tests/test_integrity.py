@@ -250,3 +250,165 @@ def test_tensorboard_curves_survive_resume(tmp_path, cache100, monkeypatch):
     for r in ROWS:
         assert tags[_tag(r, "kappa")] == list(range(7)), (r, tags.get(_tag(r, "kappa")))
     assert len(list((out / TB_DIR).glob("events.out.tfevents.*"))) == len(ROWS)
+
+
+# -- (c) damaged manifests and full disks: one `error:` line, exit 2, nothing left behind -----------
+
+def _main_one_line(capsys, argv: list[str], *needles: str) -> str:
+    from ccpo_jax.cli import main
+
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), (rc, err[-3000:])
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+DAMAGED_JSON = {"invalid UTF-8": b'{"name": "\xff\xfe"}', "100,000 nested lists": b"[" * 100_000 + b"]" * 100_000}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_JSON))
+def test_damaged_cache_and_grid_manifest_is_one_line(tmp_path, syn, capsys, damage):
+    d = save_fast(syn, tmp_path / "fast")
+    (d / "manifest.json").write_bytes(DAMAGED_JSON[damage])
+    _main_one_line(capsys, ["data", "check", str(d)], str(d / "manifest.json"))
+    _main_one_line(capsys, ["data", "export", str(d), "--out", str(tmp_path / "x.jsonl")], "manifest.json")
+    assert not (tmp_path / "x.jsonl").exists()
+    from envs.governance.grid import load_grid, save_grid
+    from envs.governance.synthetic import generate_grid
+
+    g = save_grid(generate_grid(seed=0, levels=(0.0, 1.0), trials=1, turns=1), tmp_path / "g")
+    (g / "manifest.json").write_bytes(DAMAGED_JSON[damage])
+    with pytest.raises(CacheError, match="manifest.json"):
+        load_grid(g)
+    j = tmp_path / "g.jsonl"
+    j.write_bytes(DAMAGED_JSON[damage])
+    with pytest.raises(CacheError, match="g.jsonl:1"):
+        load_grid(j)
+
+
+@pytest.fixture(scope="module")
+def run_with_policies(tmp_path_factory, syn):
+    """A reproduce --out with one trained-format policy (weights untrained), for export."""
+    import types
+
+    import jax
+    import jax.numpy as jnp
+
+    from ccpo_jax.config import TrainConfig, Variant
+    from ccpo_jax.networks import policy_net
+    from ccpo_jax.train import save_policies
+    from envs.features import n_features
+
+    root = tmp_path_factory.mktemp("run")
+    p = policy_net().init(jax.random.PRNGKey(0), jnp.zeros((n_features(syn.T),), jnp.float32))
+    state = types.SimpleNamespace(policy=jax.tree.map(lambda a: np.asarray(a)[None, None, None], p),
+                                  kappa=np.array([[[0.3]]], np.float32))
+    save_policies(root / "policies", TrainConfig(), [Variant("CCPO (lambda=0)", True, 0.0)], state,
+                  {"CCPO (lambda=0)": np.array([[0.3]], np.float32)}, syn, "recalibrate")
+    return root
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_JSON))
+def test_damaged_artefact_and_policy_manifest_is_one_line(tmp_path, run_with_policies, capsys, damage):
+    import shutil
+
+    from ccpo_jax.cli import main
+
+    art = tmp_path / "art"
+    assert main(["export", str(run_with_policies), "--out", str(art)]) == 0
+    capsys.readouterr()
+    (art / "manifest.json").write_bytes(DAMAGED_JSON[damage])
+    req = tmp_path / "req.jsonl"
+    req.write_text("{}\n")
+    _main_one_line(capsys, ["route", str(art), "--input", str(req)], str(art / "manifest.json"))
+    run = tmp_path / "run"
+    shutil.copytree(run_with_policies, run)
+    (run / "policies" / "ccpo-lambda-0" / "policy.json").write_bytes(DAMAGED_JSON[damage])
+    _main_one_line(capsys, ["export", str(run), "--out", str(tmp_path / "art2")], "policies")
+    _main_one_line(capsys, ["export", str(run), "--row", "CCPO (lambda=0)", "--out", str(tmp_path / "art2")],
+                   "ccpo-lambda-0")
+    assert not (tmp_path / "art2").exists()
+
+
+def _enospc(*a, **k):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_full_disk_in_data_commands(tmp_path, syn, capsys, monkeypatch):
+    src = write_jsonl(syn, tmp_path / "src.jsonl")
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(np, "savez_compressed", _enospc)
+    _main_one_line(capsys, ["data", "import", "--format", "jsonl", str(src), "--out", str(out / "fast")],
+                   "No space left on device")
+    _main_one_line(capsys, ["data", "synth", "--questions", "50", "--out", str(out / "syn")], "No space left")
+    monkeypatch.setattr(os, "replace", _enospc)
+    _main_one_line(capsys, ["data", "export", str(src), "--out", str(out / "e.jsonl")], "No space left")
+    assert os.listdir(out) == []
+
+
+def test_full_disk_in_export(tmp_path, run_with_policies, capsys, monkeypatch):
+    import ccpo_jax.export as ex
+
+    monkeypatch.setattr(ex.np, "savez", _enospc)
+    line = _main_one_line(capsys, ["export", str(run_with_policies), "--out", str(tmp_path / "art")])
+    assert line == "error: no space left on device; free some space and run again"
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("where", ["plots", "orbax", "run.json"])
+def test_full_disk_in_reproduce(tmp_path, cache100, capsys, monkeypatch, where):
+    import ccpo_jax.pipeline as pl
+    from ccpo_jax import report
+
+    fake = _fake_trainer()
+    if where == "plots":
+        monkeypatch.setattr(report, "write_boxplots", lambda *a, **k: _enospc())
+    elif where == "orbax":  # what tensorstore raises from a checkpoint save on a full disk
+        def fake(**kw):
+            kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+            raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "policy.kernel/0.0" in OCDBT database: Failed '
+                             f'writing: "{kw["ckpt_dir"]}/orbax/1/d/ab12": Failed to write 4096 bytes to file 4: '
+                             "No space left on device [os_error_code='28']")
+    else:
+        monkeypatch.setattr(report, "atomic_write_text", _enospc)
+    monkeypatch.setattr(pl, "_find_learned_rows", lambda: fake)
+    out = tmp_path / "runs" / "r"
+    line = _main_one_line(capsys, ["reproduce", "--cache", str(cache100), "--splits", "2", "--split-sizes",
+                                   "60,20,20", "--out", str(out), "--no-progress"], "no space left on device")
+    if where == "orbax":
+        assert "writing " + str(tmp_path / "runs" / ".r.partial" / "checkpoints") in line
+    assert not out.exists() and not (tmp_path / "runs").exists() or os.listdir(tmp_path / "runs") == []
+
+
+def test_full_disk_in_stackelberg(tmp_path, capsys, monkeypatch):
+    import tensorboardX
+
+    monkeypatch.setattr(tensorboardX, "SummaryWriter", _enospc)
+    out = tmp_path / "stk"
+    _main_one_line(capsys, ["stackelberg", "--quick", "--no-progress", "--out", str(out)], "no space left")
+    assert not out.exists()
+
+
+def _tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    return r.returncode == 0
+
+
+def test_real_full_disk_on_a_small_tmpfs(tmp_path, syn):
+    """Where the machine allows mounting a tmpfs (root): a real ENOSPC through the CLI subprocess."""
+    mnt = tmp_path / "full"
+    if not _tmpfs(mnt, "4k"):
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        src = write_jsonl(syn, tmp_path / "src.jsonl")
+        for argv in (["data", "import", "--format", "jsonl", str(src), "--out", str(mnt / "fast")],
+                     ["data", "export", str(src), "--out", str(mnt / "e.jsonl")]):
+            _one_error_line(_cli(*argv), "No space left on device")
+            assert os.listdir(mnt) == []
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)

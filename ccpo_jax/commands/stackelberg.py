@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,7 +53,18 @@ def _run(args) -> int:
         from envs.governance.grid import save_grid
 
         print(f"wrote grid to {save_grid(load_or_generate_grid(cfg), args.write_grid)}")
-    res = run_pipeline(cfg, args.out, progress=not args.no_progress)
+    out = Path(args.out)
+    existed = out.exists()
+    try:
+        res = run_pipeline(cfg, out, progress=not args.no_progress)
+    except BaseException:
+        # A failed first attempt (bad grid, full disk, ...) leaves nothing behind; once a
+        # checkpoint exists, the directory stays so that the same --out resumes.
+        if not existed and out.is_dir() and not any(out.glob("checkpoints/*/*.digest.json")):
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     syn = " (SYNTHETIC grid)" if res["data"]["synthetic"] else ""
     ev = res["evaluation"]["large"]
     print(f"five strategies on grid replay{syn}, {ev['episodes']} episodes x {ev['turns']} turns:")

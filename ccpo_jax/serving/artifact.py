@@ -92,6 +92,8 @@ def read_verified(path: str | Path) -> tuple[dict, bytes, dict[str, np.ndarray]]
         manifest = json.loads(mpath.read_bytes(), parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{mpath}: not valid JSON ({e})") from None
+    except RecursionError:  # e.g. 100,000 nested lists
+        raise ArtifactError(f"{mpath}: not valid JSON (nested too deeply)") from None
     if not isinstance(manifest, dict):
         raise ArtifactError(f"{mpath}: expected a JSON object")
     if manifest.get("format") != FORMAT_NAME:

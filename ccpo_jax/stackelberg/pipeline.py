@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ccpo_jax.checkpoints import VerifiedCheckpoints
 from ccpo_jax.report import atomic_write_text
 from envs.governance.grid import ResponseGrid, load_grid
 from envs.governance.session import SessionEnv, make_session_params
@@ -57,7 +58,8 @@ def _train_chunks(name: str, init: Callable, run: Callable, args: tuple, in_axes
     per = max(1, math.ceil(iterations / chunks))
     st = jax.jit(jax.vmap(init))(keys)
     f = jax.jit(jax.vmap(run, in_axes=(0, *in_axes, None)), static_argnums=len(args) + 1)
-    mgr = ocp.CheckpointManager(os.path.abspath(ckpt_root / name), options=ocp.CheckpointManagerOptions(max_to_keep=1))
+    # digests checked before restore; a damaged step is refused and the previous one used
+    mgr = VerifiedCheckpoints(Path(os.path.abspath(ckpt_root / name)), max_to_keep=2)
     start = mgr.latest_step() or 0
     if start:
         st = mgr.restore(start, args=ocp.args.StandardRestore(st))

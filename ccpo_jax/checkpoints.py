@@ -1,0 +1,253 @@
+"""Checkpoints verified before use: orbax ``CheckpointManager`` plus a digest per step (DESIGN 7).
+
+orbax checks neither the bytes of an array file nor whether a file was cut
+short: a flipped bit in a kernel is restored as a different number, and a run
+resumed from it silently gives other results. :class:`VerifiedCheckpoints`
+wraps the manager with the same ``save`` / ``latest_step`` / ``restore`` /
+``wait_until_finished`` calls, and
+
+* after each save (once orbax has finished and renamed the step into place)
+  writes ``<root>/<step>.digest.json`` atomically: the size and sha256 of every
+  file of the step directory;
+* before restoring, recomputes them. A step whose digest is missing, whose
+  files differ (a flipped byte, a truncation, a missing or an added file) is
+  refused with one line naming the file; :meth:`latest_step` then falls back
+  to the newest step that verifies (two are kept), moving the damaged one
+  aside (``<root>/../<name>.damaged/``) so the run can save that step again.
+  When no step verifies, :class:`ccpo_jax.errors.UserError` names the damaged
+  file and offers a fresh start (delete the checkpoint directory).
+
+Saves are synchronous (the digest needs the finished files). While orbax
+saves, its own error logs of a full disk are held back: the exception still
+propagates and the CLI prints it as one ``error:`` line.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from ccpo_jax.errors import UserError, disk_full_message
+
+DIGEST_SUFFIX = ".digest.json"
+DIGEST_FORMAT = 1
+
+
+def _say(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr, flush=True)
+
+
+def file_digests(step_dir: Path) -> dict[str, dict[str, Any]]:
+    """relative path -> {"bytes", "sha256"} for every regular file under ``step_dir`` (sorted)."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in sorted(step_dir.rglob("*")):
+        if p.is_file():
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            out[p.relative_to(step_dir).as_posix()] = {"bytes": p.stat().st_size, "sha256": h.hexdigest()}
+    return out
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class _DiskFullFilter(logging.Filter):
+    """Drops orbax's (absl's) log records about a full disk: the exception itself says it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "No space left on device" in record.getMessage() or "Disk quota exceeded" in record.getMessage():
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        return exc is None or disk_full_message(exc) is None
+
+
+@contextlib.contextmanager
+def _quiet_disk_full():
+    f = _DiskFullFilter()
+    loggers = [logging.getLogger(n) for n in ("absl", "orbax")]
+    for lg in loggers:
+        lg.addFilter(f)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(f)
+
+
+class VerifiedCheckpoints:
+    """An orbax CheckpointManager whose steps are verified against digests before restore.
+
+    ``VerifiedCheckpoints(root, max_to_keep=2)``; then ``save(step, args=...)``,
+    ``latest_step()`` (the newest step that verifies, or None), ``restore(step,
+    args=...)`` (verifies first), ``restore_latest_good(make_args)`` ->
+    ``(step, restored)`` or ``(None, None)``. ``warn`` prints the one-line notices.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, max_to_keep: int = 2, warn: Callable[[str], Any] = _say):
+        import orbax.checkpoint as ocp
+
+        self.root = Path(root).absolute()
+        self.warn = warn
+        self._mgr = None
+        # Screen before orbax opens the directory: its manager parses every step's metadata
+        # on start-up and fails with a traceback on a truncated one.
+        self._screen()
+        with _quiet_disk_full():
+            self._mgr = ocp.CheckpointManager(
+                self.root, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+
+    # -- files --------------------------------------------------------------------
+    def digest_path(self, step: int) -> Path:
+        return self.root / f"{int(step)}{DIGEST_SUFFIX}"
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / str(int(step))
+
+    def all_steps(self) -> list[int]:
+        if self._mgr is None:
+            return sorted(int(p.name) for p in self.root.iterdir() if p.is_dir() and p.name.isdigit()) \
+                if self.root.is_dir() else []
+        return sorted(int(s) for s in self._mgr.all_steps())
+
+    def _screen(self) -> None:
+        """Verify every step; set the damaged ones aside (one line each); UserError if none is left."""
+        steps = self.all_steps()
+        first_problem = None
+        for step in reversed(steps):
+            why = self.problem(step)
+            if why is None:
+                continue
+            first_problem = first_problem or why
+            dest = self._set_aside(step)
+            good = [s for s in steps if s != step and self.problem(s) is None]
+            self.warn(f"warning: checkpoint step {step} refused: {why}; moved to {dest}"
+                      + (f"; resuming from step {max(good)}" if good and max(good) < step else ""))
+        if first_problem is not None and not self.all_steps():
+            raise UserError(
+                f"no usable checkpoint in {self.root}: {first_problem}; to start this run afresh, "
+                f"delete {self.root.parent} (the damaged steps are kept in {self.root.name}.damaged/)"
+            )
+
+    # -- save ---------------------------------------------------------------------
+    def save(self, step: int, args: Any) -> None:
+        """Save ``step`` with orbax, wait for it, then write its digest (and drop digests of deleted steps)."""
+        with _quiet_disk_full():
+            self._mgr.save(int(step), args=args)
+            self._mgr.wait_until_finished()
+            body = {"format": DIGEST_FORMAT, "step": int(step), "files": file_digests(self.step_dir(step))}
+            _atomic_write(self.digest_path(step), json.dumps(body, indent=1, sort_keys=True) + "\n")
+        keep = set(self.all_steps())
+        for p in self.root.glob(f"*{DIGEST_SUFFIX}"):
+            name = p.name[: -len(DIGEST_SUFFIX)]
+            if name.isdigit() and int(name) not in keep:
+                p.unlink(missing_ok=True)
+
+    def wait_until_finished(self) -> None:
+        self._mgr.wait_until_finished()  # save() already waited; kept for the orbax interface
+
+    # -- verify -------------------------------------------------------------------
+    def problem(self, step: int) -> str | None:
+        """None if ``step`` matches its digest, else one line naming the damaged file."""
+        d, dp = self.step_dir(step), self.digest_path(step)
+        if not dp.is_file():
+            return f"{dp}: missing (the save did not finish, or the checkpoint predates digests)"
+        try:
+            want = json.loads(dp.read_text())
+            files = want["files"]
+            if want.get("format") != DIGEST_FORMAT or want.get("step") != int(step) or not isinstance(files, dict):
+                raise ValueError("unexpected content")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            return f"{dp}: damaged digest ({type(e).__name__})"
+        have = set()
+        for p in sorted(d.rglob("*")) if d.is_dir() else []:
+            if p.is_file():
+                have.add(p.relative_to(d).as_posix())
+        for rel in sorted(set(files) | have):
+            p = d / rel
+            if rel not in have:
+                return f"{p}: missing"
+            if rel not in files:
+                return f"{p}: not in the digest (added after the save)"
+            size = p.stat().st_size
+            if size != files[rel].get("bytes"):
+                return f"{p}: {size} bytes, the digest says {files[rel].get('bytes')} (truncated or damaged)"
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            if h.hexdigest() != files[rel].get("sha256"):
+                return f"{p}: sha256 differs from the digest (the file is damaged)"
+        return None
+
+    def _set_aside(self, step: int) -> Path:
+        """Move a damaged step (and its digest) out of orbax's sight, keeping it for inspection."""
+        aside = self.root.parent / f"{self.root.name}.damaged"
+        aside.mkdir(parents=True, exist_ok=True)
+        dest = Path(tempfile.mkdtemp(prefix=f"{int(step)}-", dir=aside))
+        for src in (self.step_dir(step), self.digest_path(step)):
+            if src.exists():
+                os.replace(src, dest / src.name)
+        if self._mgr is not None:
+            self._mgr.reload()
+        return dest
+
+    def latest_step(self) -> int | None:
+        """The newest step that verifies; newer damaged steps are set aside with one line each.
+
+        Raises UserError (one line, naming the damaged file) when steps exist but none verifies.
+        """
+        steps = self.all_steps()
+        first_problem = None
+        for step in reversed(steps):
+            why = self.problem(step)
+            if why is None:
+                return step
+            first_problem = first_problem or why
+            older = [s for s in steps if s < step]
+            dest = self._set_aside(step)
+            self.warn(f"warning: checkpoint step {step} refused: {why}; moved to {dest}"
+                      + (f"; resuming from step {older[-1]}" if older else ""))
+        if first_problem is not None:
+            raise UserError(
+                f"no usable checkpoint in {self.root}: {first_problem}; to start this run afresh, "
+                f"delete {self.root.parent} (the damaged steps are kept in {self.root.name}.damaged/)"
+            )
+        return None
+
+    def restore(self, step: int, args: Any) -> Any:
+        """Verify ``step`` against its digest, then restore it (UserError naming the file if damaged)."""
+        why = self.problem(step)
+        if why is not None:
+            raise UserError(f"checkpoint step {step} refused: {why}")
+        return self._mgr.restore(int(step), args=args)
+
+    def restore_latest_good(self, make_args: Callable[[], Any]) -> tuple[int | None, Any]:
+        """``(step, restored)`` of the newest step that verifies, or ``(None, None)`` when there is none yet."""
+        step = self.latest_step()
+        if step is None:
+            return None, None
+        return step, self.restore(step, make_args())
+
+    def close(self) -> None:
+        self._mgr.close()

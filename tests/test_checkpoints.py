@@ -1,0 +1,203 @@
+"""Checkpoints verified before use (issue 15): a flipped byte or a truncation in any file of a
+checkpoint is refused (falling back to the previous good step) and never restored silently."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ccpo_jax.checkpoints import DIGEST_SUFFIX, VerifiedCheckpoints
+from ccpo_jax.errors import UserError
+
+
+def _args(state, metrics=None, restore=False):
+    import orbax.checkpoint as ocp
+
+    if restore:
+        return ocp.args.Composite(state=ocp.args.StandardRestore(state), metrics=ocp.args.JsonRestore())
+    return ocp.args.Composite(state=ocp.args.StandardSave(state), metrics=ocp.args.JsonSave(metrics))
+
+
+def _state(v: float):
+    return {"policy": {"kernel": np.full((64, 32), v, np.float32), "bias": np.arange(32, dtype=np.float32) + v},
+            "kappa": np.full((1,), v, np.float32)}
+
+
+def _saved(root: Path, warn=None) -> VerifiedCheckpoints:
+    ck = VerifiedCheckpoints(root, warn=warn or (lambda s: None))
+    for step in (1, 2):
+        ck.save(step, _args(_state(float(step)), {"history": [step]}))
+    return ck
+
+
+def _kind(rel: str) -> str:
+    # OCDBT data files are named by content hash: one kind, whatever the name
+    return rel.rsplit("/d/", 1)[0] + "/d/*" if "/d/" in rel else rel
+
+
+def _file_kinds(step_dir: Path) -> dict[str, Path]:
+    """One file of each kind in an orbax step (metadata, OCDBT manifest, array data, JSON items, ...)."""
+    kinds: dict[str, Path] = {}
+    for p in sorted(step_dir.rglob("*"), key=lambda p: -p.stat().st_size if p.is_file() else 0):
+        if p.is_file() and p.stat().st_size > 0:
+            kinds.setdefault(_kind(p.relative_to(step_dir).as_posix()), p)  # the largest of each kind
+    return kinds
+
+
+def test_digest_written_beside_each_step_and_old_ones_dropped(tmp_path):
+    ck = _saved(tmp_path / "orbax")
+    ck.save(3, _args(_state(3.0), {"history": [3]}))
+    assert ck.all_steps() == [2, 3]  # two kept
+    assert sorted(p.name for p in (tmp_path / "orbax").glob(f"*{DIGEST_SUFFIX}")) == ["2.digest.json", "3.digest.json"]
+    d = json.loads((tmp_path / "orbax" / "3.digest.json").read_text())
+    assert d["step"] == 3 and d["files"] and all(len(v["sha256"]) == 64 for v in d["files"].values())
+    assert ck.problem(3) is None and ck.latest_step() == 3
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_every_kind_of_checkpoint_file_damaged_falls_back(tmp_path, damage):
+    root = tmp_path / "orbax"
+    kinds = sorted(_file_kinds(_saved(tmp_path / "probe" / "orbax").step_dir(2)))
+    assert any("/d/" in k for k in kinds) and any("metrics" in k for k in kinds) and len(kinds) >= 5, kinds
+    for kind in kinds:
+        if root.parent.exists():
+            import shutil
+
+            shutil.rmtree(root.parent)
+        notes: list[str] = []
+        ck = _saved(root, warn=notes.append)
+        f = _file_kinds(ck.step_dir(2))[kind]
+        rel = f.relative_to(ck.step_dir(2)).as_posix()
+        data = bytearray(f.read_bytes())
+        if damage == "flip":
+            data[len(data) // 2] ^= 0x40
+        else:
+            data = data[: len(data) // 2]
+        f.write_bytes(bytes(data))
+        assert ck.problem(2) is not None and str(f) in ck.problem(2)
+        with pytest.raises(UserError, match="refused"):
+            ck.restore(2, _args(_state(0.0), restore=True))
+        ck2 = VerifiedCheckpoints(root, warn=notes.append)  # as a resumed run opens it
+        step, got = ck2.restore_latest_good(lambda: _args(_state(0.0), restore=True))
+        assert step == 1, kind
+        np.testing.assert_array_equal(got["state"]["policy"]["kernel"], _state(1.0)["policy"]["kernel"])
+        assert got["metrics"]["history"] == [1]
+        assert len(notes) == 1 and notes[0].startswith("warning: checkpoint step 2 refused: ") and rel in notes[0]
+        assert "resuming from step 1" in notes[0] and ck2.all_steps() == [1]
+        # the run can save step 2 again (the damaged one was moved aside)
+        ck2.save(2, _args(_state(2.0), {"history": [1, 2]}))
+        assert ck2.latest_step() == 2 and list((tmp_path / "orbax.damaged").iterdir())
+
+
+def test_no_good_checkpoint_is_one_line_offering_a_fresh_start(tmp_path):
+    ck = _saved(tmp_path / "orbax")
+    for step in (1, 2):
+        (ck.step_dir(step) / "_CHECKPOINT_METADATA").write_text("{}")
+    with pytest.raises(UserError) as e:
+        VerifiedCheckpoints(tmp_path / "orbax").latest_step()
+    msg = str(e.value)
+    assert "\n" not in msg and "_CHECKPOINT_METADATA" in msg and "start this run afresh" in msg
+
+
+def test_missing_or_edited_digest_is_refused(tmp_path):
+    ck = _saved(tmp_path / "orbax")
+    ck.digest_path(2).unlink()
+    assert "missing" in ck.problem(2)
+    d = json.loads(ck.digest_path(1).read_text())
+    d["step"] = 7
+    ck.digest_path(1).write_text(json.dumps(d))
+    assert "damaged digest" in ck.problem(1)
+    (ck.step_dir(1) / "extra").write_text("x")
+    with pytest.raises(UserError, match="no usable checkpoint"):
+        VerifiedCheckpoints(tmp_path / "orbax", warn=lambda s: None).latest_step()
+
+
+def test_full_disk_during_save_is_one_exception_without_log_noise(tmp_path, monkeypatch, capfd):
+    """An ENOSPC inside orbax's save propagates (the CLI prints one line); orbax's own error logs
+    about it are held back, and no digest is written for the failed step."""
+    ck = VerifiedCheckpoints(tmp_path / "orbax", warn=lambda s: None)
+    real = ck._mgr.save
+
+    def full(step, args):
+        import logging
+
+        logging.getLogger("absl").error("writer thread raised: No space left on device [os_error_code='28']")
+        raise ValueError('RESOURCE_EXHAUSTED: Failed writing: "/x/d/1": No space left on device')
+
+    monkeypatch.setattr(ck._mgr, "save", full)
+    with pytest.raises(ValueError, match="RESOURCE_EXHAUSTED"):
+        ck.save(1, _args(_state(1.0), {"history": [1]}))
+    assert not ck.digest_path(1).exists()
+    assert "No space left" not in capfd.readouterr().err
+    monkeypatch.setattr(ck._mgr, "save", real)
+    ck.save(1, _args(_state(1.0), {"history": [1]}))
+    assert ck.latest_step() == 1
+
+
+def test_flipped_kernel_byte_in_a_killed_training_run_is_not_resumed(tmp_path):
+    """The issue's case through the trainer: kill after two chunks, flip a byte in the newest
+    checkpoint's array data, resume: step 2 is refused, the run resumes from step 1 and ends with
+    exactly the uninterrupted run's result."""
+    import jax
+
+    from ccpo_jax.config import TrainConfig
+    from ccpo_jax.train import row_variants, train_many
+    from envs.orchestration import make_env_params
+    from envs.reference import random_cache
+
+    params = make_env_params(random_cache(60, T=4, seed=3))
+    cfg = TrainConfig(iterations=6, chunk=2, batch_size=4)
+    variants = row_variants(())
+    idx = np.arange(40)[None]
+    key = jax.random.PRNGKey(7)
+    full_state, full_m, _ = train_many(cfg, params, variants, idx, key, progress=False)
+    ckpt = tmp_path / "ckpt"
+    train_many(cfg, params, variants, idx, key, ckpt_dir=ckpt, progress=False, stop_after_chunks=2)
+    step2 = ckpt / "orbax" / "2"
+    data_files = sorted(p for p in step2.rglob("*") if p.is_file() and "/d/" in p.as_posix())
+    big = max(data_files, key=lambda p: p.stat().st_size)
+    b = bytearray(big.read_bytes())
+    b[len(b) // 2] ^= 0x40
+    big.write_bytes(bytes(b))
+    res_state, res_m, _ = train_many(cfg, params, variants, idx, key, ckpt_dir=ckpt, progress=False)
+    for a, c in zip(jax.tree.leaves(full_state), jax.tree.leaves(res_state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+    for k in full_m:
+        np.testing.assert_array_equal(full_m[k], res_m[k])
+    assert (ckpt / "orbax.damaged").is_dir()
+
+
+def test_stackelberg_chunk_loop_refuses_a_damaged_checkpoint(tmp_path):
+    """The Stackelberg chunk loop uses the same module: a damaged newest step is not resumed."""
+    import jax
+    import jax.numpy as jnp
+
+    from ccpo_jax.stackelberg.pipeline import _train_chunks
+
+    class Writer:
+        def add_scalar(self, *a, **k):
+            pass
+
+    def init(k):
+        return {"w": jax.random.normal(k, (8, 4))}
+
+    def run(st, n):
+        return {"w": st["w"] * 1.5 + n}, {"loss": jnp.zeros((n,))}
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    ref, _ = _train_chunks("t", init, run, (), (), keys, 3, 3, tmp_path / "ref", Writer(), False)
+    root = tmp_path / "ck"
+    _train_chunks("t", init, run, (), (), keys, 3, 3, root, Writer(), False)
+    assert sorted(p.name for p in (root / "t").iterdir() if p.is_dir()) == ["2", "3"]
+    f = max((p for p in (root / "t" / "3").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 0x40
+    f.write_bytes(bytes(b))
+    again, m = _train_chunks("t", init, run, (), (), keys, 3, 3, root, Writer(), False)
+    np.testing.assert_array_equal(np.asarray(again["w"]), np.asarray(ref["w"]))
+    assert m["loss"].shape == (2, 1)  # only chunk 3 ran again, from step 2
+    assert (root / "t.damaged").is_dir()
