@@ -260,6 +260,45 @@ def test_budget_stop_then_resume(server, questions_file, reference, tmp_path, ca
     assert "already paid" in capsys.readouterr().out
 
 
+def test_without_usage_or_logprobs_nothing_is_invented(server, questions_file, tmp_path, capsys):
+    """No log-probs asked: no confidence / uncertainty fields. A reply without usage: tokens
+    estimated and flagged (and counted in the summary), never silently made up."""
+    server.fault("item number 0?", "no_usage")
+    out = tmp_path / "plain.jsonl"
+    assert main(_args(server, questions_file, out, "--limit", "2", "--no-logprobs")) == 0
+    assert "1 repl(ies) had no usage" in capsys.readouterr().out
+    lines = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    rounds = [r for q in lines for r in q["rounds"]]
+    assert not any("confidence" in r["base"] or "uncertainty" in r["guide"] for r in rounds)
+    assert lines[0]["rounds"][0]["base"]["tokens_estimated"] is True
+    assert sum("tokens_estimated" in r["base"] or "tokens_estimated" in r["guide"] for r in rounds) == 1
+    assert json.loads(out.read_text().splitlines()[0])["manifest"]["provenance"]["requests"]["logprobs"] is False
+
+
+def test_csv_questions_and_pricing_file(server, tmp_path):
+    import argparse
+
+    from ccpo_jax.collect.command import resolve_prices
+    from ccpo_jax.collect.questions import load_questions
+    from ccpo_jax.errors import UserError
+
+    csv_file = tmp_path / "q.csv"
+    csv_file.write_text('id,question,gold,extra\n1,"Who wrote ""Hamlet""?",Shakespeare,x\n2,"2+2?",4,y\n')
+    qs, sha = load_questions(csv_file)
+    assert [(q.id, q.question, q.golds) for q in qs] == [("1", 'Who wrote "Hamlet"?', ("Shakespeare",)), ("2", "2+2?", ("4",))]
+    (tmp_path / "dup.csv").write_text("id,question,gold\n1,a,b\n1,c,d\n")
+    with pytest.raises(UserError, match="dup.csv:3: id: duplicate"):
+        load_questions(tmp_path / "dup.csv")
+    pricing = tmp_path / "prices.yaml"
+    pricing.write_text("big-guide: {price_in: 3, price_out: 12}\n")
+    args = argparse.Namespace(pricing=str(pricing), base_price="0,0", guide_price=None)
+    prices, sources = resolve_prices(args, {"base": BASE_MODEL, "guide": GUIDE_MODEL})
+    assert prices == {"base": (0.0, 0.0), "guide": (3.0, 12.0)} and sources["guide"] == "--pricing prices.yaml"
+    args = argparse.Namespace(pricing=None, base_price="0,0", guide_price=None)
+    prices, sources = resolve_prices(args, {"base": BASE_MODEL, "guide": "gpt-4o"})
+    assert prices["guide"] == (2.5, 10.0) and sources["guide"].startswith("envs/pricing.py")
+
+
 # -- keys --------------------------------------------------------------------------------------
 
 
