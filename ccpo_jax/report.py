@@ -367,6 +367,41 @@ def write_boxplots(
 
 # -- TensorBoard ----------------------------------------------------------------
 
+class ScalarWriter:
+    """TensorBoard scalars written in the calling thread (``add_scalar``, ``close``; a context manager).
+
+    tensorboardX's SummaryWriter writes from a background thread: when the disk
+    is full that thread dies with a traceback and the next ``add_scalar`` past
+    its queue of 10 blocks forever. Here a full disk is an OSError raised where
+    the scalar is added (the CLI prints one line). ``suffix`` ends the event
+    file's name, so writers created in the same second do not share a file.
+    """
+
+    def __init__(self, logdir: str | os.PathLike, suffix: str = ""):
+        from tensorboardX.event_file_writer import EventsWriter
+
+        Path(logdir).mkdir(parents=True, exist_ok=True)
+        self._w = EventsWriter(str(Path(logdir) / "events"), suffix)
+
+    def add_scalar(self, tag: str, value: float, global_step: int) -> None:
+        import time
+
+        from tensorboardX.proto import event_pb2
+        from tensorboardX.summary import scalar
+
+        self._w.write_event(event_pb2.Event(wall_time=time.time(), step=int(global_step),
+                                            summary=scalar(tag, float(value))))
+
+    def close(self) -> None:
+        self._w.close()
+
+    def __enter__(self) -> "ScalarWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def write_scalars(logdir: str | os.PathLike, tag_prefix: str, metrics: Mapping[str, Any]) -> int:
     """Per-iteration training curves as TensorBoard scalars ``<tag_prefix>/<metric>``.
 
@@ -382,11 +417,9 @@ def write_scalars(logdir: str | os.PathLike, tag_prefix: str, metrics: Mapping[s
     """
     import re
 
-    from tensorboardX import SummaryWriter
-
     suffix = "." + (re.sub(r"[^A-Za-z0-9]+", "-", tag_prefix).strip("-").lower() or "run")
     n = 0
-    with SummaryWriter(logdir=str(logdir), filename_suffix=suffix) as w:
+    with ScalarWriter(logdir, suffix) as w:
         for name, values in metrics.items():
             v = np.asarray(values, dtype=np.float64)
             if v.ndim == 2:

@@ -385,9 +385,9 @@ def test_full_disk_in_reproduce(tmp_path, cache100, capsys, monkeypatch, where):
 
 
 def test_full_disk_in_stackelberg(tmp_path, capsys, monkeypatch):
-    import tensorboardX
+    import ccpo_jax.stackelberg.pipeline as sp
 
-    monkeypatch.setattr(tensorboardX, "SummaryWriter", _enospc)
+    monkeypatch.setattr(sp, "ScalarWriter", _enospc)
     out = tmp_path / "stk"
     _main_one_line(capsys, ["stackelberg", "--quick", "--no-progress", "--out", str(out)], "no space left")
     assert not out.exists()
@@ -412,3 +412,36 @@ def test_real_full_disk_on_a_small_tmpfs(tmp_path, syn):
             assert os.listdir(mnt) == []
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_full_disk_while_writing_tensorboard_raises_instead_of_hanging(tmp_path, monkeypatch):
+    """tensorboardX's background writer thread died on ENOSPC and the 11th add_scalar then blocked
+    forever; the synchronous writer raises the OSError where the scalar is added."""
+    import threading
+
+    import tensorboardX.record_writer as rw
+
+    from ccpo_jax import report
+
+    calls = {"n": 0}
+    real = rw.RecordWriter.write
+
+    def write(self, data):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(rw.RecordWriter, "write", write)
+    box: dict = {}
+
+    def run():
+        try:
+            report.write_scalars(tmp_path / "tb", "CPO", {"kappa": np.linspace(0, 1, 100)})
+        except OSError as e:
+            box["err"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive() and box["err"].errno == errno.ENOSPC

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ccpo_jax.checkpoints import VerifiedCheckpoints
-from ccpo_jax.report import atomic_write_text
+from ccpo_jax.report import ScalarWriter, atomic_write_text
 from envs.governance.grid import ResponseGrid, load_grid
 from envs.governance.session import SessionEnv, make_session_params
 from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes
@@ -263,8 +263,6 @@ def _jsonable(x):
 
 def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: bool = True, log: Callable = print) -> dict:
     """Run everything and write ``out_dir``/{results.json, table.md, pareto_*.png, tb/, checkpoints/}."""
-    from tensorboardX import SummaryWriter
-
     t_start = time.time()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -278,7 +276,7 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
     params = make_session_params(grid, fit.weights)
     u_head = fit_u_need(grid, cfg.repair)
     key = jax.random.PRNGKey(cfg.seed)
-    writer = SummaryWriter(str(out / "tb"))
+    writer = ScalarWriter(out / "tb", ".stackelberg")  # synchronous: a full disk raises, never hangs
     t_train = time.time()
     ctrls = {}
     for i, kind in enumerate(("scalar", "task")):
