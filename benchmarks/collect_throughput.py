@@ -1,9 +1,10 @@
 """Calls per second of ``ccpo-jax data collect`` against a local scripted server.
 
 The server is the tests' chat-completions fake (``tests/chat_server.py``: stdlib
-http.server on 127.0.0.1, deterministic replies with usage and logprobs), so
-the figure is the collector's own overhead (HTTP client, parsing, call log
-fsync, cache appends) plus the server's, at the given concurrency; with
+http.server on 127.0.0.1, deterministic replies with usage and logprobs), run
+in its own process, so the figure is the collector's own overhead (HTTP
+client, parsing, call log fsync, cache appends) plus the fake server's, at the
+given concurrency; with
 ``--server-delay-ms`` each reply waits that long, as a remote model would.
 Protocol: T = 4 rounds, LLM-EXIT of both models and LLM-as-policy of the guide.
 
@@ -18,13 +19,15 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the scripted server lives with the tests
+SERVER = Path(__file__).resolve().parents[1] / "tests" / "chat_server.py"  # the scripted server lives with the tests
+sys.path.insert(0, str(SERVER.parent))
 
-from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts  # noqa: E402
+from chat_server import BASE_MODEL, GUIDE_MODEL, make_scripts  # noqa: E402
 
 from ccpo_jax.collect.client import Endpoint, RetryPolicy  # noqa: E402
 from ccpo_jax.collect.collector import Execution, Settings, collect  # noqa: E402
@@ -39,13 +42,20 @@ def run_once(n: int, concurrency: int, delay_ms: float, work: Path) -> dict:
             f.write(json.dumps({"id": f"q{i}", "question": q, "gold": s.gold}) + "\n")
     questions, sha = load_questions(qf)
     out = work / f"c{concurrency}-d{delay_ms:g}.jsonl"
-    with FakeChatServer(scripts, delay_s=delay_ms / 1000.0) as srv:
-        s = Settings(T=4, base=Endpoint(srv.url, BASE_MODEL), guide=Endpoint(srv.url, GUIDE_MODEL),
+    # the server in its own process, as a real one would be (in-process it would share the GIL)
+    srv = subprocess.Popen([sys.executable, str(SERVER), str(n), str(delay_ms)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        url = srv.stdout.readline().strip()
+        s = Settings(T=4, base=Endpoint(url, BASE_MODEL), guide=Endpoint(url, GUIDE_MODEL),
                      prices={"base": (0.0, 0.0), "guide": (2.5, 10.0)}, price_sources={"base": "-", "guide": "-"},
                      questions_file=qf.name, questions_sha256=sha, exit_roles=("base", "guide"),
                      policy_roles=("guide",))
         o = collect(s, questions, out, Execution(concurrency=concurrency, retry=RetryPolicy(), progress=False),
                     echo=lambda *_: None)
+    finally:
+        srv.stdin.close()
+        srv.wait(timeout=30)
     assert o.complete
     return {"calls": o.meter.sent, "seconds": o.elapsed_s, "calls_per_s": o.meter.sent / o.elapsed_s,
             "questions_per_s": n / o.elapsed_s}

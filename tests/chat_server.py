@@ -215,3 +215,16 @@ class FakeChatServer:
                 self._send(200, json.dumps(server.completion(body)).encode())
 
         return Handler
+
+
+if __name__ == "__main__":  # serve in its own process: python tests/chat_server.py N [DELAY_MS]
+    import sys
+
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    delay = float(sys.argv[2]) / 1000.0 if len(sys.argv) > 2 else 0.0
+    with FakeChatServer(make_scripts(n), delay_s=delay) as srv:
+        print(srv.url, flush=True)
+        try:
+            sys.stdin.read()  # until the parent closes stdin
+        except KeyboardInterrupt:
+            pass

@@ -261,11 +261,13 @@ class CallLog:
         line = json.dumps(rec, ensure_ascii=False, allow_nan=False) + "\n"
         with self.lock:
             self._f.write(line)
-            self._f.flush()
-            os.fsync(self._f.fileno())
+            self._f.flush()  # in the OS from here: survives a kill of this process
             if "text" in rec:
                 self.replies.setdefault(rec["key"], rec)
                 self._observe(rec)
+        # on disk before the reply is used (survives a machine crash); outside the lock, so that the
+        # workers' fsyncs overlap (the kernel commits them together) instead of queueing
+        os.fsync(self._f.fileno())
 
     def close(self) -> None:
         if self._f is not None:
