@@ -141,6 +141,8 @@ class RouterHandler(BaseHTTPRequestHandler):
             if not self.raw_requestline:  # the client closed the connection
                 self.close_connection = True
                 return
+            if self.deadline is None:  # a pipelined request already in the buffer: its clock starts now
+                self.deadline = time.monotonic() + self.server.request_timeout_s
             if len(self.raw_requestline) > 65536:
                 self.send_error(414, "request line too long")
                 return
