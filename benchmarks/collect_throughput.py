@@ -27,7 +27,7 @@ from pathlib import Path
 SERVER = Path(__file__).resolve().parents[1] / "tests" / "chat_server.py"  # the scripted server lives with the tests
 sys.path.insert(0, str(SERVER.parent))
 
-from chat_server import BASE_MODEL, GUIDE_MODEL, make_scripts  # noqa: E402
+from chat_server import BASE_MODEL, GUIDE_MODEL, write_questions  # noqa: E402
 
 from ccpo_jax.collect.client import Endpoint, RetryPolicy  # noqa: E402
 from ccpo_jax.collect.collector import Execution, Settings, collect  # noqa: E402
@@ -35,15 +35,12 @@ from ccpo_jax.collect.questions import load_questions  # noqa: E402
 
 
 def run_once(n: int, concurrency: int, delay_ms: float, work: Path) -> dict:
-    scripts = make_scripts(n)
     qf = work / f"q{n}.jsonl"
-    with open(qf, "w") as f:
-        for i, (q, s) in enumerate(scripts.items()):
-            f.write(json.dumps({"id": f"q{i}", "question": q, "gold": s.gold}) + "\n")
+    write_questions(qf, n)
     questions, sha = load_questions(qf)
     out = work / f"c{concurrency}-d{delay_ms:g}.jsonl"
     # the server in its own process, as a real one would be (in-process it would share the GIL)
-    srv = subprocess.Popen([sys.executable, str(SERVER), str(n), str(delay_ms)], stdin=subprocess.PIPE,
+    srv = subprocess.Popen([sys.executable, str(SERVER), str(n), "--delay-ms", str(delay_ms)],
                            stdout=subprocess.PIPE, text=True)
     try:
         url = srv.stdout.readline().strip()
@@ -54,7 +51,7 @@ def run_once(n: int, concurrency: int, delay_ms: float, work: Path) -> dict:
         o = collect(s, questions, out, Execution(concurrency=concurrency, retry=RetryPolicy(), progress=False),
                     echo=lambda *_: None)
     finally:
-        srv.stdin.close()
+        srv.terminate()
         srv.wait(timeout=30)
     assert o.complete
     return {"calls": o.meter.sent, "seconds": o.elapsed_s, "calls_per_s": o.meter.sent / o.elapsed_s,

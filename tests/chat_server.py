@@ -217,14 +217,31 @@ class FakeChatServer:
         return Handler
 
 
-if __name__ == "__main__":  # serve in its own process: python tests/chat_server.py N [DELAY_MS]
-    import sys
+def write_questions(path, n: int) -> None:
+    """The questions file (id, question, gold) of :func:`make_scripts` (n)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for i, (q, sc) in enumerate(make_scripts(n).items()):
+            f.write(json.dumps({"id": f"q{i}", "question": q, "gold": sc.gold}) + "\n")
 
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-    delay = float(sys.argv[2]) / 1000.0 if len(sys.argv) > 2 else 0.0
-    with FakeChatServer(make_scripts(n), delay_s=delay) as srv:
+
+if __name__ == "__main__":
+    # python tests/chat_server.py N [--delay-ms D] [--questions-out FILE]: serve N scripted questions
+    # on 127.0.0.1 (port chosen by the OS) in this process, print the API base URL, run until killed.
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(description="a scripted OpenAI-compatible chat-completions server on 127.0.0.1")
+    ap.add_argument("n", type=int, nargs="?", default=20)
+    ap.add_argument("--delay-ms", type=float, default=0.0)
+    ap.add_argument("--questions-out", default=None, help="also write the matching questions file here")
+    a = ap.parse_args()
+    if a.questions_out:
+        write_questions(a.questions_out, a.n)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with FakeChatServer(make_scripts(a.n), delay_s=a.delay_ms / 1000.0) as srv:
         print(srv.url, flush=True)
         try:
-            sys.stdin.read()  # until the parent closes stdin
+            while True:
+                time.sleep(3600)
         except KeyboardInterrupt:
             pass

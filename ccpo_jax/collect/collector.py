@@ -742,7 +742,12 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
         raise UserError(f"--out {out}: already exists (or its call log {log_path.name}); pass --resume to continue "
                         "that collection, or choose another --out")
     for r in ROLES:
-        s.endpoint(r).api_key()  # a missing key variable is an error before anything is written
+        try:
+            s.endpoint(r).api_key()  # a missing key variable is an error before anything is written
+        except UserError as e:
+            if not ex.dry_run:
+                raise
+            echo(f"note: {e}; the real run needs it")
     selected = questions[: ex.limit] if ex.limit is not None else questions
     if ex.resume and out.exists():
         man, done = _read_existing(out, s)
