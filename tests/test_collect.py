@@ -242,6 +242,21 @@ def test_resume_drops_lines_cut_by_a_kill(server, questions_file, reference, tmp
     assert server.requests - before <= 1  # only the call whose log line was cut is sent again
 
 
+def test_a_second_writer_is_refused(server, questions_file, reference, tmp_path, capsys):
+    import fcntl
+    import shutil
+
+    out = tmp_path / "cache.jsonl"
+    shutil.copy(reference[0], out)
+    shutil.copy(str(reference[0]) + ".calls", str(out) + ".calls")
+    with open(str(out) + ".calls", "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running collection holds it
+        assert main(_args(server, questions_file, out, "--resume")) == 2
+    assert "another 'ccpo-jax data collect' is writing this collection" in capsys.readouterr().err
+    assert _sha(out) == reference[1]
+    assert main(_args(server, questions_file, out, "--resume")) == 0  # once it is released
+
+
 def test_budget_stop_then_resume(server, questions_file, reference, tmp_path, capsys):
     out = tmp_path / "cache.jsonl"
     cap = reference[3] * 0.5

@@ -37,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import math
@@ -228,9 +229,17 @@ class CallLog:
         self.replies: dict[str, dict] = {}
         self.paid_usd = 0.0
         self.ratio: dict[str, float] = {}  # model -> highest prompt tokens per character seen
-        if path.exists():
+        self._f = None
+        if not read_only:
+            self._f = open(path, "a", encoding="utf-8")
+            try:  # one writer per collection: a second run on the same --out would interleave
+                fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                self._f.close()
+                raise CollectError(f"{path}: another 'ccpo-jax data collect' is writing this collection "
+                                   "(its call log is locked); wait for it or stop it first") from None
+        if path.stat().st_size if path.exists() else 0:
             self._load(read_only)
-        self._f = None if read_only else open(path, "a", encoding="utf-8")
 
     def _load(self, read_only: bool) -> None:
         if not read_only:
@@ -749,11 +758,16 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
                 raise
             echo(f"note: {e}; the real run needs it")
     selected = questions[: ex.limit] if ex.limit is not None else questions
-    if ex.resume and out.exists():
-        man, done = _read_existing(out, s)
-    else:
-        man, done = None, {}
+    log_created = not log_path.exists()
     log = CallLog(log_path, read_only=True) if ex.dry_run else (CallLog(log_path) if ex.resume else None)
+    try:
+        man, done = _read_existing(out, s) if ex.resume and out.exists() else (None, {})
+    except BaseException:
+        if log is not None:
+            log.close()
+            if log_created:
+                log_path.unlink(missing_ok=True)
+        raise
     paid = log.paid_usd if log is not None else 0.0
     todo = [q for q in selected if q.id not in done]
     echo(format_bound(s, cost_bound(s, todo), len(todo), ex.max_cost_usd, paid))
@@ -770,7 +784,6 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
         created = True
     else:
         created = False
-    log_created = not log_path.exists()
     if log is None:
         log = CallLog(log_path)
     stop = threading.Event()
