@@ -242,6 +242,17 @@ def test_resume_drops_lines_cut_by_a_kill(server, questions_file, reference, tmp
     assert server.requests - before <= 1  # only the call whose log line was cut is sent again
 
 
+def test_pilot_with_limit_then_the_rest(server, questions_file, reference, tmp_path):
+    """A pilot of 5 questions (a complete 5-question cache), then --resume without --limit: the full file."""
+    from envs.jsonl import read_jsonl
+
+    out = tmp_path / "cache.jsonl"
+    assert main(_args(server, questions_file, out, "--limit", "5")) == 0
+    assert read_jsonl(out).n_questions == 5
+    assert main(_args(server, questions_file, out, "--resume", "--concurrency", "3")) == 0
+    assert _sha(out) == reference[1]
+
+
 def test_a_second_writer_is_refused(server, questions_file, reference, tmp_path, capsys):
     import fcntl
     import shutil
