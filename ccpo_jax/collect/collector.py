@@ -642,7 +642,8 @@ def format_bound(s: Settings, bound: dict, n: int, cap: float | None, paid: floa
     for r in ROLES:
         b = bound[r]
         p_in, p_out = s.prices[r]
-        lines.append(f"  {r:5s} {s.endpoint(r).model} (${p_in:g} in / ${p_out:g} out per M tokens): "
+        src = s.price_sources[r].split(":")[0]
+        lines.append(f"  {r:5s} {s.endpoint(r).model} (${p_in:g} in / ${p_out:g} out per M tokens, from {src}): "
                      f"{b['calls']:,} calls, <= {b['tokens_in']:,} in + {b['tokens_out']:,} out tokens, "
                      f"<= ${b['usd']:.4f}")
         total += b["usd"]
