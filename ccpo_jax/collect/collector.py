@@ -673,10 +673,13 @@ class Outcome:
     removed: bool = False  # stopped before anything was paid or finished: the files were removed
 
 
-def _read_existing(path: Path, s: Settings) -> tuple[dict, dict[str, str]]:
-    """(stored manifest, {question id: its line}) of a cache being resumed."""
-    dropped = _truncate_partial_line(path)
+def _read_existing(path: Path, s: Settings, repair: bool = True) -> tuple[dict, dict[str, str]]:
+    """(stored manifest, {question id: its line}) of a cache being resumed; ``repair``: drop a
+    last line cut by a kill (a dry run only reads)."""
+    dropped = _truncate_partial_line(path) if repair else False
     lines = path.read_text(encoding="utf-8").split("\n")
+    if not repair and lines and lines[-1]:
+        lines = lines[:-1]  # the cut line, as a real run would drop it
     if not lines or not lines[0].strip():
         raise CollectError(f"{path}: empty; remove it and start again")
     try:
@@ -759,10 +762,18 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
                 raise
             echo(f"note: {e}; the real run needs it")
     selected = questions[: ex.limit] if ex.limit is not None else questions
+    if not ex.dry_run:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"--out {out}: cannot create its folder ({e.strerror or e})") from None
     log_created = not log_path.exists()
-    log = CallLog(log_path, read_only=True) if ex.dry_run else (CallLog(log_path) if ex.resume else None)
     try:
-        man, done = _read_existing(out, s) if ex.resume and out.exists() else (None, {})
+        log = CallLog(log_path, read_only=True) if ex.dry_run else (CallLog(log_path) if ex.resume else None)
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write its call log ({e.strerror or e})") from None
+    try:
+        man, done = _read_existing(out, s, repair=not ex.dry_run) if ex.resume and out.exists() else (None, {})
     except BaseException:
         if log is not None:
             log.close()
@@ -778,15 +789,21 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
     if ex.dry_run:
         return Outcome(out, False, len(done), len(selected), "dry run", meter, 0.0)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
     if man is None:
         man = make_manifest(s, today())
-        _write_atomic(out, manifest_line(man) + "\n")
+        try:
+            _write_atomic(out, manifest_line(man) + "\n")
+        except OSError as e:
+            raise UserError(f"--out {out}: cannot write ({e.strerror or e})") from None
         created = True
     else:
         created = False
     if log is None:
-        log = CallLog(log_path)
+        try:
+            log = CallLog(log_path)
+        except OSError as e:
+            out.unlink(missing_ok=True)
+            raise UserError(f"--out {out}: cannot write its call log ({e.strerror or e})") from None
     stop = threading.Event()
     clients = {r: ChatClient(s.endpoint(r), ex.retry, max_connections=ex.concurrency, stop=stop,
                              seed=i, sleep=sleep) for i, r in enumerate(ROLES)}
@@ -795,6 +812,7 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
     t0 = time.perf_counter()
     n_before = sum(1 for q in selected if q.id in done)
     n_new = 0
+    last_post = ""
     bar = _progress(ex.progress, len(selected), n_before)
 
     def work(q: Question) -> dict:
@@ -843,7 +861,10 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
                         for fut in pending:
                             fut.cancel()
                     if bar is not None:
-                        bar.set_postfix_str(_postfix(meter, n_before + n_new, len(selected), n_new), refresh=True)
+                        post = _postfix(meter, n_before + n_new, len(selected), n_new)
+                        if post != last_post:  # (no redraw while nothing moves: quiet logs)
+                            bar.set_postfix_str(post, refresh=True)
+                            last_post = post
             except KeyboardInterrupt:
                 stop.set()
                 for fut in pending:
