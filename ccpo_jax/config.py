@@ -1,7 +1,8 @@
-"""Typed configuration of the CCPO trainer (paper 1.11; BRIEF 4.5 for the CPO constants).
+"""Typed configuration of the CCPO trainer (arXiv 2511.11828, section 5.1 and Algorithm 1).
 
-Every field has the paper's value where the paper gives one; the rest are our
-choices, marked as such. A config is static (hashable) so it can close over a
+The defaults are the ``default`` preset (:mod:`ccpo_jax.presets`), the configuration
+that learns on the oracle caches; each field's docstring gives the paper's value, and
+``ccpo_jax.presets.PAPER`` is the paper's published setting. A config is static (hashable) so it can close over a
 jitted train function; the per-variant switches (conformal target, lambda) are
 data, so that rows of the paper's tables train in one vmapped program.
 """
@@ -12,10 +13,14 @@ import dataclasses
 from ccpo_jax.errors import UserError
 
 
+#: Constraint/objective estimators of the CPO step (TrainConfig.estimator).
+ESTIMATORS = ("exact", "jbar", "vtrace")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    iterations: int = 1500
-    """Policy iterations (paper: 1,500-2,000)."""
+    iterations: int = 100
+    """Policy iterations (paper: 1,500-2,000; the default preset's replay-exact steps converge in far fewer)."""
     batch_size: int = 10
     """Training questions (episodes) per iteration (paper: 10)."""
     alpha: float = 0.1
@@ -45,18 +50,42 @@ class TrainConfig:
     """Online-kappa base step, eta_k = eta0 k^-(1/2 + xi) (our choice; paper silent)."""
     xi: float = 0.1
     """Conformal decay exponent (paper: 0.1)."""
-    chunk: int = 100
+    chunk: int = 50
     """Iterations per compiled chunk: progress, TensorBoard and checkpoints happen between chunks."""
+    estimator: str = "exact"
+    """How the CPO step estimates the objective and the coverage constraint (see ESTIMATORS):
+    ``jbar`` = the paper's Eq. 8 (importance-weighted J-bar from ``batch_size`` sampled
+    episodes, V-trace reward advantages); ``vtrace`` = the constraint critic's V-trace
+    estimate of J_C (this project's first trainer); ``exact`` = replay-exact expected cost
+    and success of the target policy over ``exact_batch`` questions' whole cached chains
+    (goes beyond the paper: no sampling variance, no critics)."""
+    exact_batch: int = 64
+    """Questions per iteration for ``estimator="exact"``; 0 = the whole training pool."""
+    constraint_z: float = 2.0
+    """Enforce the coverage constraint on the estimate minus ``constraint_z`` standard errors
+    of its mean over the iteration's questions (episodes), i.e. with one-sided confidence;
+    0 = on the estimate itself (the paper)."""
 
     def validate(self) -> "TrainConfig":
         checks = [
-            (self.iterations >= 1, "--iterations must be >= 1"),
+            (self.iterations >= 1, f"iterations must be >= 1, got {self.iterations}"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
-            (0.0 < self.alpha < 1.0, f"--alpha must be in (0, 1), got {self.alpha}"),
+            (0.0 < self.alpha < 1.0, f"alpha must be in (0, 1), got {self.alpha}"),
             (self.delta > 0, "delta must be > 0"),
             (self.softmask_eps > 0, "softmask_eps must be > 0"),
             (self.chunk >= 1, "chunk must be >= 1"),
             (0.0 <= self.kappa0 <= 1.0, "kappa0 must be in [0, 1]"),
+            (self.estimator in ESTIMATORS, f"estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}"),
+            (self.exact_batch >= 0, "exact_batch must be >= 0 (0 = the whole training pool)"),
+            (self.constraint_z >= 0, "constraint_z must be >= 0"),
+            (self.critic_steps >= 0, "critic_steps must be >= 0"),
+            (self.cg_iters >= 1, "cg_iters must be >= 1"),
+            (self.backtrack_steps >= 1, "backtrack_steps must be >= 1"),
+            (0.0 < self.backtrack_decay < 1.0, "backtrack_decay must be in (0, 1)"),
+            (self.damping >= 0, "damping must be >= 0"),
+            (self.critic_lr > 0, "critic_lr must be > 0"),
+            (self.eta0 >= 0, "eta0 must be >= 0"),
+            (len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), "hidden must be one or more positive layer sizes"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -130,7 +130,8 @@ def find_policy(run_dir: Path, row: str | None) -> Path:
     if not pdir.is_dir():
         raise UserError(f"{run_dir}: no {POLICIES_DIR}/ folder; expected the --out of 'ccpo-jax reproduce' "
                         "(a run that trained CPO/CCPO rows)")
-    row = row or DEFAULT_ROW
+    if row is None:
+        return choose_default_row(pdir)[0]
     for cand in (policy_slug(row), row):
         if (pdir / cand / POLICY_META).is_file():
             return pdir / cand
@@ -235,8 +236,76 @@ def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], polic
     }
 
 
-def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str | None = None) -> Path:
-    """Write the artefact of ``row`` (default ``CCPO (lambda=0)``) of ``run_dir`` to ``out`` (must not exist).
+def _policy_metas(pdir: Path) -> list[tuple[Path, dict]]:
+    from ccpo_jax.train import POLICY_META
+
+    out = []
+    for d in sorted(pdir.iterdir()):
+        try:
+            out.append((d, json.loads((d / POLICY_META).read_text())))
+        except (OSError, ValueError, TypeError, RecursionError):
+            continue
+    return out
+
+
+def _usable(meta: dict) -> bool:
+    """A calibrated row whose calibration coverage holds and that is not degenerate."""
+    cal = meta.get("calibration")
+    return bool(cal) and not cal["degenerate"] and cal["coverage"] >= cal["target"]
+
+
+def _describe(meta: dict) -> str:
+    cal = meta.get("calibration") or {}
+    if not cal:
+        return repr(meta["row"])
+    return (f"{meta['row']!r} (test cost {cal['test_cost_cents_mean']:.4g} c, coverage "
+            f"{cal['test_coverage_mean']:.3f}, kappa-hat {cal['kappa']:.3g})")
+
+
+def choose_default_row(pdir: Path) -> tuple[Path, str]:
+    """The cheapest calibrated row (mean test cost over seeds x splits) whose calibration coverage
+    holds and whose router is not degenerate (``ccpo_jax.train.calibration_diagnostics``).
+    Returns (policy dir, reason). Runs saved before diagnostics existed: ``DEFAULT_ROW``."""
+    from ccpo_jax.train import policy_slug
+
+    metas = _policy_metas(pdir)
+    if metas and all("calibration" not in m for _, m in metas):
+        d = pdir / policy_slug(DEFAULT_ROW)
+        if d.is_dir():
+            return d, f"{DEFAULT_ROW!r} (the run has no calibration diagnostics; re-run reproduce to get them)"
+    good = [(m["calibration"]["test_cost_cents_mean"], d, m) for d, m in metas if _usable(m)]
+    if not good:
+        rows = "; ".join(_why_degenerate(m) for _, m in metas) or "none"
+        raise UserError(f"{pdir}: no calibrated row is usable as a router ({rows}); "
+                        "choose one with --row and pass --force to export it anyway")
+    cost, d, m = min(good, key=lambda x: x[0])
+    return d, f"{_describe(m)}: the cheapest calibrated row whose calibration coverage holds"
+
+
+def _why_degenerate(meta: dict) -> str:
+    cal = meta.get("calibration") or {}
+    if not cal:
+        return f"{meta.get('row')!r}: no calibration diagnostics"
+    bits = []
+    if cal["kappa"] < 1e-6:
+        bits.append(f"kappa-hat {cal['kappa']:.3g}")
+    if cal["full_set_fraction"] >= 0.9:
+        bits.append(f"the set holds every available action for {100 * cal['full_set_fraction']:.0f}% of the "
+                    f"{cal['n']} calibration questions (always continue, collect everything)")
+    if cal["coverage"] < cal["target"]:
+        bits.append(f"calibration coverage {cal['coverage']:.3f} < {cal['target']:.3f}")
+    return f"{meta['row']!r}: " + ("; ".join(bits) if bits else "usable")
+
+
+def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str | None = None,
+                  force: bool = False, echo=None) -> Path:
+    """Write the artefact of ``row`` of ``run_dir`` to ``out`` (must not exist).
+
+    ``row`` None: the cheapest calibrated row whose calibration coverage holds
+    (:func:`choose_default_row`). A degenerate router (kappa-hat at 0, or the set
+    holding every available action for nearly every calibration question) is refused
+    unless ``force``, naming the row that would serve better. ``echo`` gets one line
+    saying which row was chosen and why.
 
     Atomic: everything is written into a temporary sibling directory, loaded
     back with :class:`ccpo_jax.serving.Router` and checked against the trainer's
@@ -254,6 +323,20 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
         raise UserError(f"{policy_dir}: cannot read the trained policy (JSON nested too deeply)") from None
     except (OSError, ValueError, KeyError, TypeError) as e:  # incl. invalid UTF-8 (a ValueError)
         raise UserError(f"{policy_dir}: cannot read the trained policy ({type(e).__name__}: {e})") from None
+    cal = meta.get("calibration")
+    if cal and cal["degenerate"] and not force:
+        better = ""
+        try:
+            _, reason = choose_default_row(policy_dir.parent)
+            better = f"; {reason.split(' (')[0]} would serve better"
+        except UserError:
+            better = "; no other calibrated row of this run is usable either"
+        raise UserError(f"{_why_degenerate(meta)}: a degenerate router{better}; pass --force to export it anyway")
+    if echo is not None:
+        if row is None and (run_dir / "policies").is_dir():
+            echo(f"row: {choose_default_row(run_dir / 'policies')[1]}")
+        elif cal and cal["degenerate"]:
+            echo(f"warning: exporting a degenerate router (--force): {_why_degenerate(meta)}")
     from envs.features import n_features
 
     F = n_features(int(meta["T"]))

@@ -34,6 +34,7 @@ from ccpo_jax.errors import UserError
 from experiments.settings import DEFAULT_SETTING, METRICS, Setting, get_setting
 
 DEFAULT_SPLITS = 100
+DEFAULT_SEEDS = 5
 RUN_FILE = "run.json"
 TB_DIR = "tensorboard"
 CKPT_DIR = "checkpoints"
@@ -80,11 +81,15 @@ class RunConfig:
     split_sizes: tuple[int, int, int]
     seed: int
     lambdas: tuple[float, ...]  # nonzero CCPO lambdas; CCPO (lambda=0) always runs
+    seeds: int = 1  # training seeds of every learned row (runs saved before seeds existed: 1)
+    preset: str = "default"  # trainer preset (ccpo_jax.presets)
+    overrides: tuple[str, ...] = ()  # trainer fields set with "field=value" on top of the preset
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["split_sizes"] = list(self.split_sizes)
         d["lambdas"] = list(self.lambdas)
+        d["overrides"] = list(self.overrides)
         return d
 
     @classmethod
@@ -92,7 +97,16 @@ class RunConfig:
         d = dict(d)
         d["split_sizes"] = tuple(d["split_sizes"])
         d["lambdas"] = tuple(d["lambdas"])
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        d["overrides"] = tuple(d.get("overrides", ()))
+        optional = {f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d or f.name not in optional})
+
+    def train_config(self):
+        """The trainer configuration of this run: the preset, the overrides, alpha and iterations."""
+        from ccpo_jax.presets import apply_overrides, get_preset
+
+        cfg = apply_overrides(get_preset(self.preset), self.overrides).replace(alpha=float(self.alpha))
+        return cfg if self.iterations is None else cfg.replace(iterations=int(self.iterations))
 
 
 # -- validation at the boundary ----------------------------------------------------
@@ -245,6 +259,10 @@ def _call_learned_rows(fn: Callable, *, cache, params, splits, key, cfg: RunConf
     )
     if not _accepts(fn, "tb_dir"):  # tb_dir is optional for the trainer
         kwargs.pop("tb_dir")
+    # The trainer configuration and the seeds (optional for stand-in trainers in tests).
+    for name, value in (("config", cfg.train_config()), ("seeds", cfg.seeds)):
+        if _accepts(fn, name):
+            kwargs[name] = value
     for name, value in (("mesh", mesh), ("member_block", member_block)):
         if value is None:
             continue
@@ -265,15 +283,17 @@ def _accepts(fn: Callable, name: str) -> bool:
 
 
 def _as_rows(rows: Mapping[str, Mapping[str, Any]], n_splits: int, source: str) -> dict[str, dict[str, np.ndarray]]:
+    """Every row's metrics as float arrays [N seeds, S splits] (rows without seeds: N = 1)."""
     out = {}
     for name, ms in rows.items():
         d = {}
         for m in METRICS:
             if m not in ms:
                 raise RuntimeError(f"{source}: row {name!r} lacks metric {m!r}")
-            v = np.asarray(ms[m], dtype=np.float64).reshape(-1)
-            if v.shape[0] != n_splits:
-                raise RuntimeError(f"{source}: row {name!r} metric {m!r} has {v.shape[0]} values for {n_splits} splits")
+            v = np.asarray(ms[m], dtype=np.float64)
+            v = v.reshape(1, -1) if v.ndim <= 1 else v.reshape(v.shape[0], -1)  # [seeds, splits]
+            if v.shape[1] != n_splits:
+                raise RuntimeError(f"{source}: row {name!r} metric {m!r} has {v.shape[1]} values for {n_splits} splits")
             d[m] = v
         out[name] = d
     return out
@@ -281,8 +301,31 @@ def _as_rows(rows: Mapping[str, Mapping[str, Any]], n_splits: int, source: str) 
 
 # -- the pipeline -------------------------------------------------------------------------
 
+def _resolve_trainer(seeds, preset, overrides) -> tuple[int, str, tuple[str, ...]]:
+    """Validate --seeds, --preset and --set FIELD=VALUE (the trainer configuration)."""
+    from ccpo_jax.presets import apply_overrides, get_preset
+
+    seeds = _check_int("the number of seeds", "--seeds", DEFAULT_SEEDS if seeds is None else seeds, 1)
+    preset = "default" if preset is None else str(preset)
+    if isinstance(overrides, str):
+        overrides = (overrides,)
+    overrides = tuple(str(o) for o in (overrides or ()))
+    try:
+        base = get_preset(preset)
+    except UserError as e:
+        raise UserError(f"--preset: {e}") from None
+    for item in overrides:
+        if item.split("=", 1)[0].strip().replace("-", "_") == "alpha":
+            raise UserError(f"--set {item}: alpha is set with --alpha (or the setting)")
+    try:
+        apply_overrides(base, overrides)
+    except UserError as e:
+        raise UserError(f"--set: {e}") from None
+    return seeds, preset, overrides
+
+
 def _resolve(
-    setting, cache, n_splits, protocol, alpha, iterations, split_sizes, seed
+    setting, cache, n_splits, protocol, alpha, iterations, split_sizes, seed, seeds=None, preset=None, overrides=None
 ) -> tuple[Setting, RunConfig, Any]:
     from ccpo_jax.splits import PROTOCOLS
 
@@ -307,6 +350,7 @@ def _resolve(
     cfg = RunConfig(
         setting=st.name, cache=cache_spec, n_splits=n_splits, protocol=protocol, alpha=alpha,
         iterations=iterations, split_sizes=sizes, seed=seed, lambdas=tuple(st.lambdas),
+        **dict(zip(("seeds", "preset", "overrides"), _resolve_trainer(seeds, preset, overrides))),
     )
     return st, cfg, cache
 
@@ -367,10 +411,12 @@ def _resume_config(resume: Path, given: Mapping[str, Any]) -> tuple[Path, RunCon
             new = _resolve_split_sizes(v, get_setting(cfg.setting))
         if k == "cache" and isinstance(v, (str, os.PathLike)):
             new = str(Path(v).absolute())
-        if k == "iterations" and old is None:  # saved as "the trainer's default": an explicit default matches
-            from ccpo_jax.config import TrainConfig
+        if k == "iterations" and old is None:  # saved as "the preset's default": an explicit default matches
+            from ccpo_jax.presets import get_preset
 
-            old = TrainConfig().iterations
+            old = get_preset(cfg.preset).iterations
+        if k == "overrides":
+            new = tuple([v] if isinstance(v, str) else v)
         if new != old:
             raise UserError(
                 f"--resume: the interrupted run used {k}={old!r}, not {new!r}; drop the flag (resume takes the saved configuration)"
@@ -395,6 +441,9 @@ def reproduce(
     learned_rows: Callable | bool | None = None,
     devices: int | str | None = None,
     member_block: int | None = None,
+    seeds: int | None = None,
+    preset: str | None = None,
+    overrides: Any = None,
 ) -> ReproduceResult:
     """Reproduce one paper table (DESIGN 6) and write its outputs to ``out_dir``.
 
@@ -405,7 +454,11 @@ def reproduce(
       n_splits     evaluation splits (default 100);
       protocol     ``recalibrate`` (default) or ``retrain`` (``ccpo_jax.splits``);
       alpha        miscoverage in (0, 1) (default: the setting's);
-      iterations   training iterations (default: the trainer's, paper 1500);
+      iterations   training iterations (default: the preset's);
+      seeds        training seeds of every learned row, trained in one vmapped
+                   program (default 5); results report the spread over seeds;
+      preset       trainer preset, ``default`` or ``paper`` (``ccpo_jax.presets``);
+      overrides    trainer fields ``["field=value", ...]`` on top of the preset;
       split_sizes  (n_train, n_cal, n_test) or "a,b,c" (default: the setting's);
       out_dir      final directory, must not exist (default runs/<setting>-<timestamp>);
       seed         PRNG seed of splits, baselines and training (default 0);
@@ -419,7 +472,7 @@ def reproduce(
       member_block train the members this many at a time
                    (``ccpo_jax.sharding.blocked_vmap``), one single-device program
                    per device (``sharding.PerDevice``): bit-identical to a
-                   one-device run with the same block (README "Performance");
+                   one-device run with the same block (docs/performance.md);
                    default None: one SPMD program, a vmap per device.
     Raises UserError / CacheError for bad input before anything is written.
     """
@@ -428,7 +481,8 @@ def reproduce(
     if member_block is not None:
         member_block = _check_int("member block", "--member-block", member_block, 1)
     given = dict(setting=setting, cache=cache, n_splits=n_splits, protocol=protocol, alpha=alpha,
-                 iterations=iterations, split_sizes=split_sizes, seed=seed)
+                 iterations=iterations, split_sizes=split_sizes, seed=seed, seeds=seeds, preset=preset,
+                 overrides=overrides)
     if resume is not None:
         if out_dir is not None and Path(out_dir) != Path(resume):
             raise UserError("--resume: do not combine with a different --out (the run resumes into its own --out)")
@@ -439,7 +493,8 @@ def reproduce(
             raise UserError("--resume: the interrupted run used an in-memory cache; pass the same cache object")
         resuming = True
     else:
-        st, cfg, cache_arg = _resolve(setting, cache, n_splits, protocol, alpha, iterations, split_sizes, seed)
+        st, cfg, cache_arg = _resolve(setting, cache, n_splits, protocol, alpha, iterations, split_sizes, seed,
+                                      seeds, preset, overrides)
         out = Path(out_dir) if out_dir is not None else _default_out(st.name)
         _check_out(out)
         work = _work_dir(out)
@@ -457,7 +512,7 @@ def reproduce(
     if jax.process_count() > 1:
         raise UserError(
             f"reproduce runs on one host (this is process {jax.process_index()} of {jax.process_count()}); "
-            "for multi-host training run `python -m experiments.multihost` on every host (README \"Performance\")"
+            "for multi-host training run `python -m experiments.multihost` on every host (docs/performance.md)"
         )
 
     from ccpo_jax import report
@@ -491,6 +546,14 @@ def reproduce(
         say(f"  {describe_cache(cache_obj)}")
         say(f"  protocol {cfg.protocol}, {cfg.n_splits} splits of {'/'.join(map(str, cfg.split_sizes))} "
             f"(train/cal/test), alpha {cfg.alpha:g}, seed {cfg.seed}")
+        if fn:
+            from ccpo_jax.presets import deviations
+
+            tc = cfg.train_config()
+            dev = deviations(tc)
+            say(f"  trainer: preset {cfg.preset}, {cfg.seeds} seed(s), {tc.iterations} iterations, estimator "
+                f"{tc.estimator}" + (f"; differs from the paper's setting in {', '.join(sorted(dev))}" if dev else
+                                     "; the paper's published setting"))
         from ccpo_jax.conformal import calibration_size_warning
 
         small = calibration_size_warning(cfg.split_sizes[1], cfg.alpha)
@@ -536,6 +599,8 @@ def reproduce(
         results = report.build_results(
             setting=st.name, alpha=cfg.alpha, protocol=cfg.protocol, n_splits=cfg.n_splits,
             cache=report.cache_info(cache_obj), rows=rows, timing=timing,
+            seeds=cfg.seeds if fn else 1, preset=cfg.preset,
+            train_config=dataclasses.asdict(cfg.train_config()) if fn else None,
         )
         compare = is_setting_profile(st, cache_obj)
         report.write_results(work, results)

@@ -93,23 +93,48 @@ def _json_float(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def policy_entry(metrics: Mapping[str, Any], n_splits: int | None = None, row: str = "?") -> dict[str, Any]:
-    """One row of ``policies``: summary stats per metric plus the per-split lists.
+def seed_stats(per_seed: Any) -> dict[str, float | None]:
+    """Spread over training seeds of the per-seed means: sd (ddof 1), min, max (None for one seed)."""
+    v = np.asarray(per_seed, dtype=np.float64).reshape(-1)
+    v = v[np.isfinite(v)]
+    if v.size < 2:
+        return {"seed_sd": None, "seed_min": None, "seed_max": None}
+    return {"seed_sd": float(np.std(v, ddof=1)), "seed_min": float(v.min()), "seed_max": float(v.max())}
 
-    ``metrics`` maps every name in METRICS to an array of shape [S].
+
+def _nanmean(v: np.ndarray, axis: int) -> np.ndarray:
+    finite = np.isfinite(v)
+    n = finite.sum(axis=axis)
+    tot = np.where(finite, v, 0.0).sum(axis=axis)
+    return np.where(n > 0, tot / np.maximum(n, 1), np.nan)
+
+
+def policy_entry(metrics: Mapping[str, Any], n_splits: int | None = None, row: str = "?") -> dict[str, Any]:
+    """One row of ``policies``: summary stats per metric, the per-split and the per-seed lists.
+
+    ``metrics`` maps every name in METRICS to an array [S] (one seed) or [N seeds, S splits].
+    The summary is over all seeds x splits, plus the spread of the per-seed means
+    (:func:`seed_stats`); ``per_split`` holds the mean over seeds of each split and
+    ``per_seed`` the mean over splits of each seed.
     """
     missing = [m for m in METRICS if m not in metrics]
     if missing:
         raise ValueError(f"row {row!r}: missing metric(s) {missing}")
     entry: dict[str, Any] = {}
     per_split: dict[str, list] = {}
+    per_seed: dict[str, list] = {}
     for m in METRICS:
-        v = np.asarray(metrics[m], dtype=np.float64).reshape(-1)
-        if n_splits is not None and v.shape[0] != n_splits:
-            raise ValueError(f"row {row!r}, metric {m}: {v.shape[0]} values for {n_splits} splits")
-        entry[m] = summary_stats(v)
-        per_split[m] = [_json_float(x) for x in v]
+        v = np.asarray(metrics[m], dtype=np.float64)
+        v = v.reshape(1, -1) if v.ndim <= 1 else v.reshape(v.shape[0], -1)
+        if n_splits is not None and v.shape[1] != n_splits:
+            raise ValueError(f"row {row!r}, metric {m}: {v.shape[1]} values for {n_splits} splits")
+        seeds_mean = _nanmean(v, axis=1)
+        entry[m] = {**summary_stats(v), **seed_stats(seeds_mean)}
+        per_split[m] = [_json_float(x) for x in _nanmean(v, axis=0)]
+        per_seed[m] = [_json_float(x) for x in seeds_mean]
     entry["per_split"] = per_split
+    entry["per_seed"] = per_seed
+    entry["seeds"] = int(len(per_seed[METRICS[0]]))
     return entry
 
 
@@ -144,6 +169,9 @@ def build_results(
     rows: Mapping[str, Mapping[str, Any]],
     timing: Mapping[str, float],
     environment: Mapping[str, Any] | None = None,
+    seeds: int = 1,
+    preset: str = "default",
+    train_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The results.json dict of DESIGN 6. ``rows``: row name -> metric -> array [S]; rows in paper order."""
     policies = {
@@ -154,6 +182,9 @@ def build_results(
         "alpha": float(alpha),
         "protocol": str(protocol),
         "splits": int(n_splits),
+        "seeds": int(seeds),
+        "preset": str(preset),
+        "train_config": dict(train_config or {}),
         "cache": {k: cache[k] for k in ("name", "provenance", "checksum", "n_questions")},
         "policies": policies,
         "timing": {k: float(timing.get(k, 0.0)) for k in TIMING_KEYS},
@@ -229,7 +260,13 @@ def format_table(
     lines.append(
         f"- cache: `{cache['name']}` ({prov.get('kind', '?')}, {cache['n_questions']} questions, {cache['checksum']})"
     )
-    lines.append("- cells: mean [5%, 95%] over splits")
+    n_seeds = int(results.get("seeds", 1))
+    if n_seeds > 1:
+        lines.append(f"- learned rows: {n_seeds} training seeds, trainer preset `{results.get('preset', 'default')}`")
+        lines.append(f"- cells: mean [5%, 95%] over seeds x splits; ±: standard deviation over the {n_seeds} "
+                     "seeds of each seed's mean (learned rows)")
+    else:
+        lines.append("- cells: mean [5%, 95%] over splits")
     lines.append("")
     header = ["Policy"] + [METRIC_TITLES[m] for m in METRICS]
     lines.append("| " + " | ".join(header) + " |")
@@ -240,6 +277,8 @@ def format_table(
         for m in METRICS:
             s = entry[m]
             cell = f"{_fmt(m, s['mean'])} [{_fmt(m, s['q05'])}, {_fmt(m, s['q95'])}]"
+            if s.get("seed_sd") is not None:
+                cell += f" ±{_fmt(m, s['seed_sd'])}"
             if paper is not None:
                 cell += f" (paper {paper[m]:g})"
             cells.append(cell)

@@ -26,10 +26,11 @@ resumes from the last chunk and ends bit-identical to an uninterrupted one.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,8 +38,9 @@ import numpy as np
 import optax
 from flax import struct
 
-from ccpo_jax import conformal, sharding, trust_region
+from ccpo_jax import conformal, exact, sharding, trust_region
 from ccpo_jax.config import TrainConfig, Variant
+from ccpo_jax.constraint import coverage_surrogate
 from ccpo_jax.errors import UserError
 from ccpo_jax.networks import critic_net, masked_probs, policy_net
 from ccpo_jax.vtrace import vtrace
@@ -55,6 +57,23 @@ class TrainState(struct.PyTreeNode):
     episodes: jax.Array  # episodes seen so far (the k of eta_k)
     iteration: jax.Array
     key: jax.Array
+
+
+class CPOProblem(NamedTuple):
+    """What an estimator hands to the CPO step (paper Eq. 7) for one iteration.
+
+    ``objective(theta)`` is maximised; ``constraint(theta)`` is the coverage surrogate in
+    CPO's "c + b'x <= 0" form (minus the coverage estimate); ``kl(theta)`` the mean KL of
+    the target policy from theta_k; ``c = (1 - alpha) - coverage(theta_k)``. ``critics`` are
+    the updated (critic_r, critic_c, opt_r, opt_c); ``metrics`` scalars for the curves.
+    """
+
+    objective: Callable
+    constraint: Callable
+    kl: Callable
+    c: jax.Array
+    critics: tuple
+    metrics: dict
 
 
 class VariantArrays(struct.PyTreeNode):
@@ -122,10 +141,18 @@ def make_train(config: TrainConfig, params: EnvParams):
 
         return log_soft, hard
 
-    def iteration(state: TrainState, train_idx: jax.Array, var: VariantArrays):
-        key, k_q, k_a = jax.random.split(state.key, 3)
-        B = cfg.batch_size
-        q = train_idx[jax.random.randint(k_q, (B,), 0, train_idx.shape[0])]
+    def lower_bound(mean, per_item):
+        """The coverage estimate minus ``constraint_z`` standard errors of the mean of ``per_item``."""
+        if cfg.constraint_z == 0.0:
+            return mean
+        n = per_item.shape[0]
+        se = jnp.std(per_item) / jnp.sqrt(jnp.maximum(n - 1, 1))
+        return mean - cfg.constraint_z * jax.lax.stop_gradient(se)
+
+    def sampled_problem(state: TrainState, q: jax.Array, k_a: jax.Array, var: VariantArrays) -> CPOProblem:
+        """Steps 1-2 of Algorithm 1 from ``batch_size`` sampled episodes: rollout of pi,
+        V-trace critics, and the CPO surrogates (estimator ``jbar`` or ``vtrace``)."""
+        B = q.shape[0]
         obs, avail = params.obs[q], params.available[q]  # [B,T,F], [B,T,3]
         unsolv = params.unsolvable[q]
 
@@ -138,6 +165,7 @@ def make_train(config: TrainConfig, params: EnvParams):
         t_f = jnp.argmax(final, axis=1)
         steps = jnp.arange(T)[None, :]
         success = jnp.any(traj.constraint > 0, axis=1)  # answer correct or unsolvable
+        answered_correct = jnp.any(traj.correct, axis=1)
 
         log_soft_fn, hard_fn = target_fns(var.conformal, state.kappa, avail)
         s_hard = hard_fn(probs)
@@ -178,7 +206,7 @@ def make_train(config: TrainConfig, params: EnvParams):
                 return (optax.apply_updates(p, upd), o), l
 
             (cp, opt), losses = jax.lax.scan(body, (cp, opt), None, length=cfg.critic_steps)
-            return cp, opt, losses[-1]
+            return cp, opt, (losses[-1] if cfg.critic_steps else jnp.float32(0.0))
 
         critic_r, opt_r, loss_r = critic_update(state.critic_r, state.opt_r, r)
         critic_c, opt_c, loss_c = critic_update(state.critic_c, state.opt_c, c)
@@ -187,42 +215,130 @@ def make_train(config: TrainConfig, params: EnvParams):
         adv_r = jnp.where(valid, vt_r.advantages_clipped, 0.0)
         adv_c = jnp.where(valid, vt_c.advantages_unclipped, 0.0)
         n_valid = jnp.sum(valid)
-        # V-trace estimate of J_C under the target policy from the first round
-        # (the constraint signal already counts unsolvable questions as covered).
-        j_c = jnp.mean(vt_c.targets[:, 0])
 
-        # 3. CPO step on the softmasked target S~ (Eq. 7).
+        # 3. the surrogates of the CPO step on the softmasked target S~ (Eq. 7).
         logs_old = jax.lax.stop_gradient(log_soft_fn(probs))  # [B,T,3]
         logs_old_a = jnp.take_along_axis(logs_old, a[..., None], -1)[..., 0]
+        log_pi_a = jnp.log(jnp.maximum(pi_a, 1e-30))
 
         def log_target(pol):
             return log_soft_fn(probs_fn(pol, obs, avail))
 
+        def log_target_a(pol):
+            return jnp.take_along_axis(log_target(pol), a[..., None], -1)[..., 0]
+
         def ratio(pol):
-            logs_new_a = jnp.take_along_axis(log_target(pol), a[..., None], -1)[..., 0]
-            return jnp.exp(jnp.where(valid, logs_new_a - logs_old_a, 0.0))
+            return jnp.exp(jnp.where(valid, log_target_a(pol) - logs_old_a, 0.0))
 
         def objective(pol):
             # Reward surrogate with the clipped V-trace advantage (paper section 6).
             return jnp.sum(jnp.where(valid, ratio(pol) * adv_r, 0.0)) / n_valid
 
-        def constraint(pol):
-            # Linearised coverage J_C(theta) ~= j_c + sum_t E[(ratio - 1) A_C] per episode,
-            # unclipped advantage (clipping would bias the constraint gradient). CPO's
-            # "c + b'x <= 0" form takes its negation (trust_region module docstring).
-            return -jnp.sum(jnp.where(valid, (ratio(pol) - 1.0) * adv_c, 0.0)) / B
+        if cfg.estimator == "jbar":
+            # Paper Eq. 8: J-bar = mean(1[unsolvable] + prod_t (S~/pi)(a_t|o_t) 1[correct]),
+            # unclipped ratios (ccpo_jax.constraint), differentiable through S~_theta.
+            def coverage(pol):
+                return coverage_surrogate(log_target_a(pol), log_pi_a, answered_correct, unsolv, valid)
+
+            j_c = coverage(state.policy)
+            per_episode = jnp.where(unsolv, 1.0, jnp.exp(jnp.sum(jnp.where(valid, logs_old_a - log_pi_a, 0.0), -1))
+                                    * answered_correct)
+        else:
+            # V-trace estimate of J_C under the target policy from the first round
+            # (the constraint signal already counts unsolvable questions as covered).
+            j_c = jnp.mean(vt_c.targets[:, 0])
+            per_episode = vt_c.targets[:, 0]
+
+            def coverage(pol):
+                # Linearised J_C(theta) ~= j_c + sum_t E[(ratio - 1) A_C] per episode, unclipped
+                # advantage (clipping would bias the constraint gradient).
+                return jnp.sum(jnp.where(valid, (ratio(pol) - 1.0) * adv_c, 0.0)) / B
 
         def kl(pol):
             kl_t = conformal.soft_policy_kl(logs_old, log_target(pol))
             return jnp.sum(jnp.where(valid, kl_t, 0.0)) / n_valid
 
-        c_val = (1.0 - cfg.alpha) - j_c
+        metrics = {
+            "batch_cost_cents": jnp.mean(jnp.sum(jnp.where(valid, cost, 0.0), axis=1)),
+            "batch_success": jnp.mean(success.astype(jnp.float32)),
+            "batch_len": jnp.mean(t_f.astype(jnp.float32) + 1.0),
+            "j_c_estimate": j_c,
+            "critic_loss_r": loss_r,
+            "critic_loss_c": loss_c,
+        }
+        return CPOProblem(
+            objective=objective, constraint=lambda pol: -coverage(pol), kl=kl,
+            c=(1.0 - cfg.alpha) - lower_bound(j_c, per_episode), critics=(critic_r, critic_c, opt_r, opt_c),
+            metrics=metrics,
+        )
+
+    def exact_problem(state: TrainState, qx: jax.Array, var: VariantArrays) -> CPOProblem:
+        """Steps 1-2 of Algorithm 1, replay-exact (``estimator="exact"``, beyond the paper):
+        expected cost and success of the target policy over the whole chains of questions
+        ``qx`` (:mod:`ccpo_jax.exact`), the KL weighted by the target's reach probabilities."""
+        obs, avail = params.obs[qx], params.available[qx]
+        mask = params.round_mask[qx]
+        bc, gc, unsolv = params.base_correct[qx], params.guide_correct[qx], params.unsolvable[qx]
+        cost = params.cost[qx]
+        log_soft_fn, _ = target_fns(var.conformal, state.kappa, avail)
+
+        def terms(pol):
+            pi = probs_fn(pol, obs, avail)
+            logs = log_soft_fn(pi)
+            P = jnp.where(avail, jnp.exp(logs), 0.0)
+            size = jnp.where(var.conformal, exact.soft_set_size(pi, state.kappa, avail, cfg.softmask_eps), 1.0)
+            return logs, P, exact.expected_cost(P, cost), exact.success_probability(P, bc, gc, unsolv), size
+
+        logs_old, P_old, cost_old, succ_old, _ = terms(state.policy)
+        logs_old = jax.lax.stop_gradient(logs_old)
+        w = exact.occupancy_weights(P_old, mask)
+
+        def objective(pol):  # maximise -(E[cost] + lambda E|C|), scaled like the sampled rewards
+            _, _, cst, _, size = terms(pol)
+            return -jnp.mean(cst + var.lam * size) * reward_scale
+
+        def constraint(pol):  # "<= 0" form of Pr[success] >= 1 - alpha
+            return -jnp.mean(terms(pol)[3])
+
+        def kl(pol):
+            kl_t = conformal.soft_policy_kl(logs_old, log_soft_fn(probs_fn(pol, obs, avail)))
+            return jnp.sum(w * jnp.where(mask, kl_t, 0.0)) / jnp.maximum(jnp.sum(w), 1e-8)
+
+        j_c = jnp.mean(succ_old)
+        metrics = {
+            "batch_cost_cents": jnp.mean(cost_old),
+            "batch_success": j_c,
+            "batch_len": jnp.mean(exact.expected_length(P_old)),
+            "j_c_estimate": j_c,
+            "critic_loss_r": jnp.float32(0.0),
+            "critic_loss_c": jnp.float32(0.0),
+        }
+        return CPOProblem(
+            objective=objective, constraint=constraint, kl=kl, c=(1.0 - cfg.alpha) - lower_bound(j_c, succ_old),
+            critics=(state.critic_r, state.critic_c, state.opt_r, state.opt_c), metrics=metrics,
+        )
+
+    def iteration(state: TrainState, train_idx: jax.Array, var: VariantArrays):
+        """One pass of Algorithm 1: estimate (steps 1-2), CPO step (3), online kappa (4)."""
+        key, k_q, k_a, k_x = jax.random.split(state.key, 4)
+        q = train_idx[jax.random.randint(k_q, (cfg.batch_size,), 0, train_idx.shape[0])]
+        if cfg.estimator == "exact":
+            n_pool = train_idx.shape[0]
+            if 0 < cfg.exact_batch < n_pool:
+                qx = jax.random.choice(k_x, train_idx, (cfg.exact_batch,), replace=False)
+            else:
+                qx = train_idx
+            prob = exact_problem(state, qx, var)
+        else:
+            prob = sampled_problem(state, q, k_a, var)
+
+        # 3. CPO step (Eq. 7).
         policy, info = trust_region.cpo_update(
             state.policy,
-            objective,
-            constraint,
-            kl,
-            c_val,
+            prob.objective,
+            prob.constraint,
+            prob.kl,
+            prob.c,
             cfg.delta,
             cg_iters=cfg.cg_iters,
             damping=cfg.damping,
@@ -230,10 +346,11 @@ def make_train(config: TrainConfig, params: EnvParams):
             backtrack_decay=cfg.backtrack_decay,
         )
 
-        # 4. online kappa, one step per episode, on C_{pi_{k+1}, kappa}.
-        new_probs = probs_fn(policy, obs, avail)
+        # 4. online kappa, one step per sampled episode, on C_{pi_{k+1}, kappa} (Eq. 9).
+        avail = params.available[q]
+        new_probs = probs_fn(policy, params.obs[q], avail)
         k_i = jax.vmap(conformal.largest_covering_kappa)(
-            new_probs, params.base_correct[q], params.guide_correct[q], params.round_mask[q], unsolv
+            new_probs, params.base_correct[q], params.guide_correct[q], params.round_mask[q], params.unsolvable[q]
         )
 
         def kappa_body(carry, kappa_i):
@@ -244,6 +361,7 @@ def make_train(config: TrainConfig, params: EnvParams):
 
         (kappa, episodes), errs = jax.lax.scan(kappa_body, (state.kappa, state.episodes), k_i)
 
+        critic_r, critic_c, opt_r, opt_c = prob.critics
         new_state = TrainState(
             policy=policy,
             critic_r=critic_r,
@@ -258,12 +376,7 @@ def make_train(config: TrainConfig, params: EnvParams):
         metrics = {
             "kappa": kappa,
             "coverage_err_online": jnp.mean(errs),
-            "batch_cost_cents": jnp.mean(jnp.sum(jnp.where(valid, cost, 0.0), axis=1)),
-            "batch_success": jnp.mean(success.astype(jnp.float32)),
-            "batch_len": jnp.mean(t_f.astype(jnp.float32) + 1.0),
-            "j_c_estimate": j_c,
-            "critic_loss_r": loss_r,
-            "critic_loss_c": loss_c,
+            **prob.metrics,
             "cpo_case": info.direction.case.astype(jnp.float32),
             "step_accepted": info.accepted.astype(jnp.float32),
             "kl": info.kl,
@@ -328,6 +441,22 @@ def _checkpoint_manager(ckpt_dir: Path):
     from ccpo_jax.checkpoints import VerifiedCheckpoints
 
     return VerifiedCheckpoints(ckpt_dir, max_to_keep=2)
+
+
+def _progress_fields(m: dict, variants, S: int) -> str:
+    """Labelled progress: per variant kind, the mean over its members of the last iteration's
+    online kappa (conformal rows only) and the target policy's batch success."""
+    parts = []
+    last = {k: np.asarray(v)[..., -1].reshape(len(variants), S) for k, v in m.items() if k in ("kappa", "batch_success")}
+    for label, conf in (("CPO", False), ("CCPO", True)):
+        rows = [i for i, v in enumerate(variants) if v.conformal == conf]
+        if not rows:
+            continue
+        bit = f"{label} success {np.mean(last['batch_success'][rows]):.2f}"
+        if conf:
+            bit += f" kappa {np.mean(last['kappa'][rows]):.3f}"
+        parts.append(bit)
+    return "mean over members: " + ", ".join(parts)
 
 
 def train_many(
@@ -439,10 +568,11 @@ def train_many(
     compiled: dict[int, Any] = {}
     compile_s = 0.0
     t_train = time.perf_counter()
+    desc = f"train {V} variant(s) x {S} member(s) each"
     bar = tqdm(
         total=config.iterations,
         initial=sum(sizes[:start_chunk]),
-        desc=f"train {V} variant(s) x {S} split(s)",
+        desc=desc,
         unit="it",
         disable=not progress,
         leave=False,
@@ -451,6 +581,8 @@ def train_many(
     for ci in range(start_chunk, n_chunks):
         n = sizes[ci]
         if n not in compiled:
+            bar.set_description_str(f"{desc} (compiling a {n}-iteration chunk)")
+            bar.refresh()
             t0 = time.perf_counter()
             if per_device:
                 compiled[n] = chunk_fn(n)
@@ -458,11 +590,12 @@ def train_many(
             else:
                 compiled[n] = chunk_fn(n).lower(state, flat_idx, flat_var).compile()
             compile_s += time.perf_counter() - t0
+            bar.set_description_str(desc)
         state, m = compiled[n](state, flat_idx, flat_var)
         m = sharding.unpad(sharding.to_host(m), n_members)
         history.append({k: v.tolist() for k, v in m.items()})
         bar.update(n)
-        bar.set_postfix(kappa=float(np.mean(m["kappa"][..., -1])))
+        bar.set_postfix_str(_progress_fields(m, variants, S))
         if on_chunk is not None:
             on_chunk(ci, m)
         if manager is not None:
@@ -506,11 +639,12 @@ def row_variants(lambdas: tuple[float, ...]) -> list[Variant]:
 
 
 def evaluate_trained(config: TrainConfig, params: EnvParams, variants, state, cal_idx, test_idx, key, retrain: bool):
-    """Evaluate every trained variant on every split in one jitted, vmapped call.
+    """Evaluate every trained variant, seed and split in one jitted, vmapped call.
 
-    ``state`` leaves are [V, S_train, ...] (S_train = 1 under ``recalibrate``);
-    ``cal_idx``/``test_idx`` are [S, n]. Returns ``{row: {metric: np.ndarray [S]}}``
-    and the calibrated kappas ``{row: np.ndarray [S]}``.
+    ``state`` leaves are [V, S_train, N, ...] (N seeds; S_train = 1 under ``recalibrate``,
+    whose one policy per seed is recalibrated on every split); ``cal_idx``/``test_idx``
+    are [S, n]. Returns ``{row: {metric: np.ndarray [N, S]}}`` and the calibrated kappas
+    ``{row: np.ndarray [N, S]}``.
     """
     from envs.orchestration import summarise
 
@@ -525,10 +659,17 @@ def evaluate_trained(config: TrainConfig, params: EnvParams, variants, state, ca
 
     split_axes = 0 if retrain else None
     per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0))
-    per_variant = jax.jit(jax.vmap(per_split, in_axes=(0, 0, None, None, None)))
-    pol = state.policy if retrain else jax.tree.map(lambda x: x[:, 0], state.policy)
-    kap = state.kappa if retrain else state.kappa[:, 0]
-    keys = jax.random.split(key, S)
+    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0))
+    per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None)))
+    # [V, S_t, N, ...] -> [V, N, S_t, ...] (retrain) or [V, N, ...] (recalibrate)
+    if retrain:
+        pol = jax.tree.map(lambda x: jnp.swapaxes(x, 1, 2), state.policy)
+        kap = jnp.swapaxes(state.kappa, 1, 2)
+    else:
+        pol = jax.tree.map(lambda x: x[:, 0], state.policy)
+        kap = state.kappa[:, 0]
+    N = kap.shape[1]
+    keys = jax.random.split(key, N * S).reshape(N, S, -1)
     batch_m, online_m, point_m, khat = jax.device_get(
         per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys)
     )
@@ -547,8 +688,71 @@ def evaluate_trained(config: TrainConfig, params: EnvParams, variants, state, ca
             rows["CPO batch"] = take(batch_m, v)
             rows["CPO online"] = take(online_m, v)
             kappas["CPO batch"] = np.asarray(khat[v])
-            kappas["CPO online"] = np.broadcast_to(np.asarray(kap[v]), (S,)).copy()
+            online = np.asarray(kap[v])  # [N] or [N, S]
+            kappas["CPO online"] = np.broadcast_to(online.reshape(N, -1), (N, S)).copy()
     return rows, kappas
+
+
+@dataclasses.dataclass
+class TrainedRows:
+    """What :func:`train_seeds` returns.
+
+    rows:    row name -> metric -> np.ndarray [N seeds, S splits]
+    kappas:  row name -> calibrated (or online) kappa [N, S]
+    state:   the trained TrainState, leaves [V, S_train, N, ...]
+    curves:  variant name -> metric -> np.ndarray [S_train * N, iterations]
+    timing:  compile_s, train_s, eval_s
+    """
+
+    rows: dict
+    kappas: dict
+    state: Any
+    variants: list
+    curves: dict
+    timing: dict
+
+
+def train_seeds(
+    config: TrainConfig,
+    params: EnvParams,
+    splits,
+    key: jax.Array,
+    *,
+    lambdas: tuple[float, ...] = (),
+    seeds: int = 1,
+    protocol: str = "recalibrate",
+    ckpt_dir: Path | None = None,
+    progress: bool = True,
+    mesh=None,
+    member_block: int | None = None,
+) -> TrainedRows:
+    """Train the learned rows (:func:`row_variants`) for ``seeds`` seeds and evaluate them on every split.
+
+    All variants x training splits x seeds are members of one vmapped program
+    (:func:`train_many`); seed n of every member starts from its own key. Under
+    ``recalibrate`` each seed trains once on ``splits.train[0]`` and is recalibrated on
+    every split; under ``retrain`` every (split, seed) pair trains its own policy.
+    """
+    if int(seeds) < 1:
+        raise UserError(f"seeds={seeds}: must be >= 1")
+    N = int(seeds)
+    variants = row_variants(tuple(lambdas))
+    retrain = protocol == "retrain"
+    train_idx = np.asarray(splits.train) if retrain else np.asarray(splits.train)[:1]
+    S_t = train_idx.shape[0]
+    k_train, k_eval = jax.random.split(key)
+    state, metrics, timing = train_many(
+        config, params, variants, np.repeat(train_idx, N, axis=0), k_train, ckpt_dir=ckpt_dir,
+        progress=progress, mesh=mesh, member_block=member_block,
+    )
+    state = jax.tree.map(lambda x: x.reshape((x.shape[0], S_t, N) + x.shape[2:]), state)
+    t0 = time.perf_counter()
+    rows, kappas = evaluate_trained(
+        config, params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval, retrain
+    )
+    timing["eval_s"] = time.perf_counter() - t0
+    curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
+    return TrainedRows(rows=rows, kappas=kappas, state=state, variants=variants, curves=curves, timing=timing)
 
 
 def learned_rows(
@@ -565,37 +769,39 @@ def learned_rows(
     resume: bool,
     progress: bool,
     config: TrainConfig | None = None,
+    seeds: int = 1,
     mesh=None,
     member_block: int | None = None,
 ):
     """The trainer entry point of :func:`ccpo_jax.pipeline.reproduce`.
 
-    Trains CPO and the CCPO rows (one vmapped program; under ``retrain`` also
-    vmapped over splits), evaluates them on every split, and returns a
-    :class:`ccpo_jax.pipeline.LearnedRows`. ``mesh`` and ``member_block`` go to
-    :func:`train_many` (shard the variant x split members over devices).
+    Trains CPO and the CCPO rows for ``seeds`` seeds (one vmapped program; under
+    ``retrain`` also vmapped over splits), evaluates them on every split, saves the
+    policies of seed 0, split 0 for ``ccpo-jax export``, and returns a
+    :class:`ccpo_jax.pipeline.LearnedRows` whose rows hold [N seeds, S splits] arrays.
     """
     from ccpo_jax.pipeline import LearnedRows
 
     cfg = (config or TrainConfig()).replace(alpha=float(alpha))
     if iterations is not None:
         cfg = cfg.replace(iterations=int(iterations))
-    variants = row_variants(tuple(lambdas))
-    retrain = protocol == "retrain"
-    train_idx = np.asarray(splits.train) if retrain else np.asarray(splits.train)[:1]
-    k_train, k_eval = jax.random.split(key)
-    state, metrics, timing = train_many(
-        cfg, params, variants, train_idx, k_train, ckpt_dir=Path(ckpt_dir), progress=progress,
-        mesh=mesh, member_block=member_block,
+    trained = train_seeds(
+        cfg, params, splits, key, lambdas=tuple(lambdas), seeds=seeds, protocol=protocol,
+        ckpt_dir=Path(ckpt_dir), progress=progress, mesh=mesh, member_block=member_block,
     )
-    t0 = time.perf_counter()
-    rows, kappas = evaluate_trained(
-        cfg, params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval, retrain
-    )
-    timing["eval_s"] = time.perf_counter() - t0
-    save_policies(Path(ckpt_dir).parent / POLICIES_DIR, cfg, variants, state, kappas, cache, protocol)
-    curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
-    return LearnedRows(rows=rows, curves=curves, timing=timing)
+    diagnostics = {}
+    for v, var in enumerate(trained.variants):
+        row = var.name if var.conformal else "CPO batch"
+        pol = jax.tree.map(lambda x: x[v, 0, 0], trained.state.policy)
+        d = calibration_diagnostics(pol, params, float(np.asarray(trained.kappas[row])[0, 0]),
+                                    np.asarray(splits.cal)[0], cfg.alpha, cfg.hidden)
+        d["test_cost_cents_mean"] = float(np.mean(trained.rows[row]["cost_cents"]))
+        d["test_coverage_mean"] = float(np.mean(trained.rows[row]["coverage"]))
+        diagnostics[row] = d
+    save_policies(Path(ckpt_dir).parent / POLICIES_DIR, cfg, trained.variants, trained.state, trained.kappas,
+                  cache, protocol, diagnostics)
+    return LearnedRows(rows=trained.rows, curves=trained.curves, timing=trained.timing)
+
 
 
 POLICIES_DIR = "policies"
@@ -610,16 +816,55 @@ def policy_slug(row: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", row.lower().replace("=", "-")).strip("-").replace(".", "p")
 
 
-def save_policies(out: Path, cfg: TrainConfig, variants, state, kappas, cache, protocol: str) -> None:
+#: A router is degenerate when its set holds every available action on (at least) this
+#: share of the calibration questions' reached rounds, or when kappa-hat is (about) 0.
+DEGENERATE_FULL_SET = 0.9
+DEGENERATE_KAPPA = 1e-6
+
+
+def calibration_diagnostics(policy, params: EnvParams, kappa_hat: float, cal_idx, alpha: float, hidden=None) -> dict:
+    """How the calibrated router of one policy behaves on its calibration questions.
+
+    ``coverage`` of C_{pi,kappa-hat} (target ``1 - alpha``), ``full_set_fraction`` = share of
+    calibration questions whose set holds every available action at every round it reaches
+    ("always continue and collect everything"), ``degenerate`` when that share is at least
+    :data:`DEGENERATE_FULL_SET` or kappa-hat is below :data:`DEGENERATE_KAPPA`, and the
+    distribution of the set size over the calibration questions.
+    """
+    from envs.orchestration import reached_rounds
+
+    cal = jnp.asarray(cal_idx)
+    probs, _ = policy_tables(policy, params, hidden)
+    avail = params.available[cal]
+    in_set = conformal.conformal_set(probs[cal], kappa_hat, avail)
+    m = evaluate_sets(in_set, params, cal)
+    reached = reached_rounds(in_set & avail, avail) & params.round_mask[cal]
+    full = jnp.all(jnp.where(reached[..., None], in_set == avail, True), axis=(1, 2))
+    full_frac = float(jnp.mean(full.astype(jnp.float32)))
+    sizes = np.bincount(np.asarray(m.set_size), minlength=1)
+    return {
+        "n": int(cal.shape[0]),
+        "kappa": float(kappa_hat),
+        "coverage": float(jnp.mean(m.covered.astype(jnp.float32))),
+        "target": float(1.0 - alpha),
+        "full_set_fraction": full_frac,
+        "degenerate": bool(full_frac >= DEGENERATE_FULL_SET or float(kappa_hat) < DEGENERATE_KAPPA),
+        "set_size_counts": {str(k): int(c) for k, c in enumerate(sizes) if c},
+    }
+
+
+def save_policies(out: Path, cfg: TrainConfig, variants, state, kappas, cache, protocol: str,
+                  diagnostics: dict | None = None) -> None:
     """Write every trained policy of split 0 to ``out/<slug>/`` for ``ccpo-jax export``.
 
     ``params.msgpack`` holds the flax-serialised policy parameters, ``policy.json`` the
     row name, alpha, the batch-calibrated kappa of split 0 (the kappa of the row's
     conformal sets on split 0), the final online kappa, T, the network shape, the
-    feature names and the cache's provenance and checksum.
+    feature names and the cache's provenance and checksum; ``diagnostics[row]`` (optional)
+    goes to ``calibration`` (:func:`calibration_diagnostics` plus the row's mean test cost
+    and coverage over seeds x splits), which ``ccpo-jax export`` reads to refuse a
+    degenerate router and to pick its default row.
     """
-    import dataclasses
-
     from flax import serialization
 
     from envs.features import feature_names
@@ -627,7 +872,7 @@ def save_policies(out: Path, cfg: TrainConfig, variants, state, kappas, cache, p
     out.mkdir(parents=True, exist_ok=True)
     for v, var in enumerate(variants):
         row = var.name if var.conformal else "CPO batch"
-        pol = jax.tree.map(lambda x: np.asarray(x[v, 0]), state.policy)
+        pol = jax.tree.map(lambda x: np.asarray(x[v, 0, 0]), state.policy)  # split 0, seed 0
         d = out / policy_slug(row)
         d.mkdir(parents=True, exist_ok=True)
         (d / POLICY_PARAMS).write_bytes(serialization.to_bytes(pol))
@@ -637,9 +882,10 @@ def save_policies(out: Path, cfg: TrainConfig, variants, state, kappas, cache, p
             "conformal_training": bool(var.conformal),
             "lambda": float(var.lam),
             "alpha": float(cfg.alpha),
-            "kappa": float(np.asarray(kappas[row])[0]),
-            "kappa_online": float(np.asarray(state.kappa[v, 0])),
-            "kappa_note": "kappa is the batch-calibrated threshold of split 0; kappa_online the online one",
+            "kappa": float(np.asarray(kappas[row])[0, 0]),
+            "kappa_online": float(np.asarray(state.kappa[v, 0, 0])),
+            "kappa_note": "kappa is the batch-calibrated threshold of seed 0 on split 0; kappa_online the online one",
+            "seed": 0,
             "protocol": protocol,
             "split": 0,
             "T": int(m.T),
@@ -651,6 +897,8 @@ def save_policies(out: Path, cfg: TrainConfig, variants, state, kappas, cache, p
             "train_config": dataclasses.asdict(cfg),
             "jax": jax.__version__,
         }
+        if diagnostics and row in diagnostics:
+            meta["calibration"] = diagnostics[row]
         (d / POLICY_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 

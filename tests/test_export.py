@@ -76,9 +76,9 @@ def run(tmp_path_factory):
     # (the one nearest 0.3, so that sets of 0, 1, 2 and 3 actions all occur).
     kappa = float(probs_ref[np.argmin(np.abs(probs_ref[:, 0] - 0.3)), 0])
     variants = [Variant("CPO", conformal=False, lam=0.0), Variant("CCPO (lambda=0)", conformal=True, lam=0.0)]
-    stack = jax.tree.map(lambda a, b: np.stack([a, b])[:, None], p_cpo, p_ccpo)  # [V, S=1, ...]
-    state = types.SimpleNamespace(policy=stack, kappa=np.array([[0.3], [0.31]], np.float32))
-    kappas = {"CPO batch": np.array([0.25], np.float32), "CCPO (lambda=0)": np.array([kappa], np.float32)}
+    stack = jax.tree.map(lambda a, b: np.stack([a, b])[:, None, None], p_cpo, p_ccpo)  # [V, S=1, N=1, ...]
+    state = types.SimpleNamespace(policy=stack, kappa=np.array([[[0.3]], [[0.31]]], np.float32))
+    kappas = {"CPO batch": np.array([[0.25]], np.float32), "CCPO (lambda=0)": np.array([[kappa]], np.float32)}
     run_dir = root / "run"
     save_policies(run_dir / "policies", TrainConfig(alpha=0.1), variants, state, kappas, cache, "recalibrate")
     (run_dir / "results.json").write_text(json.dumps({"setting": "test-synthetic"}))
@@ -289,3 +289,53 @@ def test_blocked_probs_match_router_on_small_caches(run, router):
     got_v = np.asarray(jax.jit(jax.vmap(blocked_policy_probs, in_axes=(0, None, None)))(
         stacked, run.env.obs, run.env.available))
     assert np.array_equal(got_v[1][m], want)
+
+
+def _diag(kappa, full, coverage=0.95, cost=1.0):
+    return {"n": 200, "kappa": kappa, "coverage": coverage, "target": 0.9, "full_set_fraction": full,
+            "degenerate": full >= 0.9 or kappa < 1e-6, "set_size_counts": {"1": 200},
+            "test_cost_cents_mean": cost, "test_coverage_mean": coverage}
+
+
+def test_export_refuses_a_degenerate_router_and_picks_the_cheapest_usable_row(run, tmp_path):
+    """kappa-hat ~ 0 / the full set for nearly every calibration question: refused unless --force;
+    the default row is the cheapest calibrated row whose calibration coverage holds."""
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.export import export_router
+    from ccpo_jax.serving import Router
+    from ccpo_jax.train import save_policies
+
+    variants = [Variant("CPO", conformal=False), Variant("CCPO (lambda=0)", conformal=True),
+                Variant("CCPO (lambda=2e-4)", conformal=True, lam=2e-4)]
+    stack = jax.tree.map(lambda a: np.stack([a, a, a])[:, None, None], run.params)
+    state = types.SimpleNamespace(policy=stack, kappa=np.full((3, 1, 1), 0.3, np.float32))
+    kappas = {"CPO batch": np.array([[0.2]]), "CCPO (lambda=0)": np.array([[3.7e-7]]),
+              "CCPO (lambda=2e-4)": np.array([[0.3]])}
+    diag = {"CPO batch": _diag(0.2, 0.1, cost=5.9), "CCPO (lambda=0)": _diag(3.7e-7, 0.98, cost=12.0),
+            "CCPO (lambda=2e-4)": _diag(0.3, 0.05, coverage=0.85, cost=4.0)}  # cheapest, but misses
+    run_dir = tmp_path / "run"
+    save_policies(run_dir / "policies", TrainConfig(alpha=0.1), variants, state, kappas, run.cache, "recalibrate", diag)
+    said = []
+    art = export_router(run_dir, tmp_path / "default", echo=said.append)
+    assert Router.load(art).manifest["policy"]["row"] == "CPO batch"
+    assert "cheapest calibrated row whose calibration coverage holds" in said[0]
+    with pytest.raises(UserError, match=r"kappa-hat 3.7e-07.*98% of the 200 calibration.*'CPO batch'.*would serve better.*--force"):
+        export_router(run_dir, tmp_path / "ccpo", row="CCPO (lambda=0)")
+    assert not (tmp_path / "ccpo").exists()
+    art = export_router(run_dir, tmp_path / "forced", row="CCPO (lambda=0)", force=True, echo=said.append)
+    assert Router.load(art).manifest["policy"]["row"] == "CCPO (lambda=0)" and "degenerate" in said[-1]
+
+
+def test_calibration_diagnostics_by_hand(run):
+    """A uniform policy at kappa 0 holds every available action everywhere: degenerate; at kappa 0.5
+    the sets are empty, so only unsolvable questions are covered."""
+    from ccpo_jax.train import calibration_diagnostics
+
+    zero = jax.tree.map(np.zeros_like, run.params)  # all logits 0: uniform over available actions
+    cal = np.arange(50)
+    d = calibration_diagnostics(zero, run.env, 0.0, cal, 0.1)
+    assert d["full_set_fraction"] == 1.0 and d["degenerate"] and d["kappa"] == 0.0
+    d = calibration_diagnostics(zero, run.env, 0.5, cal, 0.1)
+    assert d["full_set_fraction"] == 0.0 and not d["degenerate"]
+    assert d["coverage"] == pytest.approx(float(np.mean(run.cache.unsolvable[cal])))
+    assert d["set_size_counts"] == {"0": 50}

@@ -164,9 +164,10 @@ def test_saved_policy_round_trip(small, tmp_path):
     cfg = TrainConfig(iterations=2, chunk=2, batch_size=4)
     variants = row_variants(())
     state, _, _ = train_many(cfg, params, variants, np.arange(60)[None], jax.random.PRNGKey(0), progress=False)
-    kappas = {"CPO batch": np.array([0.2]), "CCPO (lambda=0)": np.array([0.3])}
+    state = jax.tree.map(lambda x: x[:, :, None], state)  # [V, S_train, N seeds]
+    kappas = {"CPO batch": np.array([[0.2]]), "CCPO (lambda=0)": np.array([[0.3]])}  # [N, S]
     save_policies(tmp_path, cfg, variants, state, kappas, cache, "recalibrate")
     pol, meta = load_policy(tmp_path / "ccpo-lambda-0")
     assert meta["row"] == "CCPO (lambda=0)" and meta["kappa"] == pytest.approx(0.3)
-    assert _tree_equal(pol, jax.tree.map(lambda x: x[1, 0], state.policy))
+    assert _tree_equal(pol, jax.tree.map(lambda x: x[1, 0, 0], state.policy))
     assert dataclasses.asdict(cfg)["alpha"] == meta["alpha"]

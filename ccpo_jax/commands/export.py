@@ -15,7 +15,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Export the policy of one row of a 'ccpo-jax reproduce' run (RUN_DIR/policies/) as a directory "
         "with manifest.json, policy.jaxexport and params.npz, loadable by ccpo_jax.serving.Router.")
     e.add_argument("run_dir", metavar="RUN_DIR", help="the --out of 'ccpo-jax reproduce' (or one policy folder)")
-    e.add_argument("--row", default=None, help="row name or slug, e.g. 'CPO batch' (default: 'CCPO (lambda=0)')")
+    e.add_argument("--row", default=None, help="row name or slug, e.g. 'CPO batch' (default: the cheapest calibrated "
+                   "row whose calibration coverage holds and whose router is not degenerate)")
+    e.add_argument("--force", action="store_true",
+                   help="export a degenerate router anyway (kappa-hat 0, or every action in the set for >= 90%% of "
+                   "calibration questions)")
     e.add_argument("--out", required=True, metavar="ARTIFACT", help="output directory (must not exist)")
     e.set_defaults(func=_export)
 
@@ -33,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser(
         "serve", help="serve an exported router over HTTP (POST /v1/route, GET /healthz)",
-        description="JSON endpoint on loopback by default. See docs/readme/export.md for the request format.")
+        description="JSON endpoint on loopback by default. See docs/export.md for the request format.")
     s.add_argument("artifact", metavar="ARTIFACT")
     s.add_argument("--port", type=int, required=True, help="TCP port (0: any free port)")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1, loopback only)")
@@ -54,7 +58,7 @@ def _export(args) -> int:
     from ccpo_jax.export import export_router
     from ccpo_jax.serving.artifact import read_verified
 
-    out = export_router(args.run_dir, args.out, row=args.row)
+    out = export_router(args.run_dir, args.out, row=args.row, force=args.force, echo=print)
     m = read_verified(out)[0]
     kind = m["cache"].get("provenance", {}).get("kind", "?")
     tag = " (trained on a SYNTHETIC cache)" if kind == "synthetic" else ""

@@ -32,6 +32,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--member-block", type=int, default=None, metavar="B",
                    help="train members B at a time, one single-device program per device: bit-identical to a "
                    "one-device run with the same B (default: one SPMD program, a vmap per device, fastest)")
+    p.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="training seeds of every learned row, trained in one vmapped program (default: 5); "
+                   "table.md shows the mean over seeds x splits and the spread over seeds")
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help="trainer preset: default (the configuration that learns) or paper (the paper's published "
+                   "values: batch 10, 1500 iterations, the J-bar estimator of Eq. 8); see --list-presets")
+    p.add_argument("--set", action="append", default=None, dest="overrides", metavar="FIELD=VALUE",
+                   help="set one trainer field on top of the preset, e.g. --set batch_size=100 --set estimator=vtrace "
+                   "(repeatable; fields and values: --list-presets)")
+    p.add_argument("--list-presets", action="store_true", help="list the trainer presets and every field, and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--list-settings", action="store_true", help="list the settings (one per paper table) and exit")
     p.set_defaults(func=_reproduce)
@@ -42,6 +52,11 @@ def _reproduce(args) -> int:
 
     if args.list_settings:
         print(settings_table())
+        return 0
+    if args.list_presets:
+        from ccpo_jax.presets import presets_table
+
+        print(presets_table())
         return 0
     from ccpo_jax.pipeline import reproduce
 
@@ -59,5 +74,8 @@ def _reproduce(args) -> int:
         progress=not args.no_progress,
         devices=args.devices,
         member_block=args.member_block,
+        seeds=args.seeds,
+        preset=args.preset,
+        overrides=args.overrides,
     )
     return 0

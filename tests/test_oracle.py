@@ -1,0 +1,131 @@
+"""The learners reach the optimum that the data allows (oracle caches of envs.oracle).
+
+Each cache's cost-optimal conformal policy is derived by hand below and checked
+against the brute force of :func:`envs.oracle.optimum` (plain Python over the
+observation classes). Then CPO and CCPO are trained with the default preset over
+10 seeds: CPO must satisfy its constraint (pointwise success >= 1 - alpha - 0.02),
+CPO batch and CCPO (calibrated on held-out questions) must come within 15 % of
+the optimal cost on at least 9 of 10 seeds. The three T = 4 caches train as one
+vmapped program (each member on its own cache's questions), T = 1 as another.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from ccpo_jax.config import Variant
+from ccpo_jax.presets import DEFAULT
+from ccpo_jax.train import evaluate_trained, train_many
+from envs import oracle
+from envs.cache import ResponseCache
+from envs.orchestration import make_env_params
+
+ALPHA = 0.1
+SEEDS = 10
+SIZES = (300, 150, 150)  # train / cal / test questions per cache
+
+
+def J(t: int) -> float:
+    """Guide cost of round t in cents: (80 t prompt tokens x $2.5 + 4 completion tokens x $10) / 1e6 x 100."""
+    return (80 * t * 2.5 + 4 * 10.0) / 1e6 * 100
+
+
+# Hand derivations (fractions of each type; unsolvable questions count as covered):
+# uncertainty: easy 50 % take base at round 1 (J1); fix 25 % take the guide at round 1 (J1);
+#   retry 15 % + unsolvable 10 % look alike: next, then base at round 2 (J1 + J2). Dropping
+#   any class loses >= 15 % > alpha of coverage, so all are covered: J1 + 0.25 J2.
+# confidence: sure 50 % base at round 1; unsure 30 % + unsolvable 20 %: next, base (J1 + J2):
+#   J1 + 0.5 J2.
+# two-extra-rounds: easy 60 % base at round 1; deep 30 % + unsolvable 10 %: next, next, base
+#   (J1 + J2 + J3): J1 + 0.4 (J2 + J3).
+# cascade-T1: every policy pays J1 once; the best pointwise answer covers easy 55 % + fix 25 %
+#   + half of mixed 15 % + unsolvable 5 % = 0.925.
+HAND = {
+    "uncertainty": (J(1) + 0.25 * J(2), 1.0),
+    "confidence": (J(1) + 0.5 * J(2), 1.0),
+    "two-extra-rounds": (J(1) + 0.4 * (J(2) + J(3)), 1.0),
+    "cascade-T1": (J(1), 0.925),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND))
+def test_brute_force_optimum_equals_hand_derivation(name):
+    spec = oracle.builtin()[name]
+    opt = oracle.optimum(spec, ALPHA)
+    cost, coverage = HAND[name]
+    assert opt.cost_per_question == pytest.approx(cost, rel=1e-9)
+    assert opt.coverage == pytest.approx(coverage, abs=1e-9)
+    assert spec.round_cost_cents(2) == pytest.approx(J(2))
+
+
+def test_alpha_slack_drops_a_small_expensive_class():
+    """With alpha = 0.2 the 15 % retry class may go uncovered: the optimum then stops at round 1."""
+    opt = oracle.optimum(oracle.builtin()["uncertainty"], 0.2)
+    assert opt.cost_per_question == pytest.approx(J(1))
+    assert opt.coverage == pytest.approx(0.85)
+
+
+def test_observation_classes_are_checked():
+    spec = oracle.builtin()["uncertainty"]
+    bad = dataclasses.replace(spec, classes={**spec.classes, "retry": (oracle.Obs(False, 0.9), oracle.Obs(True, 0.1))},
+                              types=spec.types[:3] + (oracle.QType("unsolvable", "easy", 0.1, ((False, False),) * 4),))
+    with pytest.raises(ValueError, match="different observations"):
+        oracle.build(bad, 200)
+
+
+def _concat(caches: list[ResponseCache]) -> ResponseCache:
+    arrays = {k: np.concatenate([c.arrays[k] for c in caches]) for k in caches[0].arrays}
+    return ResponseCache(caches[0].manifest, arrays).with_checksum()
+
+
+def _train_and_evaluate(names: list[str], cfg):
+    """Train CPO and CCPO (lambda=0) for SEEDS seeds on each cache (one program); return per cache
+    the optimum's test cost and the rows' metrics [SEEDS]."""
+    specs = oracle.builtin()
+    n = sum(SIZES)
+    caches = [oracle.build(specs[nm], n, seed=1) for nm in names]
+    params = make_env_params(_concat(caches))
+    rng = np.random.default_rng(0)
+    parts = [rng.permutation(n) + i * n for i in range(len(names))]
+    train = np.stack([p[: SIZES[0]] for p in parts])
+    cal = np.stack([p[SIZES[0]: SIZES[0] + SIZES[1]] for p in parts])
+    test = np.stack([p[SIZES[0] + SIZES[1]:] for p in parts])
+    variants = [Variant("CPO", False), Variant("CCPO (lambda=0)", True)]
+    state, _, _ = train_many(cfg, params, variants, np.repeat(train, SEEDS, axis=0), jax.random.PRNGKey(0),
+                             progress=False)
+    state = jax.tree.map(lambda x: x.reshape((x.shape[0], len(names), SEEDS) + x.shape[2:]), state)
+    rows, _ = evaluate_trained(cfg, params, variants, state, cal, test, jax.random.PRNGKey(1), retrain=True)
+    out = {}
+    for i, nm in enumerate(names):
+        types = oracle.type_of(caches[i])[test[i] - i * n]
+        opt = oracle.optimum(specs[nm], cfg.alpha).cost_of(types)
+        out[nm] = (opt, {r: {k: np.asarray(v)[:, i] for k, v in m.items()} for r, m in rows.items()})
+    return out
+
+
+def _check(name, opt_cost, rows):
+    cpo = rows["CPO"]["coverage"]
+    assert np.all(cpo >= 1 - ALPHA - 0.02), f"{name}: CPO pointwise success per seed {np.round(cpo, 3)}"
+    for row in ("CPO batch", "CCPO (lambda=0)"):
+        ratio = rows[row]["cost_cents"] / opt_cost
+        ok = ratio <= 1.15
+        assert ok.sum() >= SEEDS - 1, f"{name}: {row} cost / optimum per seed {np.round(ratio, 2)}"
+        assert np.all(rows[row]["coverage"] >= 1 - ALPHA - 0.05), f"{name}: {row} coverage {rows[row]['coverage']}"
+
+
+@pytest.mark.slow
+def test_learners_reach_the_optimum_on_multi_round_caches():
+    results = _train_and_evaluate(["uncertainty", "confidence", "two-extra-rounds"], DEFAULT)
+    for name, (opt, rows) in results.items():
+        _check(name, opt, rows)
+
+
+@pytest.mark.slow
+def test_learners_on_a_single_round_cascade():
+    (opt, rows), = _train_and_evaluate(["cascade-T1"], DEFAULT).values()
+    for row in ("CPO batch", "CCPO (lambda=0)"):  # T = 1: every policy pays the one guide call
+        np.testing.assert_allclose(rows[row]["cost_cents"], opt, rtol=1e-5)
+    _check("cascade-T1", opt, rows)
