@@ -16,7 +16,7 @@
 :func:`read_jsonl` validates every field and raises :class:`envs.cache.CacheError`
 with ``FILE:LINE: FIELD: problem`` (round indices are 0-based, as in JSON).
 :func:`write_jsonl` writes the same format atomically. The rules are listed in
-the README ("Response caches"); the ones the design leaves open:
+``docs/caches.md``; the ones the design leaves open:
 
 * Without a manifest line: name = file stem, task = "unknown", T = most rounds
   of any question, models "base" and "guide" at price 0, provenance

@@ -66,3 +66,22 @@ def real_data(request) -> RealData:
     if request.param == "fixtures":
         return RealData(FIXTURE_DATA, full=False)
     return RealData(_require_shared(), full=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs():
+    """After each test module, drop JAX's in-memory caches of traced and compiled programs.
+
+    A module's programs are rarely reused by the next one (and the persistent compilation
+    cache above serves those that are), while keeping every module's executables alive
+    made the pytest process grow past 4 GB over the suite. Modules that never import jax
+    are left alone.
+    """
+    yield
+    import sys
+
+    if "jax" in sys.modules:
+        import gc
+
+        sys.modules["jax"].clear_caches()
+        gc.collect()

@@ -2,7 +2,7 @@
 
 Response grid (SYNTHETIC by default, or ``--grid PATH``) -> surrogate payoff
 oracle -> GAIL follower -> PPO leader -> repair -> evaluation of the five
-strategies on grid replay. See docs/readme/stackelberg.md.
+strategies on grid replay. See docs/stackelberg.md.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 An artefact is a directory::
 
     ARTIFACT/
-      manifest.json       everything a serving layer needs to know (see docs/readme/export.md)
+      manifest.json       everything a serving layer needs to know (see docs/export.md)
       policy.jaxexport    serialized jax.export module (batch-polymorphic, params as inputs)
       params.npz          the policy parameters, one array per flax leaf
 

@@ -1,7 +1,7 @@
 """Typed configuration of the Stackelberg pipeline (arXiv 2606.23026).
 
 Every value the paper leaves open (BRIEF 3 and 4.6) is a field here with its
-choice documented; docs/readme/stackelberg.md lists them.
+choice documented; docs/stackelberg.md lists them.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ Formats (``ccpo-jax data import --format NAME SRC --out PATH``):
 - ``omnisbench``: OmnisBench results (gpt-5-nano base, claude-opus-5 guide),
   T = 1 (``envs.importers.omnisbench``).
 
-Rules shared by the importers (documented in ``docs/readme/importers.md``):
+Rules shared by the importers (documented in ``docs/caches.md``):
 
 - *answer ids*: per question, normalised answer strings get ids in order of
   first appearance (round 1 base, round 1 guide, round 2 base, ...); when a

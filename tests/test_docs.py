@@ -1,0 +1,144 @@
+"""The documentation cannot drift: README.md and docs/*.md are checked here.
+
+Every ```bash block carries a marker on the line above it:
+
+The executing tests are marked ``docs``: the default ``pytest`` command leaves them out
+(``addopts`` in ``pyproject.toml``; they train and export for several minutes of CPU) and
+``.ci/run`` runs them with ``python -m pytest -q tests/test_docs.py -m docs``.
+
+- ``<!-- runnable -->``: executed by :func:`test_runnable_blocks`, the blocks of one page in
+  order as one script (``bash -eu``), in a scratch directory laid out like a clone: the
+  checkout's ``tests/`` and ``benchmarks/`` are linked in, and ``../shared/data`` is the
+  full data when it is present. Commands are run as written, so they are written cheaply
+  (small ``--splits``/``--iterations``) where the page says what the full run is.
+- ``<!-- runnable: full data -->``: the same, on the full data only (skipped without it,
+  an error under CI=true, as the other full-data tests).
+- ``<!-- runnable by .ci/run -->``: the README's two fresh-machine commands (they create a
+  virtual environment and install); ``.ci/run`` executes both verbatim.
+- ``<!-- not runnable: REASON -->``: a long-running server, a GPU, several hosts, a full
+  training run; the reason is required.
+
+Relative links (``[x](docs/y.md#z)``) must name an existing file and heading.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import IN_CI, REPO, SHARED_DATA
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+MARK = re.compile(r"^<!-- (runnable(?:: full data| by \.ci/run)?|not runnable: .+) -->$")
+FENCE = re.compile(r"^\s*```(\w*)\s*$")
+
+
+def _blocks(path: Path) -> list[tuple[int, str, str, str]]:
+    """(line, language, marker or '', code) of every fenced block of ``path``."""
+    out, lines, i = [], path.read_text(encoding="utf-8").split("\n"), 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if m:
+            j = i + 1
+            while j < len(lines) and lines[j].strip() != "```":
+                j += 1
+            prev = next((lines[k].strip() for k in range(i - 1, -1, -1) if lines[k].strip()), "")
+            mk = MARK.match(prev)
+            out.append((i + 1, m.group(1), mk.group(1) if mk else "", "\n".join(lines[i + 1 : j])))
+            i = j + 1
+        else:
+            i += 1
+    return out
+
+
+def _runnable(path: Path, full: bool) -> str:
+    want = "runnable: full data" if full else "runnable"
+    return "\n".join(code for _, lang, mk, code in _blocks(path) if lang == "bash" and mk == want)
+
+
+def test_every_bash_block_is_marked():
+    bad = [f"{p.relative_to(REPO)}:{line}" for p in PAGES for line, lang, mk, _ in _blocks(p) if lang == "bash" and not mk]
+    assert not bad, f"```bash blocks without a runnable / not runnable marker: {bad}"
+
+
+def test_readme_is_short_and_starts_with_the_two_commands():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    first = [(mk, code) for _, lang, mk, code in _blocks(REPO / "README.md") if lang == "bash"][:2]
+    assert [mk for mk, _ in first] == ["runnable by .ci/run"] * 2
+    assert first[0][1].rstrip().endswith("ccpo-jax reproduce") and "pip install -e ." in first[0][1]
+    assert first[1][1].strip() == ci_test_command()
+
+
+def ci_test_command() -> str:
+    """The README's test command, as ``.ci/run`` extracts and runs it."""
+    r = subprocess.run(["bash", str(REPO / ".ci" / "run"), "--print-test-command"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces -> '-'."""
+    s = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return s.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, re.M)}
+
+
+#: Pages being written in parallel (live collection; the measured results). Remove an entry
+#: once its page is committed; until then a link to it is allowed to dangle.
+PENDING = {REPO / "docs" / "collect.md", REPO / "docs" / "results.md"}
+
+
+def test_relative_links_resolve():
+    bad = []
+    for p in PAGES:
+        text = re.sub(r"```.*?```", "", p.read_text(encoding="utf-8"), flags=re.S)
+        for m in re.finditer(r"\]\(([^)\s]+)\)", text):
+            target = m.group(1)
+            if re.match(r"^[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (p.parent / file).resolve() if file else p
+            if not dest.exists() and dest not in PENDING:
+                bad.append(f"{p.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and dest.exists() and dest.suffix == ".md" and anchor not in _anchors(dest):
+                bad.append(f"{p.relative_to(REPO)}: {target} (no such heading)")
+    assert not bad, bad
+
+
+def _run_page(page: Path, full: bool, tmp_path: Path) -> None:
+    script = _runnable(page, full)
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    for d in ("tests", "benchmarks"):
+        (clone / d).symlink_to(REPO / d)
+    if full:
+        if not (SHARED_DATA / "SOURCES.md").is_file():
+            msg = f"full data not found at {SHARED_DATA}"
+            pytest.fail(f"CI=true and {msg}", pytrace=False) if IN_CI else pytest.skip(msg)
+        (tmp_path / "shared").mkdir()
+        (tmp_path / "shared" / "data").symlink_to(SHARED_DATA)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHONPATH=str(REPO), JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    r = subprocess.run(["bash", "-euc", script], cwd=clone, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"{page.name} runnable blocks failed ({r.returncode}):\n{script}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"
+
+
+@pytest.mark.docs
+@pytest.mark.parametrize("page", [p for p in PAGES if _runnable(p, False)], ids=lambda p: p.name)
+def test_runnable_blocks(page, tmp_path):
+    _run_page(page, False, tmp_path)
+
+
+@pytest.mark.docs
+@pytest.mark.parametrize("page", [p for p in PAGES if _runnable(p, True)], ids=lambda p: p.name)
+def test_runnable_blocks_on_full_data(page, tmp_path):
+    _run_page(page, True, tmp_path)
