@@ -189,7 +189,8 @@ def _parse_lines(path: Path) -> list[tuple[int, Any]]:
             val = json.loads(line, parse_constant=_reject_constant)
         except json.JSONDecodeError as e:
             raise CacheError(
-                f"{path}:{i}: not valid JSON ({e.msg} at column {e.colno}; truncated line?){hint}"
+                # e.msg may end in " at" ("Unterminated string starting at"): no "at at column"
+                f"{path}:{i}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno}; truncated line?){hint}"
             ) from None
         except RecursionError:
             raise CacheError(f"{path}:{i}: JSON nested too deeply") from None

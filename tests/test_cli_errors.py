@@ -238,3 +238,14 @@ def test_a_closed_stdout_pipe_ends_quietly(tmp_path):
         os.close(w_fd)
     assert p.returncode == 141, p.stderr
     assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr
+
+
+def test_unterminated_string_message_reads_once_at(tmp_path):
+    from envs.cache import CacheError
+    from envs.jsonl import read_jsonl
+
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"id": "q1", "gold": "unterminated\n', encoding="utf-8")
+    with pytest.raises(CacheError) as e:
+        read_jsonl(p)
+    assert "Unterminated string starting at column 22" in str(e.value) and "at at" not in str(e.value)
