@@ -1,6 +1,7 @@
 """The conformal guarantee end to end (issue 4): over 100 calibration/test redraws, the
 batch-calibrated rows' mean coverage is >= 1 - alpha - 0.01, on the default synthetic
-cache and on the imported real UALA HotpotQA and RouteLLM MMLU caches.
+cache and on the imported real UALA HotpotQA and RouteLLM MMLU caches (the shipped subsets in
+tests/fixtures, and the full data when present).
 
 Split-conformal calibration guarantees E[coverage] >= 1 - alpha for ANY fixed
 policy, so a short training run is enough to test the guarantee; the mean over
@@ -44,12 +45,14 @@ def test_default_synthetic_cache(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "fmt, sub, setting, sizes",
-    [("uala-hotpotqa", "uala", "hotpotqa-llama2-a0.1", "300,100,100"),
-     ("routellm-mmlu", "routellm/mmlu", "mmlu-llama2-a0.1", "560,200,200")],
+    "fmt, sub, setting, sizes, fixture_sizes",
+    [("uala-hotpotqa", "uala", "hotpotqa-llama2-a0.1", "300,100,100", "120,40,40"),
+     ("routellm-mmlu", "routellm/mmlu", "mmlu-llama2-a0.1", "560,200,200", "338,100,100")],
 )
-def test_imported_real_caches(tmp_path, shared_data, fmt, sub, setting, sizes):
-    cache = import_cache(fmt, shared_data / sub)
+def test_imported_real_caches(tmp_path, real_data, fmt, sub, setting, sizes, fixture_sizes):
+    """On the full data (500 UALA / 14,042 MMLU questions) and on the shipped subsets (200 / 538)."""
+    cache = import_cache(fmt, real_data.root / sub)
+    sizes = sizes if real_data.full else fixture_sizes
     results = _run(tmp_path, setting, cache, sizes)
     assert results["cache"]["provenance"]["kind"] == "real"
     _check(results, 0.1)
