@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1, loopback only)")
     s.add_argument("--max-bytes", type=int, default=1 << 20, help="largest request body in bytes (default: 1 MiB; larger -> 413)")
     s.add_argument("--max-batch", type=int, default=1024, help="most requests in one 'batch' (default: 1024)")
-    s.add_argument("--backlog", type=int, default=128, help="listen backlog: connections queued before accept (default: 128)")
+    s.add_argument("--backlog", type=int, default=1024, help="listen backlog: connections queued before accept (default: 1024)")
     s.add_argument("--max-connections", type=int, default=64,
                    help="connections served at once (one thread each); more get 503 (default: 64)")
     s.add_argument("--request-timeout", type=float, default=10.0, metavar="S",
