@@ -45,10 +45,10 @@ def make_artifact(root: Path) -> Path:
 
     cache = generate("hotpotqa-llama2", 200, 0)
     p = policy_net().init(jax.random.PRNGKey(0), jnp.zeros((n_features(cache.T),), jnp.float32))
-    state = types.SimpleNamespace(policy=jax.tree.map(lambda a: np.asarray(a)[None, None], p),
-                                  kappa=np.array([[0.3]], np.float32))
+    state = types.SimpleNamespace(policy=jax.tree.map(lambda a: np.asarray(a)[None, None, None], p),
+                                  kappa=np.array([[[0.3]]], np.float32))  # [V, S, N seeds]
     save_policies(root / "run" / "policies", TrainConfig(), [Variant("CCPO (lambda=0)", True, 0.0)], state,
-                  {"CCPO (lambda=0)": np.array([0.3], np.float32)}, cache, "recalibrate")
+                  {"CCPO (lambda=0)": np.array([[0.3]], np.float32)}, cache, "recalibrate")
     return export_router(root / "run", root / "art")
 
 

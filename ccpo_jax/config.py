@@ -35,13 +35,14 @@ class TrainConfig:
     """Adam steps on the V-trace targets per iteration (our choice; paper silent)."""
     hidden: tuple[int, ...] = (64, 64, 64)
     """Hidden layers of the policy and both critics (paper: three layers of 64)."""
-    cg_iters: int = 10
-    """Conjugate-gradient iterations (jachiam/cpo: 10)."""
+    cg_iters: int = 5
+    """Conjugate-gradient iterations (paper silent; jachiam/cpo: 10, the paper preset's value;
+    the replay-exact step needs fewer: default 5)."""
     damping: float = 1e-3
     """Fisher damping (our choice: the Fisher of 10 episodes x 4 rounds is rank-deficient,
     jachiam's 1e-5 makes CG ill-conditioned there)."""
-    backtrack_steps: int = 15
-    """Backtracking line-search candidates (jachiam: 15)."""
+    backtrack_steps: int = 8
+    """Backtracking line-search candidates (paper silent; jachiam: 15, the paper preset's value; default 8)."""
     backtrack_decay: float = 0.8
     """Step shrink factor of the line search (jachiam/OmniSafe: 0.8)."""
     kappa0: float = 1.0 / 3.0
@@ -61,7 +62,7 @@ class TrainConfig:
     (goes beyond the paper: no sampling variance, no critics)."""
     exact_batch: int = 64
     """Questions per iteration for ``estimator="exact"``; 0 = the whole training pool."""
-    constraint_z: float = 2.0
+    constraint_z: float = 3.0
     """Enforce the coverage constraint on the estimate minus ``constraint_z`` standard errors
     of its mean over the iteration's questions (episodes), i.e. with one-sided confidence;
     0 = on the estimate itself (the paper)."""

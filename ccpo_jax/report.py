@@ -184,7 +184,7 @@ def build_results(
         "splits": int(n_splits),
         "seeds": int(seeds),
         "preset": str(preset),
-        "train_config": dict(train_config or {}),
+        "train_config": json.loads(json.dumps(dict(train_config or {}))),  # tuples as lists, as read back
         "cache": {k: cache[k] for k in ("name", "provenance", "checksum", "n_questions")},
         "policies": policies,
         "timing": {k: float(timing.get(k, 0.0)) for k in TIMING_KEYS},

@@ -95,7 +95,8 @@ def _run(args) -> int:
     state, metrics, timing = train_many(cfg, params, variants, np.asarray(splits.train), k_train,
                                         progress=False, mesh=mesh, member_block=block)
     state = sharding.to_host(state)  # every host gets the whole trained state
-    rows, kappas = evaluate_trained(cfg, params, variants, state, np.asarray(splits.cal),
+    seeded = jax.tree.map(lambda x: x[:, :, None], state)  # one seed: [V, S, N=1]
+    rows, kappas = evaluate_trained(cfg, params, variants, seeded, np.asarray(splits.cal),
                                     np.asarray(splits.test), k_eval, retrain=True)
     digest = hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in jax.tree.leaves(state))).hexdigest()
     result = {

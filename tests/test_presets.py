@@ -1,0 +1,142 @@
+"""Trainer presets, --set FIELD=VALUE, --seeds, and seeds in results.json / table.md."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ccpo_jax.config import TrainConfig
+from ccpo_jax.errors import UserError
+from ccpo_jax.pipeline import LearnedRows, reproduce
+from ccpo_jax.presets import DEFAULT, PAPER, apply_overrides, deviations, get_preset, presets_table
+from ccpo_jax.report import policy_entry
+from experiments.settings import METRICS
+
+ENV = dict(os.environ, JAX_PLATFORMS="cpu")
+
+
+def test_paper_preset_is_the_published_setting():
+    """arXiv 2511.11828 section 5.1: batch 10, 1,500 steps, learning rate 1e-3, delta 0.01,
+    softmask eps 0.01, three layers of 64, xi 0.1; constraint by the J-bar of Eq. 8."""
+    p = get_preset("paper")
+    assert (p.batch_size, p.iterations, p.critic_lr, p.delta, p.softmask_eps, p.hidden, p.xi) == (
+        10, 1500, 1e-3, 0.01, 0.01, (64, 64, 64), 0.1)
+    assert p.estimator == "jbar" and p.constraint_z == 0.0
+    assert TrainConfig() == DEFAULT
+    assert set(deviations(DEFAULT)) == {"estimator", "iterations", "constraint_z", "cg_iters", "backtrack_steps"}
+    assert deviations(PAPER) == {}
+
+
+def test_overrides_are_typed_and_validated():
+    cfg = apply_overrides(DEFAULT, ["batch_size=100", "estimator=vtrace", "hidden=32,32", "delta=0.02",
+                                    "exact-batch=0"])
+    assert (cfg.batch_size, cfg.estimator, cfg.hidden, cfg.delta, cfg.exact_batch) == (100, "vtrace", (32, 32), 0.02, 0)
+    for item, msg in [("batchsize=3", "unknown trainer field 'batchsize'"), ("batch_size=ten", "bad value for batch_size"),
+                      ("estimator=magic", "estimator must be one of exact, jbar, vtrace"), ("delta=nan", "finite"),
+                      ("iterations", "expected FIELD=VALUE"), ("batch_size=0", "batch_size must be >= 1")]:
+        with pytest.raises(UserError, match=msg):
+            apply_overrides(DEFAULT, [item])
+    table = presets_table()
+    assert "estimator" in table and "jbar" in table and "exact" in table
+
+
+def test_policy_entry_reports_seeds_and_their_spread():
+    v = np.array([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]])  # 2 seeds x 3 splits
+    e = policy_entry({m: v for m in METRICS}, 3, "row")
+    c = e["cost_cents"]
+    assert c["mean"] == pytest.approx(3.0) and c["median"] == pytest.approx(3.0)
+    assert c["seed_sd"] == pytest.approx(np.std([2.0, 4.0], ddof=1)) and (c["seed_min"], c["seed_max"]) == (2.0, 4.0)
+    assert e["per_split"]["cost_cents"] == [2.0, 3.0, 4.0] and e["per_seed"]["cost_cents"] == [2.0, 4.0]
+    assert e["seeds"] == 2
+    one = policy_entry({m: v[0] for m in METRICS}, 3, "row")
+    assert one["cost_cents"]["seed_sd"] is None and one["seeds"] == 1
+
+
+class SeedTrainer:
+    """Stands in for ccpo_jax.train.learned_rows: rows of [seeds, splits], records its arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, **kw):
+        self.calls.append(kw)
+        S, N = kw["splits"].test.shape[0], kw["seeds"]
+        kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+        base = np.arange(N, dtype=float)[:, None] + np.zeros((N, S))
+        rows = {name: {m: base + 1.0 for m in METRICS} for name in ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)")}
+        return LearnedRows(rows=rows)
+
+
+@pytest.fixture(scope="module")
+def small_cache(tmp_path_factory) -> Path:
+    from envs.cache import save_fast
+    from envs.synthetic import generate
+
+    path = tmp_path_factory.mktemp("cache") / "syn100"
+    save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), path)
+    return path
+
+
+def test_reproduce_passes_preset_overrides_and_seeds(tmp_path, small_cache):
+    fake = SeedTrainer()
+    out = tmp_path / "run"
+    res = reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=out, learned_rows=fake,
+                    echo=None, seeds=3, preset="paper", overrides=["batch_size=20"], iterations=11)
+    (kw,) = fake.calls
+    cfg = kw["config"]
+    assert kw["seeds"] == 3 and cfg == dataclasses.replace(PAPER, batch_size=20, iterations=11, alpha=0.1)
+    r = json.loads((out / "results.json").read_text())
+    assert r["seeds"] == 3 and r["preset"] == "paper" and r["train_config"]["batch_size"] == 20
+    ccpo = r["policies"]["CCPO (lambda=0)"]
+    assert ccpo["per_seed"]["cost_cents"] == [1.0, 2.0, 3.0] and ccpo["cost_cents"]["seed_sd"] == pytest.approx(1.0)
+    assert r["policies"]["Random"]["seeds"] == 1
+    table = (out / "table.md").read_text()
+    assert "3 training seeds" in table and "±1" in table
+    saved = json.loads((out / "run.json").read_text())
+    assert saved["seeds"] == 3 and saved["preset"] == "paper" and saved["overrides"] == ["batch_size=20"]
+    assert res.results == r
+
+
+def test_resume_keeps_the_trainer_configuration(tmp_path, small_cache):
+    class Killed(SeedTrainer):
+        def __call__(self, **kw):
+            kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+            raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=out, learned_rows=Killed(),
+                  echo=None, seeds=2, overrides=["batch_size=20"])
+    with pytest.raises(UserError, match="seeds=2"):
+        reproduce(resume=out, learned_rows=SeedTrainer(), echo=None, seeds=4)
+    with pytest.raises(UserError, match="preset='default'"):
+        reproduce(resume=out, learned_rows=SeedTrainer(), echo=None, preset="paper")
+    fake = SeedTrainer()
+    reproduce(resume=out, learned_rows=fake, echo=None, seeds=2, preset="default", overrides=["batch_size=20"])
+    assert fake.calls[0]["seeds"] == 2 and fake.calls[0]["config"].batch_size == 20
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--set", "nope=1"], "--set: 'nope=1': unknown trainer field 'nope'"),
+    (["--set", "alpha=0.2"], "alpha is set with --alpha"),
+    (["--preset", "fast"], "--preset: unknown preset 'fast'; valid: default, paper"),
+    (["--seeds", "0"], "--seeds"),
+])
+def test_cli_rejects_bad_trainer_flags(tmp_path, args, fragment):
+    r = subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "reproduce", *args, "--out", str(tmp_path / "o")],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert fragment in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_lists_presets(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "reproduce", "--list-presets"], cwd=tmp_path, env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "constraint_z" in r.stdout and "paper" in r.stdout
