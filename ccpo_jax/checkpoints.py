@@ -82,17 +82,50 @@ class _DiskFullFilter(logging.Filter):
         return exc is None or disk_full_message(exc) is None
 
 
+def _closed_loop(exc: BaseException | None) -> bool:
+    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+
 @contextlib.contextmanager
 def _quiet_disk_full():
+    """Hold back orbax's noise about a failed save: its log records about a full disk, and the
+    ``RuntimeError: Event loop is closed`` tracebacks that tensorstore's callbacks print (as
+    unraisable exceptions) into the event loop of a save that already failed."""
+    import sys
+
     f = _DiskFullFilter()
-    loggers = [logging.getLogger(n) for n in ("absl", "orbax")]
+    loggers = [logging.getLogger(n) for n in ("absl", "orbax", "asyncio")]
     for lg in loggers:
         lg.addFilter(f)
+    hook = sys.excepthook
+
+    def quiet_hook(typ, value, tb):
+        if not _closed_loop(value):
+            hook(typ, value, tb)
+
+    unraisable = sys.unraisablehook
+
+    def quiet_unraisable(u):  # tensorstore reports a callback's failure as "unraisable"
+        if not _closed_loop(u.exc_value):
+            unraisable(u)
+
+    sys.excepthook, sys.unraisablehook = quiet_hook, quiet_unraisable
+    failed = False
     try:
         yield
+    except BaseException:
+        # orbax's and tensorstore's threads keep reporting the failed save after the
+        # exception has left here; the process is about to stop on it, so stay quiet.
+        failed = True
+        raise
     finally:
-        for lg in loggers:
-            lg.removeFilter(f)
+        if not failed:
+            for lg in loggers:
+                lg.removeFilter(f)
+            if sys.excepthook is quiet_hook:
+                sys.excepthook = hook
+            if sys.unraisablehook is quiet_unraisable:
+                sys.unraisablehook = unraisable
 
 
 class VerifiedCheckpoints:
