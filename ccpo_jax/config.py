@@ -15,6 +15,8 @@ from ccpo_jax.errors import UserError
 
 #: Constraint/objective estimators of the CPO step (TrainConfig.estimator).
 ESTIMATORS = ("exact", "jbar", "vtrace")
+#: Targets of the CCPO rows under the exact estimator (TrainConfig.ccpo_target).
+CCPO_TARGETS = ("set", "stochastic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,12 @@ class TrainConfig:
     estimate of J_C (this project's first trainer); ``exact`` = replay-exact expected cost
     and success of the target policy over ``exact_batch`` questions' whole cached chains
     (goes beyond the paper: no sampling variance, no critics)."""
+    ccpo_target: str = "set"
+    """What the CCPO rows optimise with ``estimator="exact"``: ``stochastic`` = cost and success of
+    the stochastic conformal policy S~ (one answer drawn from the set; the paper's target,
+    Eq. 3 and 8); ``set`` = expected cost, coverage and size of the set-valued rollout of
+    C_{pi,kappa} itself with softmask inclusion (``ccpo_jax.exact.soft_set_outcomes``), the
+    quantities the calibrated row is evaluated on (beyond the paper)."""
     exact_batch: int = 64
     """Questions per iteration for ``estimator="exact"``; 0 = the whole training pool."""
     constraint_z: float = 3.0
@@ -79,6 +87,7 @@ class TrainConfig:
             (self.estimator in ESTIMATORS, f"estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}"),
             (self.exact_batch >= 0, "exact_batch must be >= 0 (0 = the whole training pool)"),
             (self.constraint_z >= 0, "constraint_z must be >= 0"),
+            (self.ccpo_target in CCPO_TARGETS, f"ccpo_target must be one of {', '.join(CCPO_TARGETS)}, got {self.ccpo_target!r}"),
             (self.critic_steps >= 0, "critic_steps must be >= 0"),
             (self.cg_iters >= 1, "cg_iters must be >= 1"),
             (self.backtrack_steps >= 1, "backtrack_steps must be >= 1"),

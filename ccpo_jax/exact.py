@@ -69,3 +69,29 @@ def soft_set_size(pi: Array, kappa: Array | float, available: Array, eps: float 
 def occupancy_weights(probs: Array, round_mask: Array) -> Array:
     """``[N, T]`` reach probabilities on existing rounds (constant): the state weights of the KL."""
     return jax.lax.stop_gradient(jnp.where(round_mask, reach_probs(probs[..., NEXT]), 0.0))
+
+
+def soft_set_outcomes(pi: Array, kappa: Array | float, available: Array, base_correct: Array, guide_correct: Array,
+                      unsolvable: Array, cost: Array, eps: float = 0.01) -> tuple[Array, Array, Array]:
+    """``([N], [N], [N])`` expected cost, coverage and set size of the set-valued rollout of
+    C_{pi,kappa} when each available action a at round t is in the set independently with
+    its softmask probability m_t(a) = sigmoid((pi(a|o_t) - kappa) / eps).
+
+    The rollout reaches round t with probability reach_t = prod_{s<t} m_s(next) and stops
+    after round t with probability reach_t (1 - m_t(next)) (m(next) = 0 where no round
+    follows). A reached round yields a correct answer with h_t = 1 - (1 - m_t(base) 1[base
+    correct]) (1 - m_t(guide) 1[guide correct]), so
+
+        Pr[not covered] = sum_t reach_t (1 - m_t(next)) prod_{s <= t} (1 - h_s)
+
+    (unsolvable questions are covered). As eps -> 0 these are the hard set's cost, coverage
+    and size (answers counted with multiplicity) of ``envs.orchestration.evaluate_sets``.
+    """
+    m = jnp.where(available, softmask(pi, kappa, eps), 0.0)
+    reach = reach_probs(m[..., NEXT])
+    h = 1.0 - (1.0 - m[..., BASE] * base_correct) * (1.0 - m[..., GUIDE] * guide_correct)
+    miss_so_far = jnp.cumprod(1.0 - h, axis=-1)
+    stop = reach * (1.0 - m[..., NEXT]) * jnp.any(available, axis=-1)
+    coverage = jnp.where(unsolvable, 1.0, 1.0 - jnp.sum(stop * miss_so_far, axis=-1))
+    size = jnp.sum(reach * (m[..., BASE] + m[..., GUIDE]), axis=-1)
+    return jnp.sum(reach * cost, axis=-1), coverage, size

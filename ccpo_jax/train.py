@@ -286,8 +286,14 @@ def make_train(config: TrainConfig, params: EnvParams):
             pi = probs_fn(pol, obs, avail)
             logs = log_soft_fn(pi)
             P = jnp.where(avail, jnp.exp(logs), 0.0)
+            cst, succ = exact.expected_cost(P, cost), exact.success_probability(P, bc, gc, unsolv)
+            if cfg.ccpo_target == "set":  # CCPO rows: the soft set rollout itself
+                s_cost, s_cov, s_size = exact.soft_set_outcomes(pi, state.kappa, avail, bc, gc, unsolv, cost,
+                                                                cfg.softmask_eps)
+                return (logs, P, jnp.where(var.conformal, s_cost, cst), jnp.where(var.conformal, s_cov, succ),
+                        jnp.where(var.conformal, s_size, 1.0))
             size = jnp.where(var.conformal, exact.soft_set_size(pi, state.kappa, avail, cfg.softmask_eps), 1.0)
-            return logs, P, exact.expected_cost(P, cost), exact.success_probability(P, bc, gc, unsolv), size
+            return logs, P, cst, succ, size
 
         logs_old, P_old, cost_old, succ_old, _ = terms(state.policy)
         logs_old = jax.lax.stop_gradient(logs_old)

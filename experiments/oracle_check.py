@@ -48,7 +48,13 @@ def check_cache(spec, cfg, seeds: int, n_splits: int, sizes=(600, 200, 200), lam
             "coverage": np.asarray(m["coverage"]).mean(axis=1).tolist(),
             "set_size": np.asarray(m["set_size"]).mean(axis=1).tolist(),
         }
-    return {"cache": spec.name, "optimum_cost_per_question": opt.cost_per_question,
+    cases = {}
+    for var, curves in trained.curves.items():  # CPO step cases over the last 20 % of iterations
+        c = np.asarray(curves["cpo_case"])
+        tail = c[:, -max(1, c.shape[1] // 5):]
+        cases[var] = {str(k): float(np.mean(tail == k)) for k in range(5)}
+        cases[var]["final_batch_success"] = np.asarray(curves["batch_success"])[:, -1].tolist()
+    return {"cache": spec.name, "optimum_cost_per_question": opt.cost_per_question, "cpo_cases": cases,
             "optimum_coverage": opt.coverage, "optimum_test_cost": float(opt_cost.mean()),
             "rows": rows, "wall_s": wall}
 
@@ -81,6 +87,8 @@ def main(argv=None) -> int:
             ratios = " ".join(f"{x:.2f}" for x in m["cost_ratio"])
             covs = " ".join(f"{x:.3f}" for x in m["coverage"])
             print(f"  {row:18s} cost/opt [{ratios}]\n  {'':18s} coverage [{covs}]")
+        for var, c in r["cpo_cases"].items():
+            print(f"  CPO-step cases of {var} (last 20 %): " + ", ".join(f"{k}: {c[k]:.2f}" for k in "01234"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "config": repr(cfg), "seeds": args.seeds, "results": out}, f, indent=1)
