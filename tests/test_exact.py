@@ -107,6 +107,23 @@ def test_soft_set_size_tends_to_the_hard_set_size(env):
         assert size[q] == pytest.approx(n_ans, abs=1e-3)
 
 
+def test_soft_set_outcomes_tend_to_the_hard_set_rollout(env):
+    """eps -> 0: cost and coverage equal envs.orchestration.evaluate_sets of C_{pi,kappa}
+    (an independent implementation of the set rollout, itself checked against envs.reference)."""
+    from envs.orchestration import evaluate_sets
+
+    _, params, probs = env
+    idx = jnp.arange(probs.shape[0])
+    for kappa in (0.2, 0.3, 0.45):
+        cost, cov, size = exact.soft_set_outcomes(probs, kappa, params.available, params.base_correct,
+                                                  params.guide_correct, params.unsolvable, params.cost, eps=1e-6)
+        hard = evaluate_sets(conformal.conformal_set(probs, kappa, params.available), params, idx)
+        np.testing.assert_allclose(np.asarray(cost), np.asarray(hard.cost_cents), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(cov), np.asarray(hard.covered, float), atol=1e-4)
+        np.testing.assert_allclose(np.asarray(size), np.asarray(exact.soft_set_size(probs, kappa, params.available,
+                                                                                    1e-6)), atol=1e-4)
+
+
 def test_exact_success_gradient_matches_finite_differences(env):
     _, params, probs = env
     logits = jnp.log(jnp.maximum(probs, 1e-30))
