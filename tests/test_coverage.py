@@ -22,7 +22,7 @@ CALIBRATED = ("CPO batch", "CCPO (lambda=0)")
 
 def _run(tmp_path, setting, cache, sizes):
     res = reproduce(
-        setting, cache=cache, n_splits=100, iterations=100, split_sizes=sizes,
+        setting, cache=cache, n_splits=100, iterations=100, split_sizes=sizes, seeds=2,
         out_dir=tmp_path / "run", progress=False, echo=lambda *a, **k: None,
     )
     return res.results

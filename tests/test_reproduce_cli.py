@@ -208,7 +208,7 @@ def test_end_to_end_small(tmp_path, small_cache, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "e2e"
     rc = main(["reproduce", "--cache", str(small_cache), "--splits", "3", "--split-sizes", "60,20,20",
-               "--iterations", "4", "--no-progress", "--out", str(out)])
+               "--iterations", "4", "--seeds", "2", "--no-progress", "--out", str(out)])
     captured = capsys.readouterr()
     assert rc == 0, captured.err[-3000:]
     res = json.loads((out / "results.json").read_text())
@@ -230,7 +230,7 @@ def test_devices_flag_with_member_block_equals_one_device(tmp_path, small_cache,
     this process's one device."""
     from ccpo_jax.cli import main
 
-    common = ["--cache", str(small_cache), "--splits", "3", "--split-sizes", "60,20,20", "--iterations", "6",
+    common = ["--cache", str(small_cache), "--splits", "3", "--split-sizes", "60,20,20", "--iterations", "6", "--seeds", "2",
               "--member-block", "1", "--no-progress"]
     r = _cli([*common, "--devices", "2", "--out", str(tmp_path / "d2")], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -46,7 +46,7 @@ def test_setting_runs_end_to_end(name, tmp_path):
     cache = generate(st.profile, n_questions=100, seed=1)
     fake, calls = (None, []) if name in TRAINED else _stand_in_trainer()
     res = reproduce(
-        name, cache=cache, n_splits=2, iterations=3, split_sizes="60,20,20",
+        name, cache=cache, n_splits=2, iterations=3, split_sizes="60,20,20", seeds=2,
         out_dir=tmp_path / "run", progress=False, echo=lambda *a, **k: None,
         **({} if fake is None else {"learned_rows": fake}),
     )
