@@ -128,13 +128,14 @@ def test_resume_refuses_a_cache_whose_manifest_changed(tmp_path):
     src.write_text("\n".join([json.dumps(head)] + lines[1:]) + "\n")
     with pytest.raises(UserError, match="the cache changed since the run was interrupted"):
         reproduce(resume=out, learned_rows=interrupted, echo=None)
-    # (f) an explicit --iterations equal to the trainer's default matches the saved None
-    from ccpo_jax.config import TrainConfig
+    # (f) an explicit --iterations equal to the (default preset's) default matches the saved None
+    from ccpo_jax.presets import get_preset
 
+    default = get_preset("default").iterations
     with pytest.raises(UserError, match="the cache changed"):  # past the flag check
-        reproduce(resume=out, iterations=TrainConfig().iterations, learned_rows=interrupted, echo=None)
+        reproduce(resume=out, iterations=default, learned_rows=interrupted, echo=None)
     with pytest.raises(UserError, match="iterations"):
-        reproduce(resume=out, iterations=TrainConfig().iterations + 1, learned_rows=interrupted, echo=None)
+        reproduce(resume=out, iterations=default + 1, learned_rows=interrupted, echo=None)
 
 
 def test_grid_manifest_edit_and_old_grid(tmp_path):
