@@ -3,7 +3,9 @@
 Each cache's cost-optimal conformal policy is derived by hand below and checked
 against the brute force of :func:`envs.oracle.optimum` (plain Python over the
 observation classes). Then CPO and CCPO are trained with the default preset over
-10 seeds: CPO must satisfy its constraint (pointwise success >= 1 - alpha - 0.02),
+10 seeds (for 50 iterations instead of the preset's 100: these caches are solved well before;
+``python -m experiments.oracle_check`` measured cost / optimum 1.00 for every seed at 50 and
+at 100 iterations): CPO must satisfy its constraint (pointwise success >= 1 - alpha - 0.02),
 CPO batch and CCPO (calibrated on held-out questions) must come within 15 % of
 the optimal cost on at least 9 of 10 seeds. The three T = 4 caches train as one
 vmapped program (each member on its own cache's questions), T = 1 as another.
@@ -26,6 +28,7 @@ from envs.orchestration import make_env_params
 ALPHA = 0.1
 SEEDS = 10
 SIZES = (300, 150, 150)  # train / cal / test questions per cache
+CONFIG = DEFAULT.replace(iterations=50, chunk=50)
 
 
 def J(t: int) -> float:
@@ -118,14 +121,14 @@ def _check(name, opt_cost, rows):
 
 @pytest.mark.slow
 def test_learners_reach_the_optimum_on_multi_round_caches():
-    results = _train_and_evaluate(["uncertainty", "confidence", "two-extra-rounds"], DEFAULT)
+    results = _train_and_evaluate(["uncertainty", "confidence", "two-extra-rounds"], CONFIG)
     for name, (opt, rows) in results.items():
         _check(name, opt, rows)
 
 
 @pytest.mark.slow
 def test_learners_on_a_single_round_cascade():
-    (opt, rows), = _train_and_evaluate(["cascade-T1"], DEFAULT).values()
+    (opt, rows), = _train_and_evaluate(["cascade-T1"], CONFIG).values()
     for row in ("CPO batch", "CCPO (lambda=0)"):  # T = 1: every policy pays the one guide call
         np.testing.assert_allclose(rows[row]["cost_cents"], opt, rtol=1e-5)
     _check("cascade-T1", opt, rows)
