@@ -45,6 +45,19 @@ def deviations(cfg: TrainConfig, reference: TrainConfig = PAPER) -> dict[str, tu
     return out
 
 
+def deviations_from_dict(d: dict, reference: TrainConfig = PAPER) -> dict[str, tuple]:
+    """:func:`deviations` for a ``train_config`` as stored in results.json (lists for tuples; alpha,
+    which comes from the setting, and unknown keys are ignored)."""
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in EXECUTION_FIELDS or f.name == "alpha" or f.name not in d:
+            continue
+        a, b = getattr(reference, f.name), d[f.name]
+        if (list(a) if isinstance(a, tuple) else a) != b:
+            out[f.name] = (a, b)
+    return out
+
+
 def _parse(name: str, typ, text: str):
     text = text.strip()
     if typ is bool:

@@ -261,6 +261,18 @@ def format_table(
         f"- cache: `{cache['name']}` ({prov.get('kind', '?')}, {cache['n_questions']} questions, {cache['checksum']})"
     )
     n_seeds = int(results.get("seeds", 1))
+    tc = results.get("train_config") or {}
+    if tc:
+        from ccpo_jax.presets import PAPER, deviations_from_dict
+
+        dev = deviations_from_dict(tc, PAPER)
+        if dev:
+            lines.append(f"- learned rows go beyond the paper's published setting (preset `{results.get('preset')}`): "
+                         + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in sorted(dev.items()))
+                         + (" (estimator exact: replay-exact expected cost and coverage, not the paper's sampled J-bar)"
+                            if tc.get("estimator") == "exact" else ""))
+        else:
+            lines.append("- learned rows: the paper's published trainer setting (preset `paper`)")
     if n_seeds > 1:
         lines.append(f"- learned rows: {n_seeds} training seeds, trainer preset `{results.get('preset', 'default')}`")
         lines.append(f"- cells: mean [5%, 95%] over seeds x splits; ±: standard deviation over the {n_seeds} "
