@@ -12,7 +12,8 @@ from ccpo_jax import report
 from experiments.settings import METRICS, get_setting
 
 S = 21
-SCHEMA_TOP = {"setting", "alpha", "protocol", "splits", "cache", "policies", "timing", "environment"}
+SCHEMA_TOP = {"setting", "alpha", "protocol", "splits", "seeds", "preset", "train_config", "cache", "policies",
+              "timing", "environment"}
 STATS = {"mean", "median", "q05", "q95"}
 
 
@@ -57,10 +58,10 @@ def test_results_schema_matches_design(tmp_path, results):
     assert set(back["environment"]) == {"jax", "backend", "devices"}
     assert set(back["policies"]) == set(rows)
     for name, entry in back["policies"].items():
-        assert set(entry) == set(METRICS) | {"per_split"}
-        assert set(entry["per_split"]) == set(METRICS)
+        assert set(entry) == set(METRICS) | {"per_split", "per_seed", "seeds"}
+        assert set(entry["per_split"]) == set(METRICS) == set(entry["per_seed"])
         for m in METRICS:
-            assert set(entry[m]) == STATS
+            assert set(entry[m]) == STATS | {"seed_sd", "seed_min", "seed_max"}
             assert len(entry["per_split"][m]) == S
     # rows in the paper's order
     assert list(back["policies"]) == ["GPT-4o EXIT", "Random", "UALA", "CPO", "CCPO (lambda=0)", "CCPO (lambda=2e-4)"]
