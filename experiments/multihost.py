@@ -109,8 +109,8 @@ def _run(args) -> int:
         "splits": args.splits,
         "state_sha256": digest,
         "timing": timing,
-        "rows": {r: {m: np.asarray(v).tolist() for m, v in ms.items()} for r, ms in rows.items()},
-        "kappa_hat": {r: np.asarray(v).tolist() for r, v in kappas.items()},
+        "rows": {r: {m: np.asarray(v)[0].tolist() for m, v in ms.items()} for r, ms in rows.items()},  # seed 0
+        "kappa_hat": {r: np.asarray(v)[0].tolist() for r, v in kappas.items()},
         "kappa_online_curve_mean": np.asarray(metrics["kappa"]).mean(axis=(0, 1)).tolist(),
     }
     if jax.process_index() == 0:

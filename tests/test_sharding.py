@@ -101,7 +101,10 @@ WORKER = textwrap.dedent(
     out["c_nonzero"] = float(np.abs(base[0]).sum())
 
     # (b) train_many, 2 variants x 3 splits = 6 members (padded to 8), 2 iterations in 2 chunks.
-    cfg = TrainConfig(iterations=2, chunk=1, batch_size=8, cg_iters=3, backtrack_steps=4, critic_steps=2)
+    # The sampled V-trace estimator: its rollout metrics are discrete, so they must match bitwise
+    # (the exact estimator's are float means, equal only up to rounding under SPMD).
+    cfg = TrainConfig(iterations=2, chunk=1, batch_size=8, cg_iters=3, backtrack_steps=4, critic_steps=2,
+                      estimator="vtrace")
     variants = [Variant("CPO", conformal=False), Variant("CCPO (lambda=0)", conformal=True, lam=0.0)]
     train_idx = np.stack([rng.permutation(cache.n_questions)[:100] for _ in range(3)]).astype(np.int32)
     key = jax.random.PRNGKey(7)
