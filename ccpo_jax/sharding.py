@@ -186,6 +186,24 @@ def blocked_vmap(fn: Callable, block: int | None) -> Callable:
     return run
 
 
+_BARRIERS = [0]  # calls of _align_processes so far (the same sequence on every process)
+
+
+def _align_processes(timeout_s: float = 1800.0) -> None:
+    """Wait until every process gets here (the coordination service's barrier, with a long deadline).
+
+    The all-gather after each chunk initialises a gloo context whose key lookup times out after
+    30 s; processes whose compilation or chunk took different times would miss it. The barrier
+    absorbs that skew first (no-op without ``jax.distributed``)."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        return
+    _BARRIERS[0] += 1
+    client.wait_at_barrier(f"ccpo-jax-per-device-{_BARRIERS[0]}", int(timeout_s * 1000))
+
+
 class PerDevice:
     """One single-device program per device, each on its own block of the leading axis.
 
@@ -249,6 +267,7 @@ class PerDevice:
             return jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs], axis=0), *outs)
         from jax.experimental import multihost_utils
 
+        _align_processes()
         local = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *outs)  # [n_local, b, ...]
         where = multihost_utils.process_allgather(np.asarray(self.local, np.int32))  # [P, n_local]
         every = multihost_utils.process_allgather(local)  # [P, n_local, b, ...]
