@@ -15,7 +15,7 @@ the class chains, independent of the replay environment it checks. Guide
 prices grow with the round (the guide's prompt carries the earlier rounds), so
 going on costs more each round.
 
-:func:`builtin` holds the caches of the learner tests (README "Results" and
+:func:`builtin` holds the caches of the learner tests (docs/results.md and
 ``tests/test_oracle.py``): a signal in the guide's uncertainty, a signal in the
 base's confidence with no uncertainty given, an answer that needs two extra
 rounds, unsolvable questions in every cache, and a single-round cascade (T = 1).
