@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ccpo_jax.errors import UserError
-from experiments.settings import DEFAULT_SETTING, METRICS, Setting, get_setting
+from ccpo_jax.settings import DEFAULT_SETTING, METRICS, Setting, get_setting
 
 DEFAULT_SPLITS = 100
 DEFAULT_SEEDS = 5
@@ -448,7 +448,7 @@ def reproduce(
     """Reproduce one paper table (DESIGN 6) and write its outputs to ``out_dir``.
 
     Arguments (None = the default):
-      setting      name in ``experiments.settings.SETTINGS`` (default Table 2's);
+      setting      name in ``ccpo_jax.settings.SETTINGS`` (default Table 2's);
       cache        path of a cache (either format), a ResponseCache, or None for
                    the setting's SYNTHETIC profile with its n_questions and seed 0;
       n_splits     evaluation splits (default 100);

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from experiments.settings import METRICS, Setting, row_key, row_order_key
+from ccpo_jax.settings import METRICS, Setting, row_key, row_order_key
 
 METRIC_TITLES = {
     "cost_cents": "Cost (cents)",

@@ -637,7 +637,7 @@ def train_many(
 
 def row_variants(lambdas: tuple[float, ...]) -> list[Variant]:
     """CPO (gives rows CPO, CPO batch, CPO online), CCPO (lambda=0) and CCPO (lambda=l) for each l."""
-    from experiments.settings import lambda_row_name
+    from ccpo_jax.settings import lambda_row_name
 
     out = [Variant("CPO", conformal=False, lam=0.0), Variant(lambda_row_name(0.0), conformal=True, lam=0.0)]
     out += [Variant(lambda_row_name(lam), conformal=True, lam=float(lam)) for lam in lambdas if lam != 0.0]

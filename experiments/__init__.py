@@ -1,1 +1,1 @@
-"""Experiment settings: one per table of the CCPO paper (``experiments.settings``)."""
+"""Runnable experiments built on the library (``python -m experiments.<name>``); the library never imports this package."""

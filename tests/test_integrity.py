@@ -194,7 +194,7 @@ def _tag(row: str, metric: str) -> str:
 
 def _fake_trainer(interrupt: bool = False):
     from ccpo_jax.pipeline import LearnedRows
-    from experiments.settings import METRICS
+    from ccpo_jax.settings import METRICS
 
     def fn(**kw):
         kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from ccpo_jax.errors import UserError
 from ccpo_jax.pipeline import LearnedRows, reproduce
 from ccpo_jax.presets import DEFAULT, PAPER, apply_overrides, deviations, get_preset, presets_table
 from ccpo_jax.report import policy_entry
-from experiments.settings import METRICS
+from ccpo_jax.settings import METRICS
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 

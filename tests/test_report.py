@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ccpo_jax import report
-from experiments.settings import METRICS, get_setting
+from ccpo_jax.settings import METRICS, get_setting
 
 S = 21
 SCHEMA_TOP = {"setting", "alpha", "protocol", "splits", "seeds", "preset", "train_config", "cache", "policies",

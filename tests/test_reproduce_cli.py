@@ -13,7 +13,7 @@ import pytest
 
 from ccpo_jax.errors import UserError
 from ccpo_jax.pipeline import CKPT_DIR, LearnedRows, reproduce
-from experiments.settings import METRICS
+from ccpo_jax.settings import METRICS
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 

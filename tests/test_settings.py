@@ -16,7 +16,7 @@ from ccpo_jax.splits import (
     parse_split_sizes,
     splits_for_protocol,
 )
-from experiments.settings import (
+from ccpo_jax.settings import (
     DEFAULT_SETTING,
     METRICS,
     SETTINGS,
@@ -177,7 +177,7 @@ def test_settings_match_the_synthetic_profiles():
     (so table.md can put the paper's numbers beside them)."""
     from envs.synthetic import PROFILES
 
-    from experiments.settings import exit_row_name, llm_policy_row_name, row_key
+    from ccpo_jax.settings import exit_row_name, llm_policy_row_name, row_key
 
     for s in SETTINGS.values():
         assert s.profile in PROFILES, s.name

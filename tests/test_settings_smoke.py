@@ -19,7 +19,7 @@ import pytest
 
 from ccpo_jax.pipeline import reproduce
 from envs.synthetic import generate
-from experiments.settings import METRICS, SETTINGS, lambda_row_name
+from ccpo_jax.settings import METRICS, SETTINGS, lambda_row_name
 
 
 TRAINED = ("hotpotqa-llama2-a0.1", "mmlu-llama3-a0.2")

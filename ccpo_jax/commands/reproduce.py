@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _reproduce(args) -> int:
-    from experiments.settings import settings_table
+    from ccpo_jax.settings import settings_table
 
     if args.list_settings:
         print(settings_table())
