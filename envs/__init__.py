@@ -6,7 +6,7 @@ from envs.cache import (  # noqa: F401
     Manifest,
     ModelInfo,
     ResponseCache,
-    load_cache,
     load_fast,
     save_fast,
 )
+from envs.formats import load_cache, save_cache  # noqa: F401

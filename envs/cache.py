@@ -555,15 +555,3 @@ def load_fast(path: str | os.PathLike) -> ResponseCache:
     check_arrays(manifest, arrays, str(path / ARRAYS_FILE))
     verify_checksum(path, mdict, arrays, manifest.hashed_fields())
     return ResponseCache(manifest, arrays)
-
-
-def load_cache(path: str | os.PathLike) -> ResponseCache:
-    """Load a cache in either format: a fast-format directory or a human JSONL file."""
-    path = Path(path)
-    if not path.exists():
-        raise CacheError(f"{path}: no such file or directory")
-    if path.is_dir():
-        return load_fast(path)
-    from envs.jsonl import read_jsonl  # local import: jsonl builds on this module
-
-    return read_jsonl(path)

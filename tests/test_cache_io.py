@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.cache import CacheError, arrays_checksum, load_cache, load_fast, save_fast
+from envs.cache import CacheError, arrays_checksum, load_fast, save_fast
+from envs.formats import load_cache
 from envs.jsonl import read_jsonl, write_jsonl
 from envs.normalise import normalise_answer
 from envs.report import cache_stats, describe

@@ -44,19 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     co.set_defaults(func=_collect)
 
 
-def write_cache(cache, out: str) -> Path:
-    """Write ``cache`` to ``out``: ``*.jsonl`` -> human format, anything else -> fast format."""
-    from envs.cache import save_fast
-    from envs.jsonl import write_jsonl
-
-    out_p = Path(out)
-    if out_p.suffix == ".jsonl":
-        return write_jsonl(cache, out_p)
-    return save_fast(cache, out_p)
-
-
 def _check(args) -> int:
-    from envs.cache import load_cache
+    from envs.formats import load_cache
     from envs.report import describe
 
     print(describe(load_cache(args.path), source=args.path))
@@ -64,15 +53,18 @@ def _check(args) -> int:
 
 
 def _synth(args) -> int:
+    from envs.formats import save_cache
     from envs.synthetic import generate
 
     cache = generate(args.profile, n_questions=args.questions, seed=args.seed)
-    out = write_cache(cache, args.out)
+    out = save_cache(cache, args.out)
     print(f"wrote SYNTHETIC cache '{cache.manifest.name}' ({cache.n_questions} questions, T={cache.T}) to {out}")
     return 0
 
 
 def _import(args) -> int:
+    from envs.formats import save_cache
+
     if args.format == "jsonl":
         # The human format needs no importer (and none of the importers' dependencies).
         from envs.jsonl import read_jsonl
@@ -82,14 +74,14 @@ def _import(args) -> int:
         from envs.importers import import_cache
 
         cache = import_cache(args.format, args.src)
-    out = write_cache(cache, args.out)
+    out = save_cache(cache, args.out)
     kind = cache.manifest.provenance.get("kind")
     print(f"imported {kind} cache '{cache.manifest.name}' ({cache.n_questions} questions, T={cache.T}) to {out}")
     return 0
 
 
 def _export(args) -> int:
-    from envs.cache import load_cache
+    from envs.formats import load_cache
     from envs.jsonl import write_jsonl
 
     out = write_jsonl(load_cache(args.path), Path(args.out))
