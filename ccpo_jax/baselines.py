@@ -1,4 +1,4 @@
-"""The non-learned baselines of the paper's tables (BRIEF 1.13): Random, LLM policy, LLM-EXIT, UALA.
+"""The non-learned baselines of the paper's tables (arXiv 2511.11828 §5): Random, LLM policy, LLM-EXIT, UALA.
 
 Each ``*_rows`` function returns per-question :class:`envs.orchestration.SetMetrics`
 for one split and is pure, so it jits and vmaps over splits.
@@ -84,7 +84,7 @@ def random_actions(key: jax.Array, params: EnvParams, idx: jax.Array) -> jax.Arr
 
 
 def random_rows(key: jax.Array, params: EnvParams, idx: jax.Array) -> SetMetrics:
-    """The Random row (BRIEF 1.13): uniform over the available actions at every round."""
+    """The Random row (arXiv 2511.11828 §5): uniform over the available actions at every round."""
     return evaluate_actions(random_actions(key, params, idx), params, idx)
 
 
@@ -92,7 +92,7 @@ def random_rows(key: jax.Array, params: EnvParams, idx: jax.Array) -> SetMetrics
 
 
 def exit_rows(data: BaselineData, params: EnvParams, idx: jax.Array, model: int) -> SetMetrics:
-    """The "<model> EXIT" row from cached LLM-EXIT runs (matched coverage, paper 1.12 footnote)."""
+    """The "<model> EXIT" row from cached LLM-EXIT runs (matched coverage: arXiv 2511.11828, footnote on exit policies)."""
     rounds = data.exit_rounds[idx, model]
     ok = data.exit_mask[idx, model]
     return SetMetrics(

@@ -1,4 +1,4 @@
-"""Checkpoints verified before use: orbax ``CheckpointManager`` plus a digest per step (DESIGN 7).
+"""Checkpoints verified before use: orbax ``CheckpointManager`` plus a digest per step (docs/integrity.md).
 
 orbax checks neither the bytes of an array file nor whether a file was cut
 short: a flipped bit in a kernel is restored as a different number, and a run

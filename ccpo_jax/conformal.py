@@ -1,4 +1,4 @@
-"""Conformal policy, online threshold and exact batch calibration (paper 1.5, 1.10).
+"""Conformal policy, online threshold and exact batch calibration (CCPO paper, arXiv 2511.11828, Eqs. 2-3 and 9).
 
 Actions are (base, guide, next) = (0, 1, 2). ``probs`` are pi(.|o) from
 :func:`ccpo_jax.networks.masked_probs`; ``available`` is the action mask
@@ -47,7 +47,7 @@ def conformal_set(probs: Array, kappa: Array | float, available: Array | None = 
 def stochastic_conformal_policy(probs: Array, kappa: Array | float, available: Array | None = None) -> Array:
     """S_{pi,kappa}(a|o): uniform over the conformal set (paper Eq. 3).
 
-    Empty-set rule (the paper is silent, BRIEF 1.5): when C_{pi,kappa}(o) is
+    Empty-set rule (the paper leaves this open; our choice): when C_{pi,kappa}(o) is
     empty, S is a point mass on argmax_a pi(a|o) over the available actions
     (the set {argmax pi}, as in the follow-up RLCP paper). This keeps S a
     distribution and equals the limit of the set as kappa decreases to max pi.
@@ -64,7 +64,7 @@ def stochastic_conformal_policy(probs: Array, kappa: Array | float, available: A
 
 
 def softmask(probs: Array, kappa: Array | float, eps: float = 0.01) -> Array:
-    """softmask(a, o; kappa) = sigmoid((pi(a|o) - kappa) / eps), eps = 0.01 (paper 1.5). ``[..., A]``."""
+    """softmask(a, o; kappa) = sigmoid((pi(a|o) - kappa) / eps), eps = 0.01 (arXiv 2511.11828 §5.1). ``[..., A]``."""
     kappa = jnp.asarray(kappa, probs.dtype)[..., None]
     return jax.nn.sigmoid((probs - kappa) / eps)
 
@@ -72,7 +72,8 @@ def softmask(probs: Array, kappa: Array | float, eps: float = 0.01) -> Array:
 def soft_conformal_policy(
     probs: Array, kappa: Array | float, available: Array | None = None, eps: float = 0.01
 ) -> Array:
-    """S~(a|o) = softmask(a) / sum_{a' available} softmask(a') (BRIEF 1.5 [I]).
+    """S~(a|o) = softmask(a) / sum_{a' available} softmask(a') (the paper leaves
+    the normalisation open; our choice).
 
     Computed as a softmax of log-sigmoids over the available actions, so it is
     exactly normalised and finite (no 0/0) even when every softmask underflows
@@ -118,7 +119,8 @@ def soft_policy_kl(logp_old: Array, logp_new: Array) -> Array:
 def kappa_step(
     kappa: Array | float, err: Array | float, k: Array | int, alpha: float, eta0: float, xi: float = 0.1
 ) -> Array:
-    """One online conformal step (paper Eq. 9 with the ABB-2024 sign, BRIEF 1.10):
+    """One online conformal step (arXiv 2511.11828 Eq. 9 with the sign of Angelopoulos,
+    Barber and Bates, ICML 2024; the sign is our choice):
 
         kappa_{k+1} = clip(kappa_k + eta_k (alpha - err_k), 0, 1),  eta_k = eta0 k^-(1/2 + xi).
 
@@ -147,7 +149,7 @@ def largest_covering_kappa(
 ) -> Array:
     """Largest kappa at which the set-valued rollout of C_{pi,kappa} covers one question.
 
-    Set-valued rollout (DESIGN 4): round t is reached iff "next" is in the set at
+    Set-valued rollout (docs/environment.md): round t is reached iff "next" is in the set at
     every earlier round; at a reached round the base (guide) answer is collected
     iff "base" ("guide") is in the set. Because C = {a : pi(a|o) >= kappa} is
     nested, the question is covered at kappa iff for some existing round t
@@ -211,7 +213,7 @@ def calibration_size_warning(n: int, alpha: float) -> str | None:
 
 
 def calibrate_kappa(kappa_i: Array, alpha: Array | float) -> Array:
-    """Exact split-conformal threshold (DESIGN 5): kappa-hat = the
+    """Exact split-conformal threshold (docs/algorithms.md): kappa-hat = the
     ceil((n+1)(1-alpha))-th LARGEST kappa_i, clipped to [0, 1].
 
     Then at least ceil((n+1)(1-alpha)) calibration questions have kappa_i >=

@@ -1,7 +1,7 @@
-"""Importance-weighted coverage estimate J-bar and its CPO surrogate (paper 1.8, Eq. 8).
+"""Importance-weighted coverage estimate J-bar and its CPO surrogate (CCPO paper, arXiv 2511.11828, Eq. 8).
 
 Coverage of the set-valued policy splits into two disjoint events (C(Q) is a
-subset of the reachable answers, BRIEF 1.8):
+subset of the reachable answers; arXiv 2511.11828, the derivation of Eq. 8):
 
     Pr[Y* in C(Q) or Y* unreachable] = Pr[Y* in C(Q)] + Pr[Y* unreachable]
                                     >= Pr[S_{pi,kappa}(Q) = Y*] + Pr[unsolvable]

@@ -1,4 +1,4 @@
-"""``ccpo-jax export``: a trained policy -> a self-describing router artefact (DESIGN 7).
+"""``ccpo-jax export``: a trained policy -> a self-describing router artefact (docs/export.md).
 
 Reads ``RUN_DIR/policies/<slug>/`` (written by :func:`ccpo_jax.train.save_policies`)
 and writes the directory described in :mod:`ccpo_jax.serving.artifact`:

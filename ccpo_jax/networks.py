@@ -1,4 +1,4 @@
-"""Policy and critic networks (paper 1.11: three layers of 64 units, trained from scratch).
+"""Policy and critic networks (arXiv 2511.11828 §5.1: three layers of 64 units, trained from scratch).
 
 Params are plain pytrees, so they ``vmap`` over splits and seeds. The policy
 masks unavailable actions ("next" at a question's last round) before the

@@ -1,6 +1,6 @@
 """Outputs of ``ccpo-jax reproduce``: results.json, table.md, box plots, TensorBoard scalars.
 
-DESIGN 6 fixes the schema of ``results.json``::
+The schema of ``results.json`` (documented in docs/reproduce.md, "Outputs"; scripts read it)::
 
     {"setting", "alpha", "protocol", "splits",
      "cache": {"name", "provenance", "checksum", "n_questions"},
@@ -10,10 +10,10 @@ DESIGN 6 fixes the schema of ``results.json``::
      "timing": {"total_s", "compile_s", "train_s", "eval_s"},
      "environment": {"jax", "backend", "devices"}}
 
-Summary statistics over splits (BRIEF 1.12, the paper's box plots over 100
-splits): mean, median and the 5 % / 95 % quantiles (``numpy.quantile``'s
-default linear interpolation). Non-finite values are written as JSON ``null``
-and left out of the statistics. Every file is written under a temporary name
+Summary statistics over splits (as the CCPO paper's box plots over 100 random
+evaluation splits, arXiv 2511.11828 §5, Figs. 2-9): mean, median and the
+5 % / 95 % quantiles (``numpy.quantile``'s default linear interpolation).
+Non-finite values are written as JSON ``null`` and left out of the statistics. Every file is written under a temporary name
 and renamed into place.
 """
 from __future__ import annotations
@@ -173,7 +173,7 @@ def build_results(
     preset: str = "default",
     train_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The results.json dict of DESIGN 6. ``rows``: row name -> metric -> array [S]; rows in paper order."""
+    """The results.json dict (module docstring; docs/reproduce.md). ``rows``: row -> metric -> array [S], in paper order."""
     policies = {
         name: policy_entry(rows[name], n_splits, name) for name in sorted(rows, key=row_order_key)
     }

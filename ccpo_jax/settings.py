@@ -1,13 +1,14 @@
-"""One setting per table of the CCPO paper (arXiv 2511.11828, Tables 2-9; BRIEF 1.14).
+"""One setting per table of the CCPO paper (arXiv 2511.11828, Tables 2-9).
 
 A :class:`Setting` says which task, base model, alpha and lambda values a
-table used, how the questions were split (BRIEF 1.12: 1000/200/200 for
+table used, how the questions were split (the paper's §5: 1000/200/200 for
 HotpotQA, 560/200/200 for MMLU) and which synthetic profile stands in for the
 paper's (unreleased) response cache. It also carries the paper's published
 numbers for that table, used only for the side-by-side column of ``table.md``
 (never as a target of anything).
 
-Row names follow DESIGN.md 6; the paper's rows map to them as follows:
+Row names are those of docs/reproduce.md ("Settings"), which results.json and
+table.md use; the paper's rows map to them as follows:
 
 ===============================  ==========================================
 paper row                        project row
@@ -59,17 +60,17 @@ def format_lambda(lam: float) -> str:
 
 
 def lambda_row_name(lam: float) -> str:
-    """Row name of CCPO with set-size penalty ``lam`` (DESIGN 6): ``CCPO (lambda=2e-4)``."""
+    """Row name of CCPO with set-size penalty ``lam`` (docs/reproduce.md): ``CCPO (lambda=2e-4)``."""
     return f"CCPO (lambda={format_lambda(lam)})"
 
 
 def llm_policy_row_name(model: str) -> str:
-    """Row of the prompted-LLM policy baseline (BRIEF 1.13): ``LLM policy (GPT-4o)``."""
+    """Row of the prompted-LLM policy baseline (arXiv 2511.11828 §5, App. 8.3): ``LLM policy (GPT-4o)``."""
     return f"LLM policy ({model})"
 
 
 def exit_row_name(model: str) -> str:
-    """Row of the LLM-EXIT baseline of ``model`` (BRIEF 1.13): ``GPT-4o EXIT``."""
+    """Row of the LLM-EXIT baseline of ``model`` (arXiv 2511.11828 §5, App. 8.2): ``GPT-4o EXIT``."""
     return f"{model} EXIT"
 
 
@@ -267,7 +268,7 @@ def _setting(task: str, model: str, alpha: float, table: int, lam: float) -> Set
     )
 
 
-#: Every setting, by name, in table order (BRIEF 1.11 for the lambda of each table).
+#: Every setting, by name, in table order (the lambda of each table: arXiv 2511.11828, Tables 2-9).
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (

@@ -1,4 +1,4 @@
-"""Device meshes for the member (split/seed/variant) axis and the episode axis (DESIGN 7).
+"""Device meshes for the member (split/seed/variant) axis and the episode axis (docs/performance.md, "Sharding and multi-host").
 
 Everything the trainer and the evaluators vmap over is embarrassingly
 parallel: CPO/CCPO variants x splits (the flat "member" axis of

@@ -1,6 +1,6 @@
 """Train / calibration / test splits of the question ids, for many splits at once.
 
-BRIEF 1.12 and DESIGN 5: the paper trains on n_train questions (1000 HotpotQA,
+The CCPO paper (arXiv 2511.11828 §5; protocols: docs/reproduce.md) trains on n_train questions (1000 HotpotQA,
 560 MMLU), batch-calibrates kappa on n_cal = 200 and tests on n_test = 200, and
 reports box plots over 100 random evaluation splits. Two protocols:
 

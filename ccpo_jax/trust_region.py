@@ -1,4 +1,4 @@
-"""CPO trust-region step (paper 1.8, BRIEF 1.9; Achiam et al. 2017).
+"""CPO trust-region step (CCPO paper, arXiv 2511.11828, Eq. 7; CPO: Achiam et al. 2017, arXiv 1705.10528).
 
 Local problem, on the flat parameter step x = theta - theta_k:
 
@@ -9,7 +9,7 @@ constraint surrogate in "<= 0" form; c: current constraint value minus its
 limit (c > 0 = infeasible); H: Fisher matrix = Hessian of the mean KL, used
 only through Hessian-vector products.
 
-Sign convention for CCPO (coverage constraint J >= 1 - alpha, BRIEF 1.8):
+Sign convention for CCPO (coverage constraint J >= 1 - alpha, arXiv 2511.11828 Eq. 7):
     constraint_fn(theta) = -J_surrogate(theta),   c = (1 - alpha) - J(theta_k)
 so that c + b'x ~ (1 - alpha) - J(theta_k + x) <= 0. Example: alpha = 0.1 and
 an estimated coverage J = 0.85 give c = +0.05 (infeasible, recovery cases);
@@ -197,7 +197,7 @@ def cpo_update(
     kl_slack: float = 1.5,
     constraint_tol: float = 1e-6,
 ):
-    """One CPO step on a parameter pytree (BRIEF 1.9; paper 1.8 Eq. 7).
+    """One CPO step on a parameter pytree (Achiam et al. 2017; arXiv 2511.11828, Eq. 7).
 
     Args:
       params: current policy parameters theta_k (pytree).

@@ -1,11 +1,12 @@
-"""V-trace targets and advantages for one trajectory (paper 1.7, IMPALA 2.1).
+"""V-trace targets and advantages for one trajectory (CCPO paper, arXiv 2511.11828, Eq. 6;
+IMPALA, Espeholt et al. 2018, arXiv 1802.01561).
 
 rlax-style: small pure functions over one *unbatched* trajectory (time axis
 ``[T]``); batch with ``jax.vmap``. Naming follows rlax: ``v_tm1`` = V(o_t),
 ``v_t`` = V(o_{t+1}), ``r_t``, ``discount_t`` and ``rho_tm1`` the importance
 ratio S_{pi,kappa}(a_t|o_t) / pi(a_t|o_t) of the action taken at o_t.
 
-Equations (BRIEF 1.7 / 2.1, rho-bar = c-bar = 1, lambda = 1):
+Equations (IMPALA's V-trace with the CCPO paper's rho-bar = c-bar = 1 (§6), lambda = 1):
   delta_t = min(rho_bar, rho_t) (r_t + gamma_t V(o_{t+1}) - V(o_t))
   v_t     = V(o_t) + delta_t + gamma_t min(c_bar, rho_t) (v_{t+1} - V(o_{t+1}))
   A_t     = rho_t^{pg} (r_t + gamma_t v_{t+1} - V(o_t)),  v_{T+1} := V(o_{T+1}) = v_t[-1]
@@ -36,7 +37,7 @@ class VTraceReturns(NamedTuple):
     advantages_clipped: min(clip_pg_rho, rho_t) (r_t + gamma_t v_{t+1} - V(o_t)),
       for the reward policy gradient.
     advantages_unclipped: rho_t (r_t + gamma_t v_{t+1} - V(o_t)), for the
-      constraint policy gradient (BRIEF 1.7 asymmetry).
+      constraint policy gradient (the paper's §6 asymmetry, see the module docstring).
     td_errors: targets - v_tm1 (rlax's V-trace "errors"); the critic loss is
       0.5 * td_errors**2 with v_tm1 carrying the gradient.
     """

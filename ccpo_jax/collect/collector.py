@@ -2,7 +2,7 @@
 
 Files (``OUT`` is the ``--out`` path):
 
-* ``OUT`` - the cache, in the human JSONL format (DESIGN.md 3): the manifest
+* ``OUT`` - the cache, in the human JSONL format (docs/caches.md): the manifest
   line, then one line per finished question, appended (and fsync-ed) as each
   question finishes, so the file is a valid cache at every moment. When every
   question is done it is rewritten once, atomically, in the questions file's
@@ -471,7 +471,7 @@ def _tokens(rec: dict, a: Answer) -> None:
 
 
 def collect_question(q: Question, s: Settings, c: Caller) -> dict:
-    """The cache line of question ``q`` (DESIGN.md 3): T base-guide rounds, then the baselines."""
+    """The cache line of question ``q`` (human JSONL format, docs/caches.md): T base-guide rounds, then the baselines."""
     correct = lambda ans: P.is_correct(ans, q.golds, s.f1_threshold)  # noqa: E731
     rounds: list[dict] = []
     history: list[tuple[str, str]] = []

@@ -1,4 +1,4 @@
-"""The CCPO base-guide round protocol (arXiv 2511.11828, paper 1.1): prompts, parsers, measures.
+"""The CCPO base-guide round protocol (arXiv 2511.11828, orchestration protocol): prompts, parsers, measures.
 
 One round t of a question:
 
@@ -9,13 +9,13 @@ One round t of a question:
    (appendix 8.1, :data:`GUIDE_PROMPT`, verbatim) and replies ``Yes`` or
    ``No [correct answer]``.
 
-The paper's template shows the guide only ``{answer}`` (BRIEF 1.1 notes that
-the text also mentions the reasoning chain); the costs it reports fit the
+The paper's template shows the guide only ``{answer}`` (App. 8.1; the paper's
+text also mentions the reasoning chain); the costs it reports fit the
 short prompt, so the guide sees the parsed answer, or the whole completion
 when no ``Answer:`` line can be found.
 
-Baselines (BRIEF 1.13). The paper's appendix 8.2 / 8.3 prompts are known to
-us only by what they contain (the brief), so :data:`EXIT_PROMPT` and
+Baselines (arXiv 2511.11828 §5). The paper's appendix 8.2 / 8.3 prompts are known to
+us only by a summary of what they contain, so :data:`EXIT_PROMPT` and
 :data:`POLICY_PROMPT` are reconstructions with that content, and their hashes
 are in every cache's provenance:
 

@@ -100,7 +100,7 @@ def _formats(args) -> int:
     from envs.synthetic import PROFILES
 
     print("import formats:")
-    print("  jsonl            the human JSONL format (DESIGN.md section 3)")
+    print("  jsonl            the human JSONL format (docs/caches.md)")
     for name, imp in IMPORTERS.items():
         print(f"  {name:16s} {imp.description}")
     print("synthetic profiles:")

@@ -1,4 +1,4 @@
-"""``ccpo-jax export | route | serve``: export a trained router, batch decisions, HTTP endpoint (DESIGN 7)."""
+"""``ccpo-jax export | route | serve``: export a trained router, batch decisions, HTTP endpoint (docs/export.md)."""
 from __future__ import annotations
 
 import argparse

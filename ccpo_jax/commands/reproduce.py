@@ -1,4 +1,4 @@
-"""``ccpo-jax reproduce``: reproduce one of the paper's tables (DESIGN 6; ``ccpo_jax.pipeline``)."""
+"""``ccpo-jax reproduce``: reproduce one of the paper's tables (docs/reproduce.md; ``ccpo_jax.pipeline``)."""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,4 @@
-"""Serving an exported router (DESIGN 7): load it without the training code and decide.
+"""Serving an exported router (docs/export.md): load it without the training code and decide.
 
 ::
 

@@ -1,4 +1,4 @@
-"""The exported-router artefact: file names, manifest checksum, verified loading (DESIGN 7).
+"""The exported-router artefact: file names, manifest checksum, verified loading (docs/export.md).
 
 An artefact is a directory::
 

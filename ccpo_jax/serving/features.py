@@ -2,7 +2,7 @@
 
 The observation is built by :func:`envs.features.build_features`, the very
 function that featurises the response cache for training, so a serving layer
-never re-implements the features (DESIGN 4, 7). This module only turns a list
+never re-implements the features (docs/environment.md, docs/export.md). This module only turns a list
 of per-round dicts into the ``[B, T]`` raw arrays that function reads:
 
 * answers are normalised with :func:`envs.normalise.normalise_answer` and

@@ -1,4 +1,4 @@
-"""``Router``: a loaded, verified exported router (DESIGN 7).
+"""``Router``: a loaded, verified exported router (docs/export.md).
 
 Needs jax, NumPy and the featuriser in ``envs`` only: no optax, orbax,
 tensorboardX, flax or ``ccpo_jax.train``.
@@ -198,7 +198,7 @@ class Router:
         """Decision after the last of ``rounds_so_far`` (per-round dicts as in the human JSONL format).
 
         Returns ``{"round", "action_set", "continue", "answers", "probs", "available", "kappa"}``:
-        the set-valued policy of DESIGN 4 collects the base and/or guide answer of
+        the set-valued policy (docs/environment.md) collects the base and/or guide answer of
         this round when they are in the set and runs another round iff "next" is.
         """
         req = {"rounds": rounds_so_far}

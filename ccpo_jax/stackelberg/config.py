@@ -1,7 +1,7 @@
 """Typed configuration of the Stackelberg pipeline (arXiv 2606.23026).
 
-Every value the paper leaves open (BRIEF 3 and 4.6) is a field here with its
-choice documented; docs/stackelberg.md lists them.
+Every value arXiv 2606.23026 leaves open (our choices) is a field here with its
+choice documented; docs/stackelberg.md ("Choices where the paper is silent") lists them.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class ExpertConfig:
 
 @dataclasses.dataclass(frozen=True)
 class GAILConfig:
-    """Phase 1: follower by GAIL (Ho & Ermon 2016; BRIEF 2.4). Hyperparameters silent in the paper."""
+    """Phase 1: follower by GAIL (Ho & Ermon 2016, arXiv 1606.03476; arXiv 2606.23026 §4.2). Hyperparameters: the paper leaves them open; our choice."""
 
     iterations: int = 300
     """Outer iterations (one discriminator and one PPO step each)."""

@@ -1,6 +1,7 @@
-"""Phase 1: the follower pi_F(a | x, q, alpha) by GAIL (Ho & Ermon 2016; paper §4.2, §6.4; BRIEF 2.4).
+"""Phase 1: the follower pi_F(a | x, q, alpha) by GAIL (Ho & Ermon 2016, arXiv 1606.03476; arXiv 2606.23026 §4.2, §6.4).
 
-Convention (BRIEF 2.4, the common equivalent form): the discriminator
+Convention (our choice: the common equivalent of Ho & Ermon's form, which has
+D = 1 on policy samples; the paper does not say which it uses): the discriminator
 D(o, a) = sigmoid(logit) is trained by Adam on the binary cross-entropy with
 expert pairs labelled 1 and policy pairs 0, and the policy's reward is
 r = -log(1 - D(o, a)) = softplus(logit). A gradient penalty on the
@@ -125,7 +126,7 @@ def discriminator_loss(disc: Discriminator, params, obs_e, act_e, obs_p, act_p, 
 
 
 def gail_reward(disc: Discriminator, params, obs, action):
-    """r = -log(1 - D(o, a)) = softplus(logit) (BRIEF 2.4, expert = 1 convention)."""
+    """r = -log(1 - D(o, a)) = softplus(logit) (expert = 1 convention; see the module docstring)."""
     return jax.nn.softplus(disc.logit(params, obs, action))
 
 
