@@ -1,6 +1,6 @@
 """The response cache: what the LLMs did, for Q questions and up to T rounds.
 
-DESIGN.md section 3. A cache is a :class:`Manifest` (names, prices, provenance)
+docs/caches.md. A cache is a :class:`Manifest` (names, prices, provenance)
 plus dense NumPy arrays of shape ``[Q, T]`` (per round) or ``[Q]`` (per
 question). Everything else (JSONL import/export, validation, synthetic
 generators, importers of public data, the replay env) builds on this module.
@@ -53,7 +53,7 @@ import numpy as np
 
 SCHEMA_VERSION = 1
 
-#: Actions of the orchestration policy (paper 1.1).
+#: Actions of the orchestration policy (arXiv 2511.11828: base answer, guide answer, next round).
 ACTIONS = ("base", "guide", "next")
 A_BASE, A_GUIDE, A_NEXT = 0, 1, 2
 
@@ -103,7 +103,7 @@ class ModelInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """Per-cache metadata (DESIGN.md 3). ``provenance['kind']`` is 'synthetic' or 'real'."""
+    """Per-cache metadata (docs/caches.md). ``provenance['kind']`` is 'synthetic' or 'real'."""
 
     name: str
     task: str
@@ -308,7 +308,7 @@ def manifest_checksum(arrays_sum: str, fields: dict[str, Any]) -> str:
     """The checksum of a cache or grid: sha256 over its arrays' checksum and the
     canonical serialisation (:func:`canonical_json`) of its manifest ``fields``
     (prices, models, T, provenance, normalisation, name, ...), so editing any of
-    them is detected like damage to the arrays (DESIGN 7)."""
+    them is detected like damage to the arrays (docs/integrity.md)."""
     h = hashlib.sha256()
     h.update(b"ccpo-jax checksum v2\0")
     h.update(arrays_sum.encode())

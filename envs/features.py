@@ -1,8 +1,9 @@
-"""Observation features of the orchestration POMDP (paper 1.2; DESIGN.md 4).
+"""Observation features of the orchestration POMDP (arXiv 2511.11828, the observation o_t;
+docs/environment.md).
 
 The paper says only that o_t "includes the base model's context, the guide
 model's judgment and uncertainty, the index of the current round, and
-cumulative guide model token usage" (BRIEF 1.2). The fixed-length vector below
+cumulative guide model token usage" (arXiv 2511.11828). The fixed-length vector below
 is our choice. Every feature of round t uses only what is known when the
 policy acts at round t: round t's base answer and guide judgment exist and
 round t's cost is paid. No ``*_correct`` flag and no gold answer is ever read,
@@ -165,7 +166,7 @@ def available_actions(round_mask: Any) -> jax.Array:
     """bool ``[..., T, 3]``: (base, guide, next) allowed at round t.
 
     base and guide on every existing round; "next" only where round t+1 exists
-    (so it is masked at a question's last round, paper 1.1). Padding rounds:
+    (so it is masked at a question's last round; our choice). Padding rounds:
     nothing is available (an episode never reaches them).
     """
     mask = jnp.asarray(round_mask, bool)

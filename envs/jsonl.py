@@ -1,5 +1,5 @@
 """The human format of a response cache: JSON Lines, one question per line
-(DESIGN.md section 3; the field names are a public contract).
+(docs/caches.md; the field names are a public contract).
 
 ::
 

@@ -1,6 +1,6 @@
-"""Answer normalisation (DESIGN.md section 3): the SQuAD-style rule that decides
+"""Answer normalisation (docs/caches.md): the SQuAD-style rule that decides
 when two answers are "the same answer" (same per-question id, one element of
-the answer set C(Q), paper 1.1).
+the answer set C(Q), arXiv 2511.11828 Eq. 1).
 
 Steps, in this order (the SQuAD v1.1 evaluation order):
 

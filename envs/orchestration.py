@@ -1,11 +1,12 @@
-"""The replay environment of the base/guide orchestration POMDP (paper 1.1, 1.3, 1.6; DESIGN.md 4).
+"""The replay environment of the base/guide orchestration POMDP (CCPO paper, arXiv 2511.11828:
+the orchestration protocol, Eqs. 4-5; docs/environment.md).
 
 Every LLM response is in the response cache, so an episode is a replay of one
 question's fixed chain of rounds. gymnax-1.0 style: static :class:`EnvParams`
 holding the cache on device, a :class:`EnvState` dataclass, and pure
 ``reset``/``step`` functions that jit and vmap over thousands of episodes.
 
-Semantics (paper 1.1; choices where the paper is silent are marked [ours]):
+Semantics (the paper's orchestration protocol; choices where the paper is silent are marked [ours]):
 
 * At round t the base has answered and the guide has judged; the guide call's
   cost ``J_t`` (cents) is paid. The observation is ``obs[q, t]``
@@ -29,7 +30,7 @@ Semantics (paper 1.1; choices where the paper is silent are marked [ours]):
 * ``truncated`` is always False (episodes end by the policy's choice; the
   last round offers no "next").
 
-Set-valued policies (paper 1.4, DESIGN 4): :func:`evaluate_sets` evaluates a
+Set-valued policies (arXiv 2511.11828, Eq. 1; docs/environment.md): :func:`evaluate_sets` evaluates a
 conformal action set per round for every question at once with array ops.
 """
 from __future__ import annotations
@@ -175,7 +176,7 @@ class OrchestrationEnv:
 
 @struct.dataclass
 class SetMetrics:
-    """Per-question outcome of a (set-valued) policy; every field is ``[N]`` (paper 1.12)."""
+    """Per-question outcome of a (set-valued) policy; every field is ``[N]`` (the paper's table metrics, §5)."""
 
     cost_cents: jax.Array  # f32: sum of J_t over the rounds reached
     covered: jax.Array  # bool: a collected answer is correct, or the question is unsolvable
@@ -204,7 +205,7 @@ def reached_rounds(in_set: jax.Array, available: jax.Array) -> jax.Array:
 
 
 def evaluate_sets(in_set: jax.Array, params: EnvParams, idx: jax.Array) -> SetMetrics:
-    """Set-valued rollout of every question ``idx`` [N] at once (paper 1.4; DESIGN 4).
+    """Set-valued rollout of every question ``idx`` [N] at once (arXiv 2511.11828, Eq. 1; docs/environment.md).
 
     ``in_set`` [N, T, 3] bool: the action set C(o_t) of question idx[n] at
     round t. The rollout continues past round t iff "next" is in the set there
@@ -212,7 +213,7 @@ def evaluate_sets(in_set: jax.Array, params: EnvParams, idx: jax.Array) -> SetMe
     reached round where that action is in the set. Entries of padding rounds
     and an unavailable "next" are ignored.
     cost = sum of J_t up to the deepest round reached (branches share their
-    prefix, BRIEF 1.3); length = that round (1-based); set_size = distinct
+    prefix; our choice, the paper leaves set costs open); length = that round (1-based); set_size = distinct
     answer ids collected; covered = a collected answer is correct, or the
     question is unsolvable (Y* not in Y(Q)). An empty set at round 1 gives no
     answer, length 1, cost J_1.
@@ -253,7 +254,7 @@ def evaluate_actions(actions: jax.Array, params: EnvParams, idx: jax.Array) -> S
 
 
 def summarise(m: SetMetrics) -> dict[str, jax.Array]:
-    """Table metrics over the last axis (questions; paper 1.12): total cost, coverage, avg length, set size."""
+    """Table metrics over the last axis (questions; arXiv 2511.11828 §5): total cost, coverage, avg length, set size."""
     return {
         "cost_cents": jnp.sum(m.cost_cents, axis=-1),
         "coverage": jnp.mean(m.covered.astype(jnp.float32), axis=-1),

@@ -1,6 +1,6 @@
 """List prices (USD per million tokens) used by the importers of public data.
 
-DESIGN.md section 3: a cache stores each model's price per million input and
+docs/caches.md: a cache stores each model's price per million input and
 output tokens; ``ResponseCache.round_cost_cents`` turns tokens into cents.
 Most public datasets (RouteLLM, UALA) record no cost, so the importers price
 their token estimates with this table. Each entry names where the price was
@@ -35,7 +35,7 @@ PRICES: dict[str, Price] = {
     "mistralai/Mixtral-8x7B-Instruct-v0.1": Price(
         0.30, 0.30, "OpenRouter model page mistralai/mixtral-8x7b-instruct (hosted list price; stored copy, page undated), read 2026-11-29"
     ),
-    "gpt-4o": Price(2.50, 10.00, "OpenAI list price of gpt-4o as used by the CCPO brief (papers/BRIEF.md, open point 3); not re-read online"),
+    "gpt-4o": Price(2.50, 10.00, "OpenAI list price of gpt-4o (arXiv 2511.11828 states no prices; our choice); not re-read online"),
     "gpt-3.5-turbo-instruct": Price(
         1.50, 2.00, "OpenAI list price of gpt-3.5-turbo-instruct as stated in the project brief; not re-read online"
     ),

@@ -108,7 +108,7 @@ class ReferenceEnv:
 
 
 def reference_evaluate_set(cache: ResponseCache, q: int, in_set: Sequence[Sequence[bool]]) -> dict[str, Any]:
-    """Set-valued rollout of question q by recursion over branches (paper 1.4).
+    """Set-valued rollout of question q by recursion over branches (arXiv 2511.11828, Eq. 1).
 
     ``in_set[t][a]``: action a is in the set at round t. Returns cost,
     covered, length, set_size, unsolvable for this question.

@@ -3,7 +3,7 @@
 :func:`cache_stats` computes the numbers (NumPy, host), :func:`describe` lays
 them out. Accuracy of round t is over the questions that have round t;
 "verdict accuracy" is how often the guide's verdict (base answer judged
-correct) equals the base answer's true correctness (paper 1.1: the guide judges
+correct) equals the base answer's true correctness (arXiv 2511.11828: the guide judges
 and corrects). Costs use the manifest's prices (USD per million tokens) and are
 reported in cents, like the paper's tables.
 """

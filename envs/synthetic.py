@@ -1,8 +1,8 @@
 """Synthetic response caches calibrated to the CCPO paper's reported marginals.
 
-DESIGN.md section 3 ("Synthetic caches are the built-in default"); the targets
-come from arXiv 2511.11828, Tables 2-5 (papers/BRIEF.md 1.14) and the price
-analysis of BRIEF 1.3. Every cache made here says ``provenance.kind =
+The built-in default cache (docs/caches.md, "Synthetic response caches"); the
+targets come from arXiv 2511.11828, Tables 2-5, and from our price analysis of
+those tables (the paper states no token prices). Every cache made here says ``provenance.kind =
 'synthetic'``: these are NOT LLM outputs, only a generative model whose
 marginals resemble the paper's.
 
@@ -37,7 +37,7 @@ Generative model (all choices are ours; the paper publishes no data):
 * **Tokens**: guide input = template + question tokens (log-normal per question)
   + base-answer tokens; guide output = 1 ("Yes") or 2 + corrected-answer tokens.
   At GPT-4o list prices ($2.50 / $10 per million) this gives about 0.022 cents
-  per guide call on HotpotQA and 0.039 on MMLU (BRIEF 1.3). Base (LLaMA, price
+  per guide call on HotpotQA and 0.039 on MMLU (our derivation from Tables 2-5). Base (LLaMA, price
   0) tokens grow over rounds as the context accumulates earlier rounds.
 * **Cached baselines**. EXIT runs of ``gpt-4o`` and of the base (the single-LLM
   LLM-EXIT baseline): correct iff ``e0 - e_d d_q + N > 0``; it continues past
@@ -69,7 +69,7 @@ from envs.cache import CacheError, Manifest, ModelInfo, ResponseCache, empty_arr
 DEFAULT_PROFILE = "hotpotqa-llama2"
 DEFAULT_QUESTIONS = 1400
 T_ROUNDS = 4
-GUIDE = ModelInfo("gpt-4o", 2.5, 10.0)  # BRIEF 1.3: GPT-4o list price, USD per million tokens
+GUIDE = ModelInfo("gpt-4o", 2.5, 10.0)  # GPT-4o list price, USD per million tokens (the paper states none; our choice)
 PAPER = "arXiv 2511.11828"
 
 
@@ -130,7 +130,7 @@ class TokenParams:
 
     q_tokens: float  # mean question tokens in the guide prompt (fit: cents per guide call)
     q_cv: float = 0.3
-    template: float = 32.0  # guide prompt template (BRIEF 1.1, App. 8.1)
+    template: float = 32.0  # guide prompt template (arXiv 2511.11828, App. 8.1)
     ans_tokens: float = 2.5  # mean extra answer tokens (1 + Poisson)
     base_system: float = 1100.0  # base few-shot prompt
     base_out: float = 180.0  # base completion tokens per round
@@ -195,7 +195,7 @@ def per_question_marginals(cache: ResponseCache) -> dict[str, np.ndarray]:
     * ``guide_round1_coverage``: guide round-1 answer correct, or unsolvable
       (the level a pointwise policy stopping at round 1 reaches; CPO rows).
     * ``random_coverage``: exact expected coverage of the uniform random policy
-      (BRIEF 1.13; "next" unavailable at the last round), by enumeration.
+      (arXiv 2511.11828 §5; "next" unavailable at the last round), by enumeration.
     * ``random_len``: its expected length.
     * ``cents_per_guide_call``: mean guide cost of the question's rounds.
     * ``guide_verdict_accuracy``: share of rounds where verdict == base correct.
@@ -566,7 +566,7 @@ def _hotpot_targets(table: str, base_exit_cov: float, base_exit_len: float, rand
         "unsolvable": _t(0.10, 0.3, 0.02, "our choice (plausible share; paper silent)"),
         "guide_round1_coverage": _t(g1, 0.37, 0.01, f"{table}: CPO coverage at length ~1"),
         "random_coverage": _t(random_cov, 0.3, 0.03, f"{table}: Random"),
-        "cents_per_guide_call": _t(0.0225, 0.003, 0.0008, "BRIEF 1.3: ~0.022 c per guide call (Tables 2-3 rows at length ~1)"),
+        "cents_per_guide_call": _t(0.0225, 0.003, 0.0008, "CCPO paper Tables 2-3: ~0.022 c per guide call (rows at length ~1)"),
         "guide_verdict_accuracy": _t(0.82, 0.2, 0.04, "our choice (~80-85%)"),
         "gpt4o_exit_coverage": _t(0.908, 0.29, 0.01, "Tables 2-3: GPT-4o EXIT"),
         "gpt4o_exit_len": _t(2.39, 1.1, 0.03, "Tables 2-3: GPT-4o EXIT"),
@@ -586,7 +586,7 @@ def _mmlu_targets(table: str, base_exit_cov: float, base_exit_len: float, random
                   margins: dict[str, tuple[float, str]] | None = None) -> dict[str, Target]:
     tg = _hotpot_targets(table, base_exit_cov, base_exit_len, random_cov, g1, pol_g, pol_b, {})
     tg["unsolvable"] = _t(0.05, 0.22, 0.02, "our choice (multiple choice: few unsolvable; paper silent)")
-    tg["cents_per_guide_call"] = _t(0.039, 0.005, 0.0015, "BRIEF 1.3: ~0.039 c per guide call on MMLU")
+    tg["cents_per_guide_call"] = _t(0.039, 0.005, 0.0015, "CCPO paper Tables 4-5: ~0.039 c per guide call on MMLU (rows at length ~1)")
     tg["guide_verdict_accuracy"] = _t(0.86, 0.2, 0.04, "our choice (GPT-4o judges 4-option MMLU better than open HotpotQA)")
     tg["gpt4o_exit_coverage"] = _t(0.960, 0.2, 0.01, "Tables 4-5: GPT-4o EXIT")
     tg["gpt4o_exit_len"] = _t(1.39, 0.7, 0.03, "Tables 4-5: GPT-4o EXIT")

@@ -1,4 +1,4 @@
-"""The response grid: what an executor LLM did under each resource action (paper §6.3, BRIEF 3.6).
+"""The response grid: what an executor LLM did under each resource action (arXiv 2606.23026 §6.3, Table 3).
 
 The grid crosses task types x executor-model conditions x context / prompt /
 tool-budget levels x turns of a session x repeated trials, and records the

@@ -1,4 +1,4 @@
-"""The multi-turn session environment of the Stackelberg game (paper §2-3, BRIEF 3.1-3.4).
+"""The multi-turn session environment of the Stackelberg game (arXiv 2606.23026 §2-3).
 
 Functional and jit/vmap-able. One episode is a session of ``H`` turns with a
 fixed task type k, executor-model condition m and task complexity. Each turn:
@@ -11,7 +11,8 @@ fixed task type k, executor-model condition m and task complexity. Each turn:
 4. :meth:`SessionEnv.step` draws (T_t, Q_t) from the surrogate or replays the
    response grid, pays the utilities (paper Eq. 8 and §3.2) and moves the state.
 
-State vector (BRIEF 3.2; the order and scaling are ours, the paper is silent):
+State vector (arXiv 2606.23026 §2.3, §6.2 and Table 2; the order and scaling are
+ours, the paper leaves them open):
 
 ==  ====================  ==============================================
  i  scalar (9)            meaning / scaling
@@ -28,7 +29,7 @@ State vector (BRIEF 3.2; the order and scaling are ours, the paper is silent):
 ==  ====================  ==============================================
 
 l_{t-1} lives in the state (it drives the smoothing) but is not one of the
-counted dims, as in the paper's 9/14 arithmetic (BRIEF 3.2).
+counted dims, as in the paper's 9/14 arithmetic (Table 2).
 """
 from __future__ import annotations
 

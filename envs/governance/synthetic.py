@@ -1,4 +1,4 @@
-"""A SYNTHETIC response grid calibrated to the paper's real-API probes (BRIEF 3.7, paper Table 6).
+"""A SYNTHETIC response grid calibrated to the paper's real-API probes (arXiv 2606.23026 §7.2, §10.3, Table 6).
 
 There is no public response grid, so the default grid is generated from a
 documented response model and is always labelled synthetic (manifest
@@ -30,7 +30,7 @@ import numpy as np
 from envs.cache import CacheError
 from envs.governance.grid import TASK_TYPES, GridManifest, ResponseGrid
 
-#: BRIEF 3.7 / paper Table 6 and §10.3: what the synthetic grid is calibrated to.
+#: arXiv 2606.23026 §7.2, §10.3 and Table 6: what the synthetic grid is calibrated to.
 PROBE_TARGETS = {
     "mean_tokens": 347.0,          # real-API mean tokens (630-record calibration)
     "mean_quality": 0.887,         # real-API mean quality

@@ -1,6 +1,7 @@
 """Importers of public cached-LLM-response datasets into a :class:`ResponseCache`.
 
-DESIGN.md section 3 ("Real caches") and ``shared/data/SOURCES.md``. Each
+docs/caches.md ("Real data: importers of public cached LLM responses") and
+``tests/fixtures/SOURCES.md``. Each
 importer reads one public format and returns a checksummed cache whose
 manifest says ``provenance.kind = 'real'`` with the upstream repository,
 commit, path and license, and which protocol the data follows (none of these

@@ -1,12 +1,12 @@
 """OmnisBench results -> a single-round cascade cache (T = 1) with real tokens and costs.
 
-Source (``shared/data/SOURCES.md``): Fortitude-Group/OmnisBench @15674d9b,
+Source (``tests/fixtures/SOURCES.md``): Fortitude-Group/OmnisBench @15674d9b,
 ``runs/*/results.json`` and the dated pricing YAML (Apache-2.0). A results
 file lists, per routing policy, one record per benchmark item with the model
 the policy chose, ``passed``, ``cost_usd``, ``input_tokens``,
 ``output_tokens`` and ``response_text``.
 
-Read as a cascade with T = 1 (SOURCES.md): the ``always_cheap`` policy's
+Read as a cascade with T = 1 (docs/caches.md, "Real data"): the ``always_cheap`` policy's
 model is the base, the ``always_big`` policy's model the guide (its answer is
 the corrected answer). The ``random`` and ``oracle`` policies are routers over
 four models, not runs of these two models nor LLM-EXIT runs, so they are not

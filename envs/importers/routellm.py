@@ -1,12 +1,12 @@
 """RouteLLM's cached correctness on MMLU and GSM8K -> single-round cascade caches (T = 1).
 
-Source (``shared/data/SOURCES.md``): lm-sys/RouteLLM @0b64fdaf,
+Source (``tests/fixtures/SOURCES.md``): lm-sys/RouteLLM @0b64fdaf,
 ``routellm/evals/mmlu/responses/*.csv`` and
 ``routellm/evals/gsm8k/gsm8k_responses.csv`` (Apache-2.0). Each row is one
 question with, per model, whether the model answered it correctly
 (``True``/``False``); the GSM8K file also holds each model's response text.
 
-The pair is read as a cascade with T = 1 (DESIGN.md 3, SOURCES.md): the cheap
+The pair is read as a cascade with T = 1 (docs/caches.md, "Real data"): the cheap
 model (Mixtral-8x7B-Instruct) is the base, the expensive one (GPT-4-1106) is
 the guide whose answer is the "corrected answer". Rules where the data is silent:
 

@@ -1,6 +1,6 @@
 """UALA's HotpotQA runs -> a two-round cascade cache (T = 2).
 
-Sources (``shared/data/SOURCES.md``, all MIT):
+Sources (``tests/fixtures/SOURCES.md``, all MIT):
 
 - Llama-2-70B UALA run: Hiro-221/Uncertainty-Aware-Language-Agent @cec94ef9,
   ``llama2_70b/llama2-hotpotqa-dev-uala-nooracle-20251022-040122.jsonl``;
