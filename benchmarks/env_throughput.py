@@ -5,7 +5,7 @@ Measures (compile excluded, ``block_until_ready``):
     4096) under a uniformly random policy over the available actions, with
     auto-reset to a new random question, ``lax.scan`` over steps inside jit;
   * ``reference_env_steps_per_s``: the same policy on ``envs.reference.ReferenceEnv``;
-  * ``evaluate_sets_questions_per_s``: set-valued evaluation (DESIGN 4), S
+  * ``evaluate_sets_questions_per_s``: set-valued evaluation (docs/environment.md), S
     splits x n questions in one jitted vmapped call, vs
   * ``reference_evaluate_set_questions_per_s``: the plain-Python recursive evaluator.
 

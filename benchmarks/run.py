@@ -1,4 +1,4 @@
-"""The ccpo-jax benchmark suite: one run, one JSON file, one table (DESIGN 6-7; issue 7).
+"""The ccpo-jax benchmark suite: one run, one JSON file, one table (docs/performance.md; issue 7).
 
 Every figure is measured in the same process (or, for device scaling, in
 subprocesses started by it), compile time excluded from throughput
@@ -149,7 +149,7 @@ class NumpyEnv:
         return ret
 
     def evaluate_sets(self, in_set, idx):
-        """[N,T,3] sets for questions idx [N] -> (cost [N], covered [N], length [N]) (DESIGN 4)."""
+        """[N,T,3] sets for questions idx [N] -> (cost [N], covered [N], length [N]) (docs/environment.md)."""
         import numpy as np
 
         av = self.avail[idx]

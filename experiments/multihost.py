@@ -1,4 +1,4 @@
-"""Multi-host CCPO training and evaluation on one global device mesh (DESIGN 7).
+"""Multi-host CCPO training and evaluation on one global device mesh (docs/performance.md, "Sharding and multi-host").
 
 Run the SAME command once per host (process); JAX joins them into one program
 whose mesh spans every host's devices::

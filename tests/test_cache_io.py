@@ -1,5 +1,5 @@
 """Response-cache human format (envs/jsonl.py), normalisation, derived fields and
-the ``data check`` report, each against a hand-written oracle (DESIGN.md 3)."""
+the ``data check`` report, each against a hand-written oracle (docs/caches.md)."""
 from __future__ import annotations
 
 import json

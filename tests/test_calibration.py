@@ -1,4 +1,4 @@
-"""Exact batch calibration (paper 1.10, DESIGN 5) against a NumPy set-valued rollout,
+"""Exact batch calibration (arXiv 2511.11828 §5.1; docs/algorithms.md) against a NumPy set-valued rollout,
 the paper's 1e-6 grid search, and the split-conformal coverage guarantee."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Malformed caches through the real CLI in a subprocess (DESIGN.md 3): a non-zero
+"""Malformed caches through the real CLI in a subprocess (docs/caches.md, "Validation"): a non-zero
 exit, one ``error:`` line naming the file, line and field, no traceback, and no
 output (nor temporary leftovers) beside the requested output path."""
 from __future__ import annotations

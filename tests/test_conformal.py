@@ -1,4 +1,4 @@
-"""Conformal set / policy / softmask (paper 1.5) and the online kappa update (1.10)."""
+"""Conformal set / policy / softmask (arXiv 2511.11828, Eqs. 2-3) and the online kappa update (Eq. 9)."""
 from __future__ import annotations
 
 import chex

@@ -1,4 +1,4 @@
-"""J-bar (paper 1.8) against exact enumeration of every action path of small chains."""
+"""J-bar (arXiv 2511.11828, Eq. 8) against exact enumeration of every action path of small chains."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""Export of a trained router and its verified loading (DESIGN 7; issue 6).
+"""Export of a trained router and its verified loading (docs/export.md; issue 6).
 
 Oracle: the trainer-side forward pass, ``conformal_set(masked_probs(policy_net.apply(params, obs),
 available), kappa, available)`` from ccpo_jax.networks / ccpo_jax.conformal, evaluated by plain

@@ -1,4 +1,4 @@
-"""Importers of public cached-LLM-response data (envs/importers, DESIGN.md 3, SOURCES.md).
+"""Importers of public cached-LLM-response data (envs/importers; docs/caches.md, tests/fixtures/SOURCES.md).
 
 Every number is checked against an independent reading of the raw files with
 ``csv`` / ``json`` only (not the importers' parsers), or against numbers the

@@ -1,4 +1,4 @@
-"""Multi-host runs (``jax.distributed.initialize``, DESIGN 7) on this one machine.
+"""Multi-host runs (``jax.distributed.initialize``, docs/performance.md) on this one machine.
 
 Two OS processes with two forced CPU devices each join through
 ``CCPO_JAX_DISTRIBUTED=1`` and a coordinator on 127.0.0.1 (the cross-process

@@ -1,4 +1,4 @@
-"""results.json schema (DESIGN 6), summary statistics vs numpy, table.md, box plots, TensorBoard."""
+"""results.json schema (docs/reproduce.md, "Outputs"), summary statistics vs numpy, table.md, box plots, TensorBoard."""
 from __future__ import annotations
 
 import json

@@ -26,7 +26,7 @@ from ccpo_jax.settings import (
     row_order_key,
 )
 
-# The paper's tables (BRIEF 1.14 / 1.11), written out independently of settings.py.
+# The paper's tables (arXiv 2511.11828, Tables 2-9), written out independently of settings.py.
 EXPECTED = {
     "hotpotqa-llama2-a0.1": (2, "hotpotqa", 0.1, 2e-4, 1000),
     "hotpotqa-llama3-a0.1": (3, "hotpotqa", 0.1, 1e-4, 1000),
@@ -53,7 +53,7 @@ def test_every_paper_table_has_a_setting_with_its_parameters():
 
 
 def test_paper_numbers_copied_from_the_brief():
-    # spot checks against BRIEF 1.14, one per table, plus row naming (DESIGN 6)
+    # spot checks against arXiv 2511.11828 Tables 2-9, one per table, plus row naming (docs/reproduce.md)
     t2 = get_setting("hotpotqa-llama2-a0.1").paper
     assert dict(t2["CCPO (lambda=2e-4)"]) == dict(zip(METRICS, (7.026, 0.903, 1.48, 2.22)))
     assert t2["GPT-4o EXIT"]["cost_cents"] == 827.0

@@ -1,4 +1,4 @@
-"""Sharding over a device mesh (DESIGN 7): results on 8 forced CPU devices equal one device's.
+"""Sharding over a device mesh (docs/performance.md): results on 8 forced CPU devices equal one device's.
 
 The checks run in ONE subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``
 set before jax is imported (the test process's own jax is already initialised

@@ -83,7 +83,7 @@ def test_grid_jsonl_missing_cell_and_damaged_fast(tmp_path, small_grid):
 
 
 def test_synthetic_grid_matches_paper_probes(full_grid):
-    """Oracle: the paper's Table 6 / §10.3 numbers (BRIEF 3.7)."""
+    """Oracle: arXiv 2606.23026's Table 6 / §10.3 numbers."""
     pr = probes(full_grid)
     rel = {"mean_tokens": 0.05, "mean_quality": 0.02, "prompt_token_ratio": 0.1, "tool_token_ratio": 0.1,
            "multiturn_cum_ratio": 0.1, "context_token_ratio": 0.03}

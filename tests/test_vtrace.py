@@ -1,4 +1,4 @@
-"""V-trace (paper 1.7) against rlax and a hand-computed example."""
+"""V-trace (arXiv 2511.11828 Eq. 6; IMPALA) against rlax and a hand-computed example."""
 from __future__ import annotations
 
 import chex
