@@ -32,6 +32,7 @@ from chat_server import BASE_MODEL, GUIDE_MODEL, write_questions  # noqa: E402
 from ccpo_jax.collect.client import Endpoint, RetryPolicy  # noqa: E402
 from ccpo_jax.collect.collector import Execution, Settings, collect  # noqa: E402
 from ccpo_jax.collect.questions import load_questions  # noqa: E402
+from envs.atomic import atomic_write_json  # noqa: E402
 
 
 def run_once(n: int, concurrency: int, delay_ms: float, work: Path) -> dict:
@@ -78,11 +79,7 @@ def main() -> None:
             records.append(rec)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_path = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(records, f, indent=2)
-        f.write("\n")
-    os.replace(tmp_path, out)
+    atomic_write_json(out, records, indent=2)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from ccpo_jax import conformal as cf
 from ccpo_jax import constraint as cs
 from ccpo_jax import networks
 from ccpo_jax import trust_region as tr
+from envs.atomic import atomic_write_text
 
 EPISODES, T, OBS_DIM = 10, 4, 16
 KAPPA, ALPHA, DELTA = 0.33, 0.1, 0.01
@@ -132,10 +131,7 @@ def main(argv=None):
     for r in records:
         print(json.dumps(r))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=".cpo_step.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(records, f, indent=1)
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, json.dumps(records, indent=1))
 
 
 if __name__ == "__main__":

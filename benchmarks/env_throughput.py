@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from envs.atomic import atomic_write_json  # noqa: E402
 from envs.orchestration import OrchestrationEnv, evaluate_sets, make_env_params, summarise  # noqa: E402
 from envs.reference import ReferenceEnv, random_cache, reference_evaluate_set  # noqa: E402
 
@@ -153,11 +152,7 @@ def main(argv=None) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(records, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, out)
+        atomic_write_json(out, records, indent=2)
     return 0
 
 

@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from envs.atomic import atomic_write_json  # noqa: E402
+
 SECTIONS = ("env", "eval", "train", "reproduce", "devices")
 
 
@@ -657,11 +659,7 @@ def main(argv=None) -> int:
         if args.out:
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-            with os.fdopen(fd, "w") as f:
-                json.dump(rec.records, f, indent=2)
-                f.write("\n")
-            os.replace(tmp, out)
+            atomic_write_json(out, rec.records, indent=2)
 
     rec.on_add = save
     for s in only:

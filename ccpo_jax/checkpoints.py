@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ccpo_jax.errors import UserError, disk_full_message
+from envs.atomic import atomic_write_text
 
 DIGEST_SUFFIX = ".digest.json"
 DIGEST_FORMAT = 1
@@ -56,20 +57,6 @@ def file_digests(step_dir: Path) -> dict[str, dict[str, Any]]:
                     h.update(block)
             out[p.relative_to(step_dir).as_posix()] = {"bytes": p.stat().st_size, "sha256": h.hexdigest()}
     return out
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class _DiskFullFilter(logging.Filter):
@@ -189,7 +176,7 @@ class VerifiedCheckpoints:
             self._mgr.save(int(step), args=args)
             self._mgr.wait_until_finished()
             body = {"format": DIGEST_FORMAT, "step": int(step), "files": file_digests(self.step_dir(step))}
-            _atomic_write(self.digest_path(step), json.dumps(body, indent=1, sort_keys=True) + "\n")
+            atomic_write_text(self.digest_path(step), json.dumps(body, indent=1, sort_keys=True) + "\n")
         keep = set(self.all_steps())
         for p in self.root.glob(f"*{DIGEST_SUFFIX}"):
             name = p.name[: -len(DIGEST_SUFFIX)]

@@ -29,8 +29,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ccpo_jax.errors import UserError
+from envs.atomic import atomic_dir
 from ccpo_jax.serving.artifact import (
     BLOCK_ROWS,
     FORMAT_NAME,
@@ -348,8 +347,7 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     manifest = build_manifest(meta, names, leaves, policy_dir, run_dir, info)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out, overwrite=False) as tmp:  # an artefact is never overwritten
         (tmp / MODULE_FILE).write_bytes(blob)
         np.savez(tmp / PARAMS_FILE, **dict(zip(names, leaves)))
         manifest["files"] = {n: {"sha256": sha256_file(tmp / n), "bytes": (tmp / n).stat().st_size}
@@ -357,11 +355,6 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
         manifest["manifest_sha256"] = manifest_checksum(manifest)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
         _self_check(tmp, params, meta)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

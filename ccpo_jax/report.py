@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from ccpo_jax.settings import METRICS, Setting, row_key, row_order_key
+from envs.atomic import atomic_path, atomic_write_json, atomic_write_text
 
 METRIC_TITLES = {
     "cost_cents": "Cost (cents)",
@@ -40,36 +40,6 @@ TABLE_FILE = "table.md"
 COST_PNG = "boxplot_cost.png"
 COVERAGE_PNG = "boxplot_coverage.png"
 TIMING_KEYS = ("total_s", "compile_s", "train_s", "eval_s")
-
-
-# -- atomic writes ---------------------------------------------------------------
-
-def _umask() -> int:
-    old = os.umask(0o022)
-    os.umask(old)
-    return old
-
-
-def _mkstemp(path: Path, suffix: str) -> tuple[int, str]:
-    """A temporary file beside ``path`` with the permissions a plain ``open`` would give."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    os.chmod(tmp, 0o666 & ~_umask())
-    return fd, tmp
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    fd, tmp = _mkstemp(path, ".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 # -- results.json ---------------------------------------------------------------
@@ -194,8 +164,7 @@ def build_results(
 
 def write_results(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> Path:
     """Write ``out_dir/results.json`` atomically (strict JSON: no NaN)."""
-    text = json.dumps(results, indent=2, allow_nan=False) + "\n"
-    return atomic_write_text(Path(out_dir) / RESULTS_FILE, text)
+    return atomic_write_json(Path(out_dir) / RESULTS_FILE, results, indent=2, allow_nan=False)
 
 
 # -- table.md -------------------------------------------------------------------
@@ -403,15 +372,8 @@ def write_boxplots(
         )
         fig.tight_layout()
         path = out_dir / fname
-        fd, tmp = _mkstemp(path, ".png")
-        os.close(fd)
-        try:
+        with atomic_path(path, suffix=".png") as tmp:
             fig.savefig(tmp, format="png", dpi=110)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
         paths.append(path)
     return paths
 

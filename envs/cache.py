@@ -44,12 +44,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from envs.atomic import atomic_dir
 
 SCHEMA_VERSION = 1
 
@@ -428,32 +428,14 @@ def write_fast_dir(path: Path, manifest: dict[str, Any], arrays: dict[str, np.nd
         raise CacheError(f"{path}: exists and is not a fast-format cache; refusing to replace it")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        with atomic_dir(path) as tmp:  # an existing cache is moved aside, then removed
+            with open(tmp / ARRAYS_FILE, "wb") as f:
+                np.savez_compressed(f, **arrays)
+            with open(tmp / MANIFEST_FILE, "w") as f:
+                json.dump(manifest, f, indent=2, sort_keys=True)
+                f.write("\n")
     except OSError as e:
         raise CacheError(f"{path}: cannot write ({e.strerror or e})") from None
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; give the cache the usual mode
-        with open(tmp / ARRAYS_FILE, "wb") as f:
-            np.savez_compressed(f, **arrays)
-        with open(tmp / MANIFEST_FILE, "w") as f:
-            json.dump(manifest, f, indent=2, sort_keys=True)
-            f.write("\n")
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            raise CacheError(f"{path}: cannot write ({e.strerror or e})") from None
-        raise
     return path
 
 

@@ -46,12 +46,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from envs.atomic import atomic_write_text
 from envs.cache import (
     CacheError,
     Manifest,
@@ -512,23 +512,6 @@ def write_jsonl(cache: ResponseCache, path: str | os.PathLike) -> Path:
     lines += [json.dumps(r, ensure_ascii=False, allow_nan=False) for r in cache_to_records(cache)]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        return atomic_write_text(path, "\n".join(lines) + "\n")
     except OSError as e:
         raise CacheError(f"{path}: cannot write ({e.strerror or e})") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines))
-            f.write("\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise CacheError(f"{path}: cannot write ({e.strerror or e})") from None
-        raise
-    return path

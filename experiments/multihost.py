@@ -71,7 +71,7 @@ def _run(args) -> int:
     from ccpo_jax import sharding
     from ccpo_jax.config import TrainConfig
     from ccpo_jax.errors import UserError
-    from ccpo_jax.report import atomic_write_text
+    from envs.atomic import atomic_write_text
     from ccpo_jax.splits import check_split_sizes, make_splits
     from ccpo_jax.train import evaluate_trained, row_variants, train_many
     from envs.orchestration import make_env_params

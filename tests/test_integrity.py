@@ -361,7 +361,7 @@ def test_full_disk_in_export(tmp_path, run_with_policies, capsys, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("where", ["plots", "orbax", "run.json"])
+@pytest.mark.parametrize("where", ["plots", "orbax", "atomic-write"])
 def test_full_disk_in_reproduce(tmp_path, cache100, capsys, monkeypatch, where):
     import ccpo_jax.pipeline as pl
     from ccpo_jax import report
@@ -375,8 +375,10 @@ def test_full_disk_in_reproduce(tmp_path, cache100, capsys, monkeypatch, where):
             raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "policy.kernel/0.0" in OCDBT database: Failed '
                              f'writing: "{kw["ckpt_dir"]}/orbax/1/d/ab12": Failed to write 4096 bytes to file 4: '
                              "No space left on device [os_error_code='28']")
-    else:
-        monkeypatch.setattr(report, "atomic_write_text", _enospc)
+    else:  # every file write (run.json first) goes through envs.atomic.atomic_write_bytes
+        import envs.atomic
+
+        monkeypatch.setattr(envs.atomic, "atomic_write_bytes", _enospc)
     monkeypatch.setattr(pl, "_find_learned_rows", lambda: fake)
     out = tmp_path / "runs" / "r"
     line = _main_one_line(capsys, ["reproduce", "--cache", str(cache100), "--splits", "2", "--split-sizes",

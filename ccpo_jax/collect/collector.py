@@ -43,7 +43,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -61,6 +60,7 @@ from ccpo_jax.collect.client import (
 )
 from ccpo_jax.collect.questions import Question
 from ccpo_jax.errors import UserError
+from envs.atomic import atomic_write_text
 
 #: Version of the collector's protocol and output (in every cache's provenance).
 COLLECTOR_VERSION = "1"
@@ -719,25 +719,6 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix]
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def manifest_line(man: dict) -> str:
     return json.dumps({"manifest": man}, ensure_ascii=False, allow_nan=False)
 
@@ -792,7 +773,7 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
     if man is None:
         man = make_manifest(s, today())
         try:
-            _write_atomic(out, manifest_line(man) + "\n")
+            atomic_write_text(out, manifest_line(man) + "\n")
         except OSError as e:
             raise UserError(f"--out {out}: cannot write ({e.strerror or e})") from None
         created = True
@@ -894,7 +875,7 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
         man["provenance"] = dict(man["provenance"])
         man["provenance"]["collected"] = {"started": man["provenance"]["collected"]["started"], "finished": today()}
         text = manifest_line(man) + "\n" + "".join(done[i] + "\n" for i in order)
-        _write_atomic(out, text)
+        atomic_write_text(out, text)
         from envs.jsonl import read_jsonl
 
         read_jsonl(out)  # the file must be a valid cache (a failure here is a collector bug)

@@ -5,8 +5,9 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
+
+from envs.atomic import atomic_write_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -125,14 +126,7 @@ def _route(args) -> int:
         return 0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(out, text)
     print(f"wrote {len(decisions)} decisions to {out}", file=sys.stderr)
     return 0
 

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from scipy import stats
 
+from envs.atomic import atomic_path
 from envs.governance.grid import TASK_TYPES
 from envs.governance.session import SessionEnv, SessionParams, surrogate_predict
 
@@ -112,9 +113,6 @@ def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
 
 def pareto_plot(summary: dict, path, title: str) -> None:
     """Tokens-vs-quality scatter of the strategies, the non-dominated ones joined; written atomically."""
-    import os
-    import tempfile
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,12 +132,8 @@ def pareto_plot(summary: dict, path, title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=os.path.dirname(os.fspath(path)) or ".")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=120)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)

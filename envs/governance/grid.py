@@ -40,12 +40,12 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from envs.atomic import atomic_path
 from envs.cache import (
     CacheError,
     arrays_checksum,
@@ -257,22 +257,15 @@ def write_grid_jsonl(grid: ResponseGrid, path: str | os.PathLike) -> Path:
     m = grid.manifest
     L = m.levels
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"manifest": m.to_dict()}) + "\n")
-            tok, qual, fail = grid.tokens, grid.quality, grid.tool_fail
-            for idx in np.ndindex(*m.shape):
-                k, mo, ic, ip, iu, h, r = idx
-                rec = {"task": m.task_types[k], "model": m.model_conditions[mo], "c": L["c"][ic], "p": L["p"][ip],
-                       "u": L["u"][iu], "turn": h + 1, "trial": r, "tokens": round(float(tok[idx]), 3),
-                       "quality": round(float(qual[idx]), 6), "tool_fail": bool(fail[idx])}
-                f.write(json.dumps(rec) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:  # streamed: a grid can be large
+        f.write(json.dumps({"manifest": m.to_dict()}) + "\n")
+        tok, qual, fail = grid.tokens, grid.quality, grid.tool_fail
+        for idx in np.ndindex(*m.shape):
+            k, mo, ic, ip, iu, h, r = idx
+            rec = {"task": m.task_types[k], "model": m.model_conditions[mo], "c": L["c"][ic], "p": L["p"][ip],
+                   "u": L["u"][iu], "turn": h + 1, "trial": r, "tokens": round(float(tok[idx]), 3),
+                   "quality": round(float(qual[idx]), 6), "tool_fail": bool(fail[idx])}
+            f.write(json.dumps(rec) + "\n")
     return path
 
 
