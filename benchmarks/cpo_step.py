@@ -26,6 +26,7 @@ from ccpo_jax import constraint as cs
 from ccpo_jax import networks
 from ccpo_jax import trust_region as tr
 from envs.atomic import atomic_write_text
+from envs.cache import A_BASE, A_NEXT, N_ACTIONS
 
 EPISODES, T, OBS_DIM = 10, 4, 16
 KAPPA, ALPHA, DELTA = 0.33, 0.1, 0.01
@@ -37,9 +38,9 @@ def make_problem(key):
     net = networks.policy_net()
     obs = jax.random.normal(k[0], (EPISODES, T, OBS_DIM))
     params = net.init(k[1], obs)
-    avail = jnp.ones((EPISODES, T, 3), bool).at[:, -1, 2].set(False)
-    actions = jax.random.randint(k[2], (EPISODES, T), 0, 3)
-    actions = jnp.where(avail[..., 2] | (actions < 2), actions, 0)
+    avail = jnp.ones((EPISODES, T, N_ACTIONS), bool).at[:, -1, A_NEXT].set(False)
+    actions = jax.random.randint(k[2], (EPISODES, T), 0, N_ACTIONS)
+    actions = jnp.where(avail[..., A_NEXT] | (actions != A_NEXT), actions, A_BASE)
     mask = jnp.arange(T)[None] < jax.random.randint(k[3], (EPISODES, 1), 1, T + 1)
     adv = jax.random.normal(k[4], (EPISODES, T))
     success = jax.random.bernoulli(k[5], 0.9, (EPISODES,)).astype(jnp.float32)

@@ -38,6 +38,7 @@ import numpy as np
 
 from ccpo_jax.errors import UserError
 from envs.atomic import atomic_dir
+from envs.cache import ACTION_NAMES, N_ACTIONS
 from ccpo_jax.serving.artifact import (
     BLOCK_ROWS,
     FORMAT_NAME,
@@ -111,7 +112,7 @@ def export_module(params: Any, hidden, F: int) -> tuple[bytes, list[str], list[n
     specs = (
         tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves),
         jax.ShapeDtypeStruct((b, F), jnp.float32),
-        jax.ShapeDtypeStruct((b, 3), jnp.bool_),
+        jax.ShapeDtypeStruct((b, N_ACTIONS), jnp.bool_),
         jax.ShapeDtypeStruct((), jnp.float32),
     )
     exp = jax_export.export(jax.jit(policy_forward(hidden, treedef)), platforms=PLATFORMS)(*specs)
@@ -188,7 +189,7 @@ def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], polic
             "row": meta["row"],
             "training": "ccpo" if conformal else "cpo",
             "lambda": float(meta.get("lambda", 0.0)),
-            "network": {"type": "mlp-tanh", "hidden": [int(h) for h in meta["hidden"]], "outputs": 3,
+            "network": {"type": "mlp-tanh", "hidden": [int(h) for h in meta["hidden"]], "outputs": N_ACTIONS,
                         "probs": "softmax over available actions (ccpo_jax.networks.masked_probs)"},
             "set_rule": "C(o) = {a available : pi(a|o) >= kappa} (paper Eq. 2); may be empty",
         },
@@ -198,7 +199,7 @@ def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], polic
         "kappa_note": meta.get("kappa_note", "kappa is the batch-calibrated threshold"),
         "protocol": meta.get("protocol"),
         "split": meta.get("split"),
-        "actions": ["base", "guide", "next"],
+        "actions": list(ACTION_NAMES),
         "T": T,
         "features": {
             "count": len(fnames),
@@ -367,7 +368,7 @@ def _self_check(path: Path, params: Any, meta: dict, n: int = 4096) -> None:
     router = Router.load(path)
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(n, router.F)).astype(np.float32)
-    avail = rng.random((n, 3)) < 0.8
+    avail = rng.random((n, N_ACTIONS)) < 0.8
     avail[:, 0] = True
     net = policy_net(tuple(meta["hidden"]))
     ref = jax.jit(lambda p, o, a: conformal_set(masked_probs(net.apply(p, o), a), np.float32(meta["kappa"]), a))

@@ -12,7 +12,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-N_ACTIONS = 3
+from envs.cache import N_ACTIONS
+
 HIDDEN = (64, 64, 64)
 
 

@@ -1,7 +1,11 @@
 """Response caches (schema, formats, validation, synthetic generators, importers)
 and the replay environments. Knows nothing of ``ccpo_jax``."""
 from envs.cache import (  # noqa: F401
-    ACTIONS,
+    A_BASE,
+    A_GUIDE,
+    A_NEXT,
+    ACTION_NAMES,
+    N_ACTIONS,
     CacheError,
     Manifest,
     ModelInfo,

@@ -53,9 +53,11 @@ from envs.atomic import atomic_dir
 
 SCHEMA_VERSION = 1
 
-#: Actions of the orchestration policy (arXiv 2511.11828: base answer, guide answer, next round).
-ACTIONS = ("base", "guide", "next")
+#: Actions of the orchestration policy (arXiv 2511.11828: base answer, guide answer, next round),
+#: indexed by A_BASE, A_GUIDE, A_NEXT. The one definition: every action axis is N_ACTIONS long.
+ACTION_NAMES = ("base", "guide", "next")
 A_BASE, A_GUIDE, A_NEXT = 0, 1, 2
+N_ACTIONS = len(ACTION_NAMES)
 
 ROUND_FIELDS: dict[str, np.dtype] = {
     "round_mask": np.dtype(bool),

@@ -42,10 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs.cache import A_BASE, A_GUIDE, A_NEXT, ResponseCache
+from envs.cache import A_BASE, A_GUIDE, A_NEXT, N_ACTIONS, ResponseCache
 from envs.features import available_actions, build_features, n_features
-
-N_ACTIONS = 3
 
 
 @struct.dataclass

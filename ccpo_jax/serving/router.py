@@ -13,7 +13,7 @@ import numpy as np
 
 from ccpo_jax.serving import features as feats
 from ccpo_jax.serving.artifact import BLOCK_ROWS, ArtifactError, RouterInputError, read_verified
-from envs.cache import ModelInfo
+from envs.cache import ACTION_NAMES, N_ACTIONS, ModelInfo
 
 
 def bucket_sizes(max_rows: int = BLOCK_ROWS) -> tuple[int, ...]:
@@ -86,8 +86,8 @@ class Router:
                 f"{where}: features.names do not match envs.features.feature_names({T}) of this build; "
                 "the policy was trained on other features (re-export with a matching ccpo-jax)"
             )
-        if tuple(manifest.get("actions", ())) != ("base", "guide", "next"):
-            raise ArtifactError(f"{where}: actions must be ['base', 'guide', 'next'], got {manifest.get('actions')}")
+        if tuple(manifest.get("actions", ())) != ACTION_NAMES:
+            raise ArtifactError(f"{where}: actions must be {list(ACTION_NAMES)}, got {manifest.get('actions')}")
         try:
             exported = jax_export.deserialize(bytearray(module))
         except Exception as e:  # noqa: BLE001 - a corrupt or incompatible module, whatever the cause
@@ -111,14 +111,15 @@ class Router:
 
     def _check_available(self, available: Any, B: int) -> np.ndarray:
         if available is None:
-            return np.ones((B, 3), bool)
+            return np.ones((B, N_ACTIONS), bool)
         v = np.asarray(available)
         if v.dtype != bool:
             if v.dtype.kind not in "iu" or not np.isin(v, (0, 1)).all():
                 raise RouterInputError(f"available: expected booleans (or 0/1), got dtype {v.dtype}")
             v = v.astype(bool)
-        if v.shape != (B, 3):
-            raise RouterInputError(f"available: expected shape [{B}, 3] (base, guide, next), got {list(v.shape)}")
+        if v.shape != (B, N_ACTIONS):
+            raise RouterInputError(
+                f"available: expected shape [{B}, {N_ACTIONS}] ({', '.join(ACTION_NAMES)}), got {list(v.shape)}")
         none = ~v.any(axis=1)
         if none.any():
             raise RouterInputError(f"available[{int(np.argmax(none))}]: no action is available")
@@ -127,7 +128,7 @@ class Router:
     def _run(self, obs: np.ndarray, available: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         B = obs.shape[0]
         if B == 0:
-            return np.zeros((0, 3), np.float32), np.zeros((0, 3), bool)
+            return np.zeros((0, N_ACTIONS), np.float32), np.zeros((0, N_ACTIONS), bool)
         top = self.buckets[-1]
         if B > top:  # whole blocks of the largest bucket, then the rest
             parts = [self._run(obs[i:i + top], available[i:i + top]) for i in range(0, B, top)]
@@ -135,7 +136,7 @@ class Router:
         b = bucket_for(B, self.buckets)
         if b != B:  # padding rows: zero features, every action available (no empty mask)
             obs = np.concatenate([obs, np.zeros((b - B, obs.shape[1]), obs.dtype)])
-            available = np.concatenate([available, np.ones((b - B, 3), bool)])
+            available = np.concatenate([available, np.ones((b - B, N_ACTIONS), bool)])
         probs, in_set = self._call(self._params, obs, available, self.kappa)
         return np.asarray(probs)[:B], np.asarray(in_set)[:B]
 
@@ -145,7 +146,7 @@ class Router:
         for b in self.buckets:
             if max_rows is not None and b > bucket_for(min(max_rows, self.buckets[-1]), self.buckets):
                 break
-            self._run(np.zeros((b, self.F), np.float32), np.ones((b, 3), bool))
+            self._run(np.zeros((b, self.F), np.float32), np.ones((b, N_ACTIONS), bool))
             n += 1
         return n
 
@@ -171,7 +172,7 @@ class Router:
                 raise RouterInputError(f"{ctx}.rounds: missing")
             parsed.append(feats.parse_request(req["rounds"], req.get("can_continue"), self.T, ctx))
         if not parsed:
-            return np.zeros((0, self.F), np.float32), np.zeros((0, 3), bool), parsed
+            return np.zeros((0, self.F), np.float32), np.zeros((0, N_ACTIONS), bool), parsed
         raw, last = feats.raw_arrays(parsed, self.T, self._base, self._guide)
         obs, avail = feats.observe(raw, last, self.T)
         return obs, avail, parsed
