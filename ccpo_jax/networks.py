@@ -17,25 +17,32 @@ from envs.cache import N_ACTIONS
 HIDDEN = (64, 64, 64)
 
 
-def _glorot(scale: float = 1.0):
-    # Variance scaling, not flax's orthogonal initialiser: that one runs a LAPACK QR,
-    # and batched QR under vmap froze XLA:CPU (jaxlib 0.10.2) in this project.
-    return nn.initializers.variance_scaling(scale, "fan_avg", "uniform")
-
-
 class MLP(nn.Module):
-    """tanh MLP with ``len(hidden)`` hidden layers and a linear head of ``out`` units
-    (Glorot-uniform weights; the head's scaled by ``final_scale``)."""
+    """tanh MLP with ``len(hidden)`` hidden layers and a linear head of ``out`` units.
+
+    Weights: ``variance_scaling(scale, mode, distribution)`` with scale ``hidden_scale``
+    on the hidden layers and ``final_scale**2`` on the head; biases zero. The default is
+    Glorot-uniform (scale 1, ``fan_avg``, ``uniform``: the CCPO networks); the Stackelberg
+    networks use He-style ``(2.0, "fan_in", "truncated_normal")``
+    (:func:`ccpo_jax.stackelberg.ppo.mlp`).
+
+    Variance scaling, not flax's orthogonal initialiser: that one runs a LAPACK QR, and
+    batched QR under vmap froze XLA:CPU (jaxlib 0.10.2) in this project.
+    """
 
     out: int
     hidden: Sequence[int] = HIDDEN
     final_scale: float = 0.01
+    hidden_scale: float = 1.0
+    mode: str = "fan_avg"
+    distribution: str = "uniform"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        init = lambda scale: nn.initializers.variance_scaling(scale, self.mode, self.distribution)  # noqa: E731
         for h in self.hidden:
-            x = jnp.tanh(nn.Dense(h, kernel_init=_glorot())(x))
-        return nn.Dense(self.out, kernel_init=_glorot(self.final_scale**2))(x)
+            x = jnp.tanh(nn.Dense(h, kernel_init=init(self.hidden_scale))(x))
+        return nn.Dense(self.out, kernel_init=init(self.final_scale**2))(x)
 
 
 def policy_net(hidden: Sequence[int] = HIDDEN) -> MLP:

@@ -32,7 +32,7 @@ from flax import struct
 from envs.governance.session import N_TASKS, SessionEnv, SessionParams, surrogate_predict
 
 from .config import ExpertConfig, GAILConfig
-from .ppo import MLP, BoxPolicy, clipped_surrogate_loss
+from .ppo import BoxPolicy, clipped_surrogate_loss, mlp
 
 
 @struct.dataclass
@@ -104,7 +104,7 @@ class Discriminator:
     """D(o, a) as a logit MLP on the concatenation [o, a]."""
 
     def __init__(self, hidden=(64, 64)):
-        self.net = MLP(out=1, hidden=tuple(hidden), final_scale=1.0)
+        self.net = mlp(1, hidden, final_scale=1.0)
 
     def init(self, key, in_dim: int):
         return self.net.init(key, jnp.zeros((in_dim,)))
@@ -146,7 +146,7 @@ def make_gail(obs_dim: int, act_dim: int, cfg: GAILConfig):
     ``demos`` is an argument (not a closure constant) so XLA does not fold it into the program.
     """
     policy = BoxPolicy(act_dim, cfg.hidden, cfg.policy)
-    critic = MLP(out=1, hidden=tuple(cfg.hidden), final_scale=1.0)
+    critic = mlp(1, cfg.hidden, final_scale=1.0)
     disc = Discriminator(cfg.hidden)
     tx_pi = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(cfg.policy_lr))
     tx_d = optax.adam(cfg.disc_lr)

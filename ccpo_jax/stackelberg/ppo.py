@@ -17,31 +17,23 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import distrax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
+
+from ccpo_jax.networks import MLP
 
 from .config import LeaderPPOConfig
 
 _EPS = 1e-5
 
 
-class MLP(nn.Module):
-    """tanh MLP. Variance-scaling init rather than orthogonal: the orthogonal init's batched QR
-    (a LAPACK custom call) under vmap was where runs on the shared CPU machine deadlocked."""
-
-    out: int
-    hidden: Sequence[int] = (64, 64)
-    final_scale: float = 0.01
-
-    @nn.compact
-    def __call__(self, x):
-        for h in self.hidden:
-            x = jnp.tanh(nn.Dense(h, kernel_init=nn.initializers.variance_scaling(2.0, "fan_in", "truncated_normal"))(x))
-        init = nn.initializers.variance_scaling(self.final_scale**2, "fan_in", "truncated_normal")
-        return nn.Dense(self.out, kernel_init=init)(x)
+def mlp(out: int, hidden: Sequence[int] = (64, 64), final_scale: float = 0.01) -> MLP:
+    """The Stackelberg networks' tanh MLP: :class:`ccpo_jax.networks.MLP` with He-style
+    truncated-normal weights (variance scaling 2.0, fan_in; the head at ``final_scale**2``)."""
+    return MLP(out=out, hidden=tuple(hidden), final_scale=final_scale,
+               hidden_scale=2.0, mode="fan_in", distribution="truncated_normal")
 
 
 class BoxPolicy:
@@ -51,7 +43,7 @@ class BoxPolicy:
         if kind not in ("beta", "squashed"):
             raise ValueError(f"policy kind must be 'beta' or 'squashed', got {kind!r}")
         self.act_dim, self.kind = act_dim, kind
-        self.net = MLP(out=2 * act_dim, hidden=tuple(hidden), final_scale=0.01)
+        self.net = mlp(2 * act_dim, hidden, final_scale=0.01)
 
     def init(self, key, obs_dim: int):
         return self.net.init(key, jnp.zeros((obs_dim,)))
@@ -131,7 +123,7 @@ def make_ppo(reset: Callable, step: Callable, obs_dim: int, act_dim: int, n_step
              policy_kind: str = "beta"):
     """Build (policy, init, run) for a fixed-horizon env; see the module docstring."""
     policy = BoxPolicy(act_dim, cfg.hidden, policy_kind)
-    critic = MLP(out=1, hidden=tuple(cfg.hidden), final_scale=1.0)
+    critic = mlp(1, cfg.hidden, final_scale=1.0)
     tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.lr, eps=1e-5))
     N = cfg.n_envs
     mb = N * n_steps // cfg.minibatches
