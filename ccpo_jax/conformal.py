@@ -69,25 +69,6 @@ def softmask(probs: Array, kappa: Array | float, eps: float = 0.01) -> Array:
     return jax.nn.sigmoid((probs - kappa) / eps)
 
 
-def soft_conformal_policy(
-    probs: Array, kappa: Array | float, available: Array | None = None, eps: float = 0.01
-) -> Array:
-    """S~(a|o) = softmask(a) / sum_{a' available} softmask(a') (the paper leaves
-    the normalisation open; our choice).
-
-    Computed as a softmax of log-sigmoids over the available actions, so it is
-    exactly normalised and finite (no 0/0) even when every softmask underflows
-    (all pi(a|o) << kappa: then it tends to a point mass on argmax pi, the same
-    rule as the hard policy's empty set). Unavailable actions get 0. A row with
-    no available action at all (padding) returns the uniform distribution, so
-    logs stay finite; mask such steps out downstream.
-
-    Returns ``[..., A]``, differentiable in ``probs`` and ``kappa``.
-    """
-    logp, use = _soft_logits(probs, kappa, available, eps)
-    return jnp.where(use, jnp.exp(logp), 0.0)
-
-
 def _soft_logits(probs, kappa, available, eps):
     avail = _available(probs, available)
     kappa = jnp.asarray(kappa, probs.dtype)[..., None]
@@ -100,8 +81,17 @@ def _soft_logits(probs, kappa, available, eps):
 def soft_conformal_log_policy(
     probs: Array, kappa: Array | float, available: Array | None = None, eps: float = 0.01
 ) -> Array:
-    """log S~(a|o), ``[..., A]``: finite (>= about -1/eps - log A) on available actions even where
-    S~ underflows to 0, ``-inf`` on unavailable ones. Use it for ratios and KLs (gradients stay finite)."""
+    """log S~(a|o), ``[..., A]``, with S~(a|o) = softmask(a) / sum_{a' available} softmask(a')
+    (the paper leaves the normalisation open; our choice).
+
+    Computed as a log-softmax of log-sigmoids over the available actions, so S~ is exactly
+    normalised and finite (no 0/0) even when every softmask underflows (all pi(a|o) << kappa:
+    then S~ tends to a point mass on argmax pi, the same rule as the hard policy's empty set).
+    Finite (>= about -1/eps - log A) on available actions even where S~ underflows to 0,
+    ``-inf`` on unavailable ones; a row with no available action at all (padding) gives the
+    uniform distribution, so logs stay finite (mask such steps out downstream). Use it for
+    ratios and KLs (gradients stay finite); ``exp`` of it is S~. Differentiable in ``probs``
+    and ``kappa``."""
     logp, use = _soft_logits(probs, kappa, available, eps)
     return jnp.where(use, logp, -jnp.inf)
 

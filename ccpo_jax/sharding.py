@@ -139,12 +139,6 @@ def shard_leading(tree: Any, mesh: Mesh, block: int = 1) -> tuple[Any, int]:
     return jax.tree.map(lambda x: _place(x, sh), tree), n
 
 
-def replicate(tree: Any, mesh: Mesh) -> Any:
-    """Place every leaf fully replicated on the mesh."""
-    sh = NamedSharding(mesh, P())
-    return jax.tree.map(lambda x: _place(x, sh), tree)
-
-
 def member_map(fn: Callable, mesh: Mesh) -> Callable:
     """``jax.shard_map`` of a function batched over the leading axis of all its inputs and outputs.
 

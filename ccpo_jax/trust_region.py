@@ -74,19 +74,6 @@ def conjugate_gradient(hvp: Callable[[Array], Array], rhs: Array, iters: int = 1
     return jnp.where(jnp.all(jnp.isfinite(x)), x, jnp.zeros_like(x))
 
 
-def fisher_vector_product(kl_fn: Callable, params, v: Array, damping: float = 1e-5) -> Array:
-    """(H + damping I) v with H = Hessian of ``kl_fn`` at ``params`` (the Fisher matrix when
-    kl_fn(p) = mean KL(pi_params_old || pi_p) and params = params_old), by jvp of grad.
-
-    Args:
-      kl_fn: pytree -> scalar. params: pytree. v: flat ``[P]`` (ravel_pytree order).
-    Returns: flat ``[P]``.
-    """
-    flat, unravel = ravel_pytree(params)
-    grad = jax.grad(lambda z: kl_fn(unravel(z)))
-    return jax.jvp(grad, (flat,), (v,))[1] + damping * v
-
-
 def _interval_max(f, lam_unc, lo, hi, nonempty):
     lam = jnp.clip(lam_unc, jnp.maximum(lo, _TINY), jnp.maximum(hi, _TINY))
     return lam, jnp.where(nonempty, f(lam), -jnp.inf)

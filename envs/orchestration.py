@@ -261,11 +261,6 @@ def summarise(m: SetMetrics) -> dict[str, jax.Array]:
     }
 
 
-def set_policy_reward(m: SetMetrics, lam: float | jax.Array) -> jax.Array:
-    """[N] return of a set-valued policy (paper Eq. 1/4): -(cost + lambda * |C(Q)|)."""
-    return -(m.cost_cents + lam * m.set_size.astype(jnp.float32))
-
-
 # -- a pointwise policy's trajectories, all steps at once -----------------------
 
 

@@ -32,7 +32,7 @@ def test_empty_set_is_empty_and_policy_falls_back_to_argmax():
     pol = cf.stochastic_conformal_policy(probs, 0.5, avail)
     np.testing.assert_array_equal(pol, [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
     # the soft policy tends to the same point mass and stays finite, even deep in underflow
-    soft = cf.soft_conformal_policy(probs, 0.99, avail)
+    soft = jnp.exp(cf.soft_conformal_log_policy(probs, 0.99, avail))
     assert np.isfinite(np.asarray(soft)).all()
     np.testing.assert_allclose(soft.sum(-1), 1.0, atol=1e-6)
     # weights ~ exp((pi - kappa)/eps): 0.4 vs 0.35 -> e^5 : 1
@@ -51,11 +51,11 @@ def test_softmask_and_soft_policy_against_numpy():
     np.testing.assert_allclose(cf.softmask(probs, kappa), m, rtol=1e-4, atol=1e-6)
     ref = np.where(avail, m, 0)
     ref /= ref.sum(-1, keepdims=True)
-    np.testing.assert_allclose(cf.soft_conformal_policy(probs, kappa, avail), ref, atol=1e-5)
+    np.testing.assert_allclose(jnp.exp(cf.soft_conformal_log_policy(probs, kappa, avail)), ref, atol=1e-5)
     # it approaches the hard policy as eps -> 0 (away from ties)
     hard = cf.stochastic_conformal_policy(probs, kappa, avail)
     far = np.abs(probs - kappa).min(-1) > 0.02
-    np.testing.assert_allclose(np.asarray(cf.soft_conformal_policy(probs, kappa, avail, eps=1e-3))[far],
+    np.testing.assert_allclose(np.exp(np.asarray(cf.soft_conformal_log_policy(probs, kappa, avail, eps=1e-3)))[far],
                                np.asarray(hard)[far], atol=1e-4)
     # differentiable with finite gradients, also when all masks underflow
     logp = cf.soft_conformal_log_policy(probs, kappa, avail)
@@ -154,7 +154,7 @@ def test_jit_vmap_100_problems_equal_unbatched_no_retrace():
         "set": lambda p, k, a, e: cf.conformal_set(p, k, a),
         "policy": lambda p, k, a, e: cf.stochastic_conformal_policy(p, k, a),
         "softmask": lambda p, k, a, e: cf.softmask(p, k),
-        "soft": lambda p, k, a, e: cf.soft_conformal_policy(p, k, a),
+        "soft": lambda p, k, a, e: jnp.exp(cf.soft_conformal_log_policy(p, k, a)),
         "softlog_kl": lambda p, k, a, e: cf.soft_policy_kl(cf.soft_conformal_log_policy(p, k, a),
                                                            cf.soft_conformal_log_policy(p, 0.2, a)),
         "covered": lambda p, k, a, e: cf.covered_at(k, p[:, 0]),

@@ -78,7 +78,7 @@ def test_sampled_estimates_agree_with_exact_in_expectation(env):
 
     # J-bar of the target S~ (importance weights S~/pi), against S~'s exact success.
     kappa = 0.3
-    s_soft = conformal.soft_conformal_policy(probs, kappa, params.available, 0.05)
+    s_soft = jnp.exp(conformal.soft_conformal_log_policy(probs, kappa, params.available, 0.05))  # S~
     w = jnp.take_along_axis(s_soft[idx] / jnp.maximum(p, 1e-12), a[..., None], -1)[..., 0]
     answered = jnp.any(traj.correct, axis=1)
     per = np.asarray(jnp.where(params.unsolvable[idx], 1.0,

@@ -154,7 +154,7 @@ def tiny_policy():
     return params, kl_fn, logpolicy, avail
 
 
-def test_fvp_matches_explicit_fisher(tiny_policy):
+def test_kl_hessian_matches_explicit_fisher(tiny_policy):
     params, kl_fn, logpolicy, avail = tiny_policy
     flat, unravel = jax.flatten_util.ravel_pytree(params)
     H = jax.jit(jax.hessian(lambda z: kl_fn(unravel(z))))(flat)
@@ -163,11 +163,6 @@ def test_fvp_matches_explicit_fisher(tiny_policy):
     p = jnp.where(avail, jnp.exp(logpolicy(params)), 0.0)
     F = jnp.einsum("ba,bap,baq->pq", p, J, J) / p.shape[0]
     np.testing.assert_allclose(H, F, atol=1e-4 * float(jnp.abs(F).max()))
-    fvp_fn = jax.jit(lambda v: tr.fisher_vector_product(kl_fn, params, v, damping=1e-3))
-    for seed in range(3):
-        v = jax.random.normal(jax.random.PRNGKey(seed), flat.shape)
-        fvp = fvp_fn(v)
-        np.testing.assert_allclose(fvp, F @ v + 1e-3 * v, rtol=1e-3, atol=1e-4 * float(jnp.abs(F @ v).max()))
 
 
 @pytest.mark.parametrize("what", ["b0", "s0", "illcond", "g0", "all0"])
@@ -272,13 +267,7 @@ def test_jit_vmap_100_problems_equal_unbatched_no_retrace():
     def cg(H, g, b, c, delta):
         return tr.conjugate_gradient(lambda v: H @ v, g, iters=2 * N)
 
-    def fvp(H, g, b, c, delta):
-        theta = {"a": jnp.ones(4), "b": jnp.ones(2)}
-        flat = lambda p: jax.flatten_util.ravel_pytree(p)[0]
-        # exact quadratic KL around theta: FVP must be H v + damping v
-        return tr.fisher_vector_product(lambda p: 0.5 * (flat(p) - 1) @ H @ (flat(p) - 1), theta, b, 1e-3)
-
-    for name, f in (("direction", direction), ("update", update), ("cg", cg), ("fvp", fvp)):
+    for name, f in (("direction", direction), ("update", update), ("cg", cg)):
         batched = jax.jit(jax.vmap(chex.assert_max_traces(f, n=1)))
         out = batched(H, g, b, c, delta)
         batched(H, g * 2, b, c, delta)  # no retrace
@@ -287,6 +276,3 @@ def test_jit_vmap_100_problems_equal_unbatched_no_retrace():
             one = single(H[i], g[i], b[i], c[i], delta[i])
             for u, v in zip(jax.tree.leaves(one), jax.tree.leaves(out)):
                 np.testing.assert_allclose(np.asarray(u), np.asarray(v[i]), rtol=1e-4, atol=1e-5, err_msg=name)
-            if name == "fvp":
-                np.testing.assert_allclose(np.asarray(out[i]), np.asarray(H[i] @ b[i] + 1e-3 * b[i]), rtol=1e-5,
-                                           atol=1e-5)
