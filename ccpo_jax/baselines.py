@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from ccpo_jax.settings import exit_row_name, llm_policy_row_name
 from envs.cache import A_NEXT, ResponseCache
 from envs.orchestration import EnvParams, SetMetrics, evaluate_actions, evaluate_sets, summarise
 
@@ -168,10 +169,10 @@ def _rows_program(exit_ms: tuple, llm_ms: tuple, with_uala: bool):
     def one(params, data, k, cal, test, alpha):
         rows = {}
         for i, m in exit_ms:
-            rows[f"{m} EXIT"] = summarise(exit_rows(data, params, test, i))
+            rows[exit_row_name(m)] = summarise(exit_rows(data, params, test, i))
         rows["Random"] = summarise(random_rows(k, params, test))
         for i, m in llm_ms:
-            rows[f"LLM policy ({m})"] = summarise(llm_policy_rows(data, params, test, i))
+            rows[llm_policy_row_name(m)] = summarise(llm_policy_rows(data, params, test, i))
         if with_uala:
             rows["UALA"] = summarise(uala(params, cal, test, alpha))
         return rows
@@ -206,6 +207,6 @@ def non_learned_rows(
     # params and data are arguments (not closed over) so they are not baked into the program as constants
     run = _rows_program(tuple(exit_ms), tuple(llm_ms), with_uala)
     out = run(params, data, keys, cal_idx, test_idx, jnp.float32(alpha))
-    order = [f"{m} EXIT" for _, m in exit_ms] + ["Random"] + [f"LLM policy ({m})" for _, m in llm_ms]
+    order = [exit_row_name(m) for _, m in exit_ms] + ["Random"] + [llm_policy_row_name(m) for _, m in llm_ms]
     order += ["UALA"] if with_uala else []
     return {r: {k: np.asarray(v) for k, v in out[r].items()} for r in order}
