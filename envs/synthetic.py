@@ -1,7 +1,7 @@
 """Synthetic response caches calibrated to the CCPO paper's reported marginals.
 
 The built-in default cache (docs/caches.md, "Synthetic response caches"); the
-targets come from arXiv 2511.11828, Tables 2-5, and from our price analysis of
+targets come from arXiv 2511.11828, Tables 2-5 (:mod:`envs.published`), and from our price analysis of
 those tables (the paper states no token prices). Every cache made here says ``provenance.kind =
 'synthetic'``: these are NOT LLM outputs, only a generative model whose
 marginals resemble the paper's.
@@ -64,13 +64,14 @@ from typing import Callable
 
 import numpy as np
 
+from envs import published
 from envs.cache import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays
 
 DEFAULT_PROFILE = "hotpotqa-llama2"
 DEFAULT_QUESTIONS = 1400
 T_ROUNDS = 4
 GUIDE = ModelInfo("gpt-4o", 2.5, 10.0)  # GPT-4o list price, USD per million tokens (the paper states none; our choice)
-PAPER = "arXiv 2511.11828"
+PAPER = published.PAPER
 
 
 # ---------------------------------------------------------------------------
@@ -559,18 +560,25 @@ def _finish(tg: dict[str, Target], sds: dict[str, float], margins: dict[str, tup
     return out
 
 
-def _hotpot_targets(table: str, base_exit_cov: float, base_exit_len: float, random_cov: float,
-                    g1: float, pol_g: tuple[float, float], pol_b: tuple[float, float], sds: dict[str, float],
+def _hotpot_targets(n: int, g1: float, sds: dict[str, float],
                     margins: dict[str, tuple[float, str]] | None = None) -> dict[str, Target]:
+    """Targets of the profile calibrated to Table ``n`` (read from :mod:`envs.published`);
+    ``g1``: the guide's round-1 coverage, read off the table's CPO/UALA rows at length ~1."""
+    table = f"Table {n}"
+    base_exit_cov, base_exit_len = published.value(n, "BX", "coverage"), published.value(n, "BX", "avg_len")
+    random_cov = published.value(n, "Random", "coverage")
+    pol_g = (published.value(n, "GP", "coverage"), published.value(n, "GP", "avg_len"))
+    pol_b = (published.value(n, "BP", "coverage"), published.value(n, "BP", "avg_len"))
+    gx = published.row(n, "GX")
     tg = {
         "unsolvable": _t(0.10, 0.3, 0.02, "our choice (plausible share; paper silent)"),
         "guide_round1_coverage": _t(g1, 0.37, 0.01, f"{table}: CPO coverage at length ~1"),
         "random_coverage": _t(random_cov, 0.3, 0.03, f"{table}: Random"),
         "cents_per_guide_call": _t(0.0225, 0.003, 0.0008, "CCPO paper Tables 2-3: ~0.022 c per guide call (rows at length ~1)"),
         "guide_verdict_accuracy": _t(0.82, 0.2, 0.04, "our choice (~80-85%)"),
-        "gpt4o_exit_coverage": _t(0.908, 0.29, 0.01, "Tables 2-3: GPT-4o EXIT"),
-        "gpt4o_exit_len": _t(2.39, 1.1, 0.03, "Tables 2-3: GPT-4o EXIT"),
-        "gpt4o_exit_cost_per_200": _t(827.0, 500.0, 15.0, "Tables 2-3: GPT-4o EXIT"),
+        "gpt4o_exit_coverage": _t(gx["coverage"], 0.29, 0.01, "Tables 2-3: GPT-4o EXIT"),
+        "gpt4o_exit_len": _t(gx["avg_len"], 1.1, 0.03, "Tables 2-3: GPT-4o EXIT"),
+        "gpt4o_exit_cost_per_200": _t(gx["cost_cents"], 500.0, 15.0, "Tables 2-3: GPT-4o EXIT"),
         "base_exit_coverage": _t(base_exit_cov, 0.45, 0.01, f"{table}: base EXIT"),
         "base_exit_len": _t(base_exit_len, 1.1, 0.03, f"{table}: base EXIT"),
         "gpt4o_policy_coverage": _t(pol_g[0], 0.4, 0.015, f"{table}: LLM policy GPT-4o"),
@@ -581,16 +589,18 @@ def _hotpot_targets(table: str, base_exit_cov: float, base_exit_len: float, rand
     return _finish(tg, sds, margins)
 
 
-def _mmlu_targets(table: str, base_exit_cov: float, base_exit_len: float, random_cov: float,
-                  g1: float, pol_g: tuple[float, float], pol_b: tuple[float, float], sds: dict[str, float],
+def _mmlu_targets(n: int, g1: float, sds: dict[str, float],
                   margins: dict[str, tuple[float, str]] | None = None) -> dict[str, Target]:
-    tg = _hotpot_targets(table, base_exit_cov, base_exit_len, random_cov, g1, pol_g, pol_b, {})
+    """As :func:`_hotpot_targets`, with the MMLU choices (Tables 4-5)."""
+    table = f"Table {n}"
+    gx = published.row(n, "GX")
+    tg = _hotpot_targets(n, g1, {})
     tg["unsolvable"] = _t(0.05, 0.22, 0.02, "our choice (multiple choice: few unsolvable; paper silent)")
     tg["cents_per_guide_call"] = _t(0.039, 0.005, 0.0015, "CCPO paper Tables 4-5: ~0.039 c per guide call on MMLU (rows at length ~1)")
     tg["guide_verdict_accuracy"] = _t(0.86, 0.2, 0.04, "our choice (GPT-4o judges 4-option MMLU better than open HotpotQA)")
-    tg["gpt4o_exit_coverage"] = _t(0.960, 0.2, 0.01, "Tables 4-5: GPT-4o EXIT")
-    tg["gpt4o_exit_len"] = _t(1.39, 0.7, 0.03, "Tables 4-5: GPT-4o EXIT")
-    tg["gpt4o_exit_cost_per_200"] = _t(104.6, 60.0, 2.0, "Tables 4-5: GPT-4o EXIT")
+    tg["gpt4o_exit_coverage"] = _t(gx["coverage"], 0.2, 0.01, "Tables 4-5: GPT-4o EXIT")
+    tg["gpt4o_exit_len"] = _t(gx["avg_len"], 0.7, 0.03, "Tables 4-5: GPT-4o EXIT")
+    tg["gpt4o_exit_cost_per_200"] = _t(gx["cost_cents"], 60.0, 2.0, "Tables 4-5: GPT-4o EXIT")
     tg["guide_round1_coverage"] = dataclasses.replace(
         tg["guide_round1_coverage"], source=f"{table} and its alpha=0.2 table: UALA/CPO coverage at length 1"
     )
@@ -616,7 +626,7 @@ PROFILES: dict[str, Profile] = {
         exit_base=ExitParams(e0=0.2353, c0=0.3275),
         policy_gpt4o=PolicyParams(n0=-1.6702, skill=0.5490, n_err=1.5, n_unc=1.0, p_guide=0.6),
         policy_base=PolicyParams(n0=-1.8968, skill=0.4020),
-        targets=_hotpot_targets("Table 2", 0.653, 2.55, 0.578, 0.835, (0.780, 1.20), (0.675, 1.03), {"unsolvable": 0.3, "guide_round1_coverage": 0.3712, "random_coverage": 0.2914, "cents_per_guide_call": 0.0035, "guide_verdict_accuracy": 0.2123, "gpt4o_exit_coverage": 0.289, "gpt4o_exit_len": 1.28, "gpt4o_exit_cost_per_200": 517.5, "base_exit_coverage": 0.476, "base_exit_len": 1.307, "gpt4o_policy_coverage": 0.4143, "gpt4o_policy_len": 0.5572, "base_policy_coverage": 0.4684, "base_policy_len": 0.1766}),
+        targets=_hotpot_targets(2, 0.835, {"unsolvable": 0.3, "guide_round1_coverage": 0.3712, "random_coverage": 0.2914, "cents_per_guide_call": 0.0035, "guide_verdict_accuracy": 0.2123, "gpt4o_exit_coverage": 0.289, "gpt4o_exit_len": 1.28, "gpt4o_exit_cost_per_200": 517.5, "base_exit_coverage": 0.476, "base_exit_len": 1.307, "gpt4o_policy_coverage": 0.4143, "gpt4o_policy_len": 0.5572, "base_policy_coverage": 0.4684, "base_policy_len": 0.1766}),
     ),
     "hotpotqa-llama3": Profile(
         name="hotpotqa-llama3",
@@ -630,7 +640,7 @@ PROFILES: dict[str, Profile] = {
         exit_base=ExitParams(e0=0.5007, c0=12.0000),
         policy_gpt4o=PolicyParams(n0=-1.8817, skill=0.8436, n_err=1.5, n_unc=1.0, p_guide=0.6),
         policy_base=PolicyParams(n0=-8.0000, skill=0.1023),
-        targets=_hotpot_targets("Table 3", 0.718, 4.00, 0.61, 0.83, (0.850, 1.15), (0.615, 1.00), {"unsolvable": 0.3, "guide_round1_coverage": 0.3756, "random_coverage": 0.3083, "cents_per_guide_call": 0.0036, "guide_verdict_accuracy": 0.213, "gpt4o_exit_coverage": 0.289, "gpt4o_exit_len": 1.28, "gpt4o_exit_cost_per_200": 517.3, "base_exit_coverage": 0.45, "base_exit_len": 0, "gpt4o_policy_coverage": 0.3571, "gpt4o_policy_len": 0.4713, "base_policy_coverage": 0.4866, "base_policy_len": 0}),
+        targets=_hotpot_targets(3, 0.83, {"unsolvable": 0.3, "guide_round1_coverage": 0.3756, "random_coverage": 0.3083, "cents_per_guide_call": 0.0036, "guide_verdict_accuracy": 0.213, "gpt4o_exit_coverage": 0.289, "gpt4o_exit_len": 1.28, "gpt4o_exit_cost_per_200": 517.3, "base_exit_coverage": 0.45, "base_exit_len": 0, "gpt4o_policy_coverage": 0.3571, "gpt4o_policy_len": 0.4713, "base_policy_coverage": 0.4866, "base_policy_len": 0}),
     ),
     "mmlu-llama2": Profile(
         name="mmlu-llama2",
@@ -644,7 +654,7 @@ PROFILES: dict[str, Profile] = {
         exit_base=ExitParams(e0=0.9426, c0=1.0433),
         policy_gpt4o=PolicyParams(n0=-3.4232, skill=1.0000, n_err=3.0, n_unc=1.0, p_guide=0.7),
         policy_base=PolicyParams(n0=-1.2801, skill=0.3701),
-        targets=_mmlu_targets("Table 4", 0.790, 3.14, 0.545, 0.87, (0.930, 1.08), (0.660, 1.11), {"unsolvable": 0.2179, "guide_round1_coverage": 0.3394, "random_coverage": 0.2494, "cents_per_guide_call": 0.0092, "guide_verdict_accuracy": 0.1826, "gpt4o_exit_coverage": 0.196, "gpt4o_exit_len": 0.7872, "gpt4o_exit_cost_per_200": 73.56, "base_exit_coverage": 0.4073, "base_exit_len": 1.189, "gpt4o_policy_coverage": 0.2897, "gpt4o_policy_len": 0.3425, "base_policy_coverage": 0.4737, "base_policy_len": 0.3459},
+        targets=_mmlu_targets(4, 0.87, {"unsolvable": 0.2179, "guide_round1_coverage": 0.3394, "random_coverage": 0.2494, "cents_per_guide_call": 0.0092, "guide_verdict_accuracy": 0.1826, "gpt4o_exit_coverage": 0.196, "gpt4o_exit_len": 0.7872, "gpt4o_exit_cost_per_200": 73.56, "base_exit_coverage": 0.4073, "base_exit_len": 1.189, "gpt4o_policy_coverage": 0.2897, "gpt4o_policy_len": 0.3425, "base_policy_coverage": 0.4737, "base_policy_len": 0.3459},
             margins={"gpt4o_policy_coverage": (0.03, "model ceiling: with skill 1 at length 1.08 the chain allows ~0.907")}),
     ),
     "mmlu-llama3": Profile(
@@ -659,7 +669,7 @@ PROFILES: dict[str, Profile] = {
         exit_base=ExitParams(e0=1.2002, c0=2.9737),
         policy_gpt4o=PolicyParams(n0=-1.7906, skill=0.8999, n_err=2.0, n_unc=1.0, p_guide=0.7),
         policy_base=PolicyParams(n0=-1.8787, skill=-0.0228),
-        targets=_mmlu_targets("Table 5", 0.840, 3.97, 0.607, 0.85, (0.913, 1.19), (0.580, 1.03), {"unsolvable": 0.2179, "guide_round1_coverage": 0.3583, "random_coverage": 0.2902, "cents_per_guide_call": 0.0094, "guide_verdict_accuracy": 0.1872, "gpt4o_exit_coverage": 0.196, "gpt4o_exit_len": 0.7871, "gpt4o_exit_cost_per_200": 73.56, "base_exit_coverage": 0.3666, "base_exit_len": 0.2641, "gpt4o_policy_coverage": 0.2818, "gpt4o_policy_len": 0.5565, "base_policy_coverage": 0.4936, "base_policy_len": 0.176}),
+        targets=_mmlu_targets(5, 0.85, {"unsolvable": 0.2179, "guide_round1_coverage": 0.3583, "random_coverage": 0.2902, "cents_per_guide_call": 0.0094, "guide_verdict_accuracy": 0.1872, "gpt4o_exit_coverage": 0.196, "gpt4o_exit_len": 0.7871, "gpt4o_exit_cost_per_200": 73.56, "base_exit_coverage": 0.3666, "base_exit_len": 0.2641, "gpt4o_policy_coverage": 0.2818, "gpt4o_policy_len": 0.5565, "base_policy_coverage": 0.4936, "base_policy_len": 0.176}),
     ),
 }
 
