@@ -356,7 +356,8 @@ def section_train(rec: Recorder, ctx, quick: bool):
     import jax
 
     from ccpo_jax.config import TrainConfig
-    from ccpo_jax.train import row_variants, train_many
+    from ccpo_jax.members import train_many
+    from ccpo_jax.rows import row_variants
 
     params, base = ctx["params"], ctx["base_cfg"]
     variants = row_variants((2e-4,))
@@ -443,7 +444,7 @@ def device_worker(n_dev: int, quick: bool, train: bool = True) -> dict:
 
     from ccpo_jax import sharding
     from ccpo_jax.config import TrainConfig, Variant
-    from ccpo_jax.train import train_many
+    from ccpo_jax.members import train_many
     from envs.orchestration import evaluate_sets, make_env_params
     from envs.synthetic import generate
 

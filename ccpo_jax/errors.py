@@ -1,15 +1,33 @@
 """User-facing errors: the CLI prints the message and exits non-zero, no traceback."""
 import errno
 import re
+from typing import Mapping
 
 from envs.cache import CacheError
 
 
 class UserError(ValueError):
-    """Bad input from the user (unknown setting, wrong flag value, bad file ...).
+    """Bad input from the user (unknown setting, wrong value, bad file ...).
 
-    The message names the place (file, field, flag) and says what to do.
+    The message names the place (file or field) and says what to do. ``field`` is the
+    name of the argument the message starts with (``n_splits: must be ...``); a command
+    line maps it to its own flag with :meth:`for_cli`, so library messages name what a
+    Python caller typed and the CLI's what a shell user typed.
     """
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+    def for_cli(self, flags: Mapping[str, str]) -> "UserError":
+        """This error with its leading field name replaced by the flag ``flags[field]`` (if any)."""
+        flag = flags.get(self.field) if self.field else None
+        msg = str(self)
+        if flag is None or not msg.startswith(self.field):
+            return self
+        err = type(self)(flag + msg[len(self.field):], field=self.field)
+        err.__cause__ = self.__cause__
+        return err
 
 
 USER_ERRORS = (UserError, CacheError)

@@ -1,6 +1,6 @@
 """``ccpo-jax export``: a trained policy -> a self-describing router artefact (docs/export.md).
 
-Reads ``RUN_DIR/policies/<slug>/`` (written by :func:`ccpo_jax.train.save_policies`)
+Reads ``RUN_DIR/policies/<slug>/`` (written by :func:`ccpo_jax.policy_store.save_policies`)
 and writes the directory described in :mod:`ccpo_jax.serving.artifact`:
 
 * ``policy.jaxexport``: ``jax.export`` of
@@ -36,7 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ccpo_jax.blocked import in_blocks
 from ccpo_jax.errors import UserError
+from ccpo_jax.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
 from envs.atomic import atomic_dir
 from envs.cache import ACTION_NAMES, N_ACTIONS
 from ccpo_jax.serving.artifact import (
@@ -54,34 +56,6 @@ DEFAULT_ROW = "CCPO (lambda=0)"
 PLATFORMS = ("cpu", "cuda", "tpu")
 
 
-def _in_blocks(fn, obs: jax.Array, avail: jax.Array):
-    """``fn(obs [BLOCK_ROWS, F], avail [BLOCK_ROWS, 3]) -> pytree of [BLOCK_ROWS, ...]`` over a padded batch [b, ...]."""
-    b, F = obs.shape
-    n = (b + BLOCK_ROWS - 1) // BLOCK_ROWS
-    pad = n * BLOCK_ROWS - b
-    o = jnp.pad(obs, ((0, pad), (0, 0))).reshape(n, BLOCK_ROWS, F)
-    a = jnp.pad(avail, ((0, pad), (0, 0)), constant_values=True).reshape(n, BLOCK_ROWS, 3)
-    out = jax.lax.map(lambda oa: fn(oa[0], oa[1]), (o, a))
-    return jax.tree.map(lambda x: x.reshape((n * BLOCK_ROWS,) + x.shape[2:])[:b], out)
-
-
-def blocked_policy_probs(policy_params: Any, obs: jax.Array, available: jax.Array, hidden=None) -> jax.Array:
-    """pi(.|o) ``[..., 3]`` for ``obs [..., F]``, computed in blocks of ``BLOCK_ROWS`` rows as the exported
-    module computes it, so the bits do not depend on how many rows there are (see the module doc).
-
-    For the trainer's calibration table (``ccpo_jax.train.policy_tables``): with it, kappa-hat is a
-    probability the exported router reproduces exactly, on any cache size. jit- and vmap-able.
-    """
-    from ccpo_jax.networks import HIDDEN, masked_probs, policy_net
-
-    net = policy_net(tuple(hidden) if hidden is not None else HIDDEN)
-    lead = obs.shape[:-1]
-    flat_o = obs.reshape((-1, obs.shape[-1]))
-    flat_a = available.reshape((-1, 3))
-    probs = _in_blocks(lambda o, a: masked_probs(net.apply(policy_params, o), a), flat_o, flat_a)
-    return probs.reshape(lead + (3,))
-
-
 def policy_forward(hidden, treedef):
     """``f(flat_params, obs [b, F], available [b, 3], kappa) -> (probs [b, 3], in_set [b, 3])``, in blocks."""
     from ccpo_jax.conformal import conformal_set
@@ -96,7 +70,7 @@ def policy_forward(hidden, treedef):
             probs = masked_probs(net.apply(p, o), a)
             return probs, conformal_set(probs, kappa, a)
 
-        return _in_blocks(block, obs, avail)
+        return in_blocks(block, obs, avail)
 
     return f
 
@@ -121,8 +95,6 @@ def export_module(params: Any, hidden, F: int) -> tuple[bytes, list[str], list[n
 
 def find_policy(run_dir: Path, row: str | None) -> Path:
     """The policy directory of ``row`` (a row name or its slug) in ``run_dir`` (or ``run_dir`` itself)."""
-    from ccpo_jax.train import POLICIES_DIR, POLICY_META, policy_slug
-
     run_dir = Path(run_dir)
     if (run_dir / POLICY_META).is_file() and row is None:
         return run_dir
@@ -237,8 +209,6 @@ def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], polic
 
 
 def _policy_metas(pdir: Path) -> list[tuple[Path, dict]]:
-    from ccpo_jax.train import POLICY_META
-
     out = []
     for d in sorted(pdir.iterdir()):
         try:
@@ -264,10 +234,8 @@ def _describe(meta: dict) -> str:
 
 def choose_default_row(pdir: Path) -> tuple[Path, str]:
     """The cheapest calibrated row (mean test cost over seeds x splits) whose calibration coverage
-    holds and whose router is not degenerate (``ccpo_jax.train.calibration_diagnostics``).
+    holds and whose router is not degenerate (``ccpo_jax.evaluation.calibration_diagnostics``).
     Returns (policy dir, reason). Runs saved before diagnostics existed: ``DEFAULT_ROW``."""
-    from ccpo_jax.train import policy_slug
-
     metas = _policy_metas(pdir)
     if metas and all("calibration" not in m for _, m in metas):
         d = pdir / policy_slug(DEFAULT_ROW)
@@ -311,8 +279,6 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     back with :class:`ccpo_jax.serving.Router` and checked against the trainer's
     forward pass, then renamed to ``out``; on any failure nothing is left.
     """
-    from ccpo_jax.train import load_policy
-
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
         raise UserError(f"--out {out}: already exists; choose a new path (an artefact is never overwritten)")

@@ -413,36 +413,3 @@ class ScalarWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def write_scalars(logdir: str | os.PathLike, tag_prefix: str, metrics: Mapping[str, Any]) -> int:
-    """Per-iteration training curves as TensorBoard scalars ``<tag_prefix>/<metric>``.
-
-    ``metrics``: name -> array [iters] (one run), or [S, iters] (one run per
-    split, e.g. ``--protocol retrain``: the mean over splits is written).
-    Non-finite values are skipped. Returns the number of scalars written.
-
-    Each ``tag_prefix`` (row) gets its own event file, named with a suffix from
-    the prefix: tensorboardX names files by the second, so writers of several
-    rows created in one second would otherwise overwrite each other. An earlier
-    file of the same row (a resumed run writing its whole curves again) is
-    replaced, so every row has exactly one set of curves.
-    """
-    import re
-
-    suffix = "." + (re.sub(r"[^A-Za-z0-9]+", "-", tag_prefix).strip("-").lower() or "run")
-    n = 0
-    with ScalarWriter(logdir, suffix) as w:
-        for name, values in metrics.items():
-            v = np.asarray(values, dtype=np.float64)
-            if v.ndim == 2:
-                v = np.nanmean(v, axis=0) if v.shape[0] else np.zeros(v.shape[1])
-            v = v.reshape(-1)
-            for i, x in enumerate(v):
-                if np.isfinite(x):
-                    w.add_scalar(f"{tag_prefix}/{name}", float(x), global_step=i)
-                    n += 1
-    files = sorted(Path(logdir).glob(f"events.out.tfevents.*{suffix}"), key=lambda f: f.stat().st_mtime_ns)
-    for f in files[:-1]:  # the row's earlier files; the one just written is the newest
-        f.unlink(missing_ok=True)
-    return n

@@ -244,8 +244,8 @@ def get_setting(name: str) -> Setting:
         return SETTINGS[name]
     except KeyError:
         raise UserError(
-            f"--setting: unknown setting {name!r}; valid settings: {', '.join(SETTINGS)} "
-            "(see `ccpo-jax reproduce --list-settings`)"
+            f"setting: unknown setting {name!r}; valid settings: {', '.join(SETTINGS)} "
+            "(see `ccpo-jax reproduce --list-settings`)", field="setting",
         ) from None
 
 

@@ -54,18 +54,20 @@ class Splits:
 
 
 def parse_split_sizes(text: str) -> tuple[int, int, int]:
-    """``"60,20,20"`` -> ``(60, 20, 20)`` (n_train, n_cal, n_test); a UserError naming --split-sizes otherwise."""
+    """``"60,20,20"`` -> ``(60, 20, 20)`` (n_train, n_cal, n_test); a UserError (field ``split_sizes``) otherwise."""
     parts = [p.strip() for p in str(text).split(",")]
     if len(parts) != 3:
         raise UserError(
-            f"--split-sizes: expected three comma-separated integers n_train,n_cal,n_test (e.g. 60,20,20), got {text!r}"
+            f"split_sizes: expected three comma-separated integers n_train,n_cal,n_test (e.g. 60,20,20), got {text!r}",
+            field="split_sizes",
         )
     try:
         sizes = tuple(int(p) for p in parts)
     except ValueError:
-        raise UserError(f"--split-sizes: {text!r} holds a value that is not an integer (expected e.g. 60,20,20)") from None
+        raise UserError(f"split_sizes: {text!r} holds a value that is not an integer (expected e.g. 60,20,20)",
+                        field="split_sizes") from None
     if min(sizes) < 1:
-        raise UserError(f"--split-sizes: every size must be >= 1, got {text!r}")
+        raise UserError(f"split_sizes: every size must be >= 1, got {text!r}", field="split_sizes")
     return sizes  # type: ignore[return-value]
 
 
@@ -73,15 +75,15 @@ def check_split_sizes(n_questions: int, n_train: int, n_cal: int, n_test: int, n
     """UserError unless all sizes are >= 1, n_splits >= 1, and n_train + n_cal + n_test <= Q."""
     for name, v in (("n_train", n_train), ("n_cal", n_cal), ("n_test", n_test)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise UserError(f"--split-sizes: {name} must be an integer >= 1, got {v!r}")
+            raise UserError(f"split_sizes: {name} must be an integer >= 1, got {v!r}", field="split_sizes")
     if not isinstance(n_splits, int) or isinstance(n_splits, bool) or n_splits < 1:
-        raise UserError(f"--splits: the number of splits must be an integer >= 1, got {n_splits!r}")
+        raise UserError(f"n_splits: the number of splits must be an integer >= 1, got {n_splits!r}", field="n_splits")
     need = n_train + n_cal + n_test
     if need > n_questions:
         raise UserError(
-            f"--split-sizes {n_train},{n_cal},{n_test} needs {need} questions but {where} has only "
-            f"{n_questions}; pass smaller --split-sizes (e.g. --split-sizes "
-            f"{_fit(n_questions, n_train, n_cal, n_test)})"
+            f"split_sizes {n_train},{n_cal},{n_test} needs {need} questions but {where} has only "
+            f"{n_questions}; choose smaller split sizes (e.g. {_fit(n_questions, n_train, n_cal, n_test)})",
+            field="split_sizes",
         )
 
 
@@ -135,4 +137,4 @@ def splits_for_protocol(
         return make_recalibrate_splits(key, n_questions, n_train, n_cal, n_test, n_splits)
     if protocol == "retrain":
         return make_splits(key, n_questions, n_train, n_cal, n_test, n_splits)
-    raise UserError(f"--protocol: unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+    raise UserError(f"protocol: unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}", field="protocol")

@@ -13,7 +13,7 @@ finds the coordinator itself; set only ``CCPO_JAX_DISTRIBUTED=1``.) Without
 reference the multi-host test compares against.
 
 What it does, under the ``retrain`` protocol (every split trains its own
-policies): the variant x split members of :func:`ccpo_jax.train.train_many`
+policies): the variant x split members of :func:`ccpo_jax.members.train_many`
 are sharded over all devices of all hosts (padded to a multiple of
 devices x ``--member-block``); each device trains its block with no
 communication; the trained state is gathered to every host
@@ -73,7 +73,9 @@ def _run(args) -> int:
     from ccpo_jax.errors import UserError
     from envs.atomic import atomic_write_text
     from ccpo_jax.splits import check_split_sizes, make_splits
-    from ccpo_jax.train import evaluate_trained, row_variants, train_many
+    from ccpo_jax.evaluation import evaluate_trained
+    from ccpo_jax.members import train_many
+    from ccpo_jax.rows import row_variants
     from envs.orchestration import make_env_params
     from envs.synthetic import generate
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ccpo_jax.presets import get_preset
 from ccpo_jax.splits import splits_for_protocol
-from ccpo_jax.train import train_seeds
+from ccpo_jax.rows import train_seeds
 from envs import oracle
 from envs.orchestration import make_env_params
 

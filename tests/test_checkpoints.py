@@ -145,7 +145,8 @@ def test_flipped_kernel_byte_in_a_killed_training_run_is_not_resumed(tmp_path):
     import jax
 
     from ccpo_jax.config import TrainConfig
-    from ccpo_jax.train import row_variants, train_many
+    from ccpo_jax.members import train_many
+    from ccpo_jax.rows import row_variants
     from envs.orchestration import make_env_params
     from envs.reference import random_cache
 
@@ -189,15 +190,17 @@ def test_stackelberg_chunk_loop_refuses_a_damaged_checkpoint(tmp_path):
         return {"w": st["w"] * 1.5 + n}, {"loss": jnp.zeros((n,))}
 
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
-    ref, _ = _train_chunks("t", init, run, (), (), keys, 3, 3, tmp_path / "ref", Writer(), False)
+    ref, ref_m = _train_chunks("t", init, run, (), (), keys, 3, 3, tmp_path / "ref", Writer(), False, {})
     root = tmp_path / "ck"
-    _train_chunks("t", init, run, (), (), keys, 3, 3, root, Writer(), False)
-    assert sorted(p.name for p in (root / "t").iterdir() if p.is_dir()) == ["2", "3"]
-    f = max((p for p in (root / "t" / "3").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    _train_chunks("t", init, run, (), (), keys, 3, 3, root, Writer(), False, {})
+    steps = root / "t" / "orbax"
+    assert sorted(p.name for p in steps.iterdir() if p.is_dir()) == ["2", "3"]
+    f = max((p for p in (steps / "3").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     b = bytearray(f.read_bytes())
     b[len(b) // 2] ^= 0x40
     f.write_bytes(bytes(b))
-    again, m = _train_chunks("t", init, run, (), (), keys, 3, 3, root, Writer(), False)
+    again, m = _train_chunks("t", init, run, (), (), keys, 3, 3, root, Writer(), False, {})
     np.testing.assert_array_equal(np.asarray(again["w"]), np.asarray(ref["w"]))
-    assert m["loss"].shape == (2, 1)  # only chunk 3 ran again, from step 2
-    assert (root / "t.damaged").is_dir()
+    # chunk 3 ran again from step 2; the metrics of chunks 1-2 came back from the checkpoint
+    assert m["loss"].shape == (2, 3) and ref_m["loss"].shape == (2, 3)
+    assert (root / "t" / "orbax.damaged").is_dir()

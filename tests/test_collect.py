@@ -148,7 +148,7 @@ def test_reproduce_runs_on_the_collected_cache(reference, tmp_path):
     out = reference[0]
 
     res = reproduce(cache=str(out), n_splits=2, split_sizes="8,6,6", out_dir=tmp_path / "run",
-                    learned_rows=False, echo=None, progress=False)
+                    train=False, echo=None, progress=False)
     rows = res.results["policies"]
     assert {f"{BASE_MODEL} EXIT", f"{GUIDE_MODEL} EXIT", "Random", f"LLM policy ({GUIDE_MODEL})", "UALA"} <= set(rows)
     assert res.results["cache"]["provenance"]["kind"] == "real"

@@ -49,7 +49,7 @@ def _reference(params, obs, avail, kappa):
 def run(tmp_path_factory):
     """A RUN_DIR as ``ccpo-jax reproduce`` leaves it (policies/ via the trainer's own save_policies)
     with a SYNTHETIC cache, plus 10,000 observations (cache rows + random) and their reference sets."""
-    from ccpo_jax.train import save_policies
+    from ccpo_jax.policy_store import save_policies
 
     root = tmp_path_factory.mktemp("export")
     cache = generate("hotpotqa-llama2", 200, 0)
@@ -279,7 +279,7 @@ def test_blocked_probs_match_router_on_small_caches(run, router):
     """``blocked_policy_probs`` (for the trainer's calibration table) gives the router's bits on a
     [Q, T, F] cache of 800 rows, also vmapped over variants as the trainer evaluates. (The plain
     formula at this size may use another XLA:CPU matmul kernel and differ by an ulp.)"""
-    from ccpo_jax.export import blocked_policy_probs
+    from ccpo_jax.blocked import blocked_policy_probs
 
     m = np.asarray(run.env.round_mask)
     want = router.probs(run.obs[: m.sum()], run.avail[: m.sum()])  # the cache rows, in order
@@ -303,7 +303,7 @@ def test_export_refuses_a_degenerate_router_and_picks_the_cheapest_usable_row(ru
     from ccpo_jax.errors import UserError
     from ccpo_jax.export import export_router
     from ccpo_jax.serving import Router
-    from ccpo_jax.train import save_policies
+    from ccpo_jax.policy_store import save_policies
 
     variants = [Variant("CPO", conformal=False), Variant("CCPO (lambda=0)", conformal=True),
                 Variant("CCPO (lambda=2e-4)", conformal=True, lam=2e-4)]
@@ -329,7 +329,7 @@ def test_export_refuses_a_degenerate_router_and_picks_the_cheapest_usable_row(ru
 def test_calibration_diagnostics_by_hand(run):
     """A uniform policy at kappa 0 holds every available action everywhere: degenerate; at kappa 0.5
     the sets are empty, so only unsolvable questions are covered."""
-    from ccpo_jax.train import calibration_diagnostics
+    from ccpo_jax.evaluation import calibration_diagnostics
 
     zero = jax.tree.map(np.zeros_like, run.params)  # all logits 0: uniform over available actions
     cal = np.arange(50)

@@ -122,21 +122,21 @@ def test_resume_refuses_a_cache_whose_manifest_changed(tmp_path):
 
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
-        reproduce(cache=str(src), n_splits=2, split_sizes="60,20,20", out_dir=out, learned_rows=interrupted, echo=None)
+        reproduce(cache=str(src), n_splits=2, split_sizes="60,20,20", out_dir=out, trainer=interrupted, echo=None)
     lines = src.read_text().splitlines()
     head = json.loads(lines[0])
     head["manifest"]["provenance"]["kind"] = "real"
     src.write_text("\n".join([json.dumps(head)] + lines[1:]) + "\n")
     with pytest.raises(UserError, match="the cache changed since the run was interrupted"):
-        reproduce(resume=out, learned_rows=interrupted, echo=None)
+        reproduce(resume=out, trainer=interrupted, echo=None)
     # (f) an explicit --iterations equal to the (default preset's) default matches the saved None
     from ccpo_jax.presets import get_preset
 
     default = get_preset("default").iterations
     with pytest.raises(UserError, match="the cache changed"):  # past the flag check
-        reproduce(resume=out, iterations=default, learned_rows=interrupted, echo=None)
+        reproduce(resume=out, iterations=default, trainer=interrupted, echo=None)
     with pytest.raises(UserError, match="iterations"):
-        reproduce(resume=out, iterations=default + 1, learned_rows=interrupted, echo=None)
+        reproduce(resume=out, iterations=default + 1, trainer=interrupted, echo=None)
 
 
 def test_grid_manifest_edit_and_old_grid(tmp_path):
@@ -163,38 +163,13 @@ def test_grid_manifest_edit_and_old_grid(tmp_path):
         load_grid(d)
 
 
-# -- (e) TensorBoard: every row's curves survive, also across --resume --------------------------
-
-def _scalars(logdir: Path) -> dict[str, list[int]]:
-    """tag -> steps, parsed from every event file (TFRecord: length, crc, data, crc)."""
-    from tensorboardX.proto import event_pb2
-
-    out: dict[str, list[int]] = {}
-    for f in sorted(logdir.rglob("events.out.tfevents.*")):
-        data = f.read_bytes()
-        i = 0
-        while i < len(data):
-            n = int.from_bytes(data[i:i + 8], "little")
-            ev = event_pb2.Event()
-            ev.ParseFromString(data[i + 12:i + 12 + n])
-            i += 12 + n + 4
-            for v in ev.summary.value:
-                out.setdefault(v.tag, []).append(ev.step)
-    return out
-
+# -- (e) the trainer gets the run's TensorBoard folder (live curves: tests/test_loop.py) ----------
 
 ROWS = ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)")
 
 
-def _tag(row: str, metric: str) -> str:
-    """The tag as tensorboardX stores it (it replaces characters outside [-/\\w.] by '_')."""
-    import re
-
-    return re.sub(r"[^-/\w\.]", "_", f"{row}/{metric}")
-
-
 def _fake_trainer(interrupt: bool = False):
-    from ccpo_jax.pipeline import LearnedRows
+    from ccpo_jax.rows import LearnedRows
     from ccpo_jax.settings import METRICS
 
     def fn(**kw):
@@ -203,8 +178,7 @@ def _fake_trainer(interrupt: bool = False):
             raise KeyboardInterrupt
         S = kw["splits"].test.shape[0]
         rows = {r: {m: np.full(S, 0.5) for m in METRICS} for r in ROWS}
-        curves = {r: {"kappa": np.linspace(0.3, 0.2, 7), "cost": np.linspace(1, 2, 7)} for r in ROWS}
-        return LearnedRows(rows=rows, curves=curves, timing={})
+        return LearnedRows(rows=rows, timing={})
 
     return fn
 
@@ -216,42 +190,18 @@ def cache100(tmp_path_factory) -> Path:
     return save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), tmp_path_factory.mktemp("c") / "c100")
 
 
-def test_tensorboard_keeps_every_rows_curves(tmp_path, cache100):
+def test_trainer_writes_into_the_runs_tensorboard_folder(tmp_path, cache100):
     from ccpo_jax.pipeline import TB_DIR, reproduce
 
-    out = tmp_path / "run"
-    reproduce(cache=str(cache100), n_splits=2, split_sizes="60,20,20", out_dir=out, learned_rows=_fake_trainer(),
-              echo=None)
-    tags = _scalars(out / TB_DIR)
-    for r in ROWS:  # written within one second: before the fix only one row's file survived
-        assert tags[_tag(r, "kappa")] == list(range(7)) and tags[_tag(r, "cost")] == list(range(7)), (r, sorted(tags))
-    assert len(list((out / TB_DIR).glob("events.out.tfevents.*"))) == len(ROWS)
+    seen = {}
 
-
-def test_tensorboard_curves_survive_resume(tmp_path, cache100, monkeypatch):
-    """Killed after the curves were written (while writing results): the resumed run has each row's
-    curves once (the row's earlier file replaced, no doubled steps)."""
-    from ccpo_jax import report
-    from ccpo_jax.pipeline import TB_DIR, reproduce
+    def trainer(**kw):
+        seen.update(kw)
+        return _fake_trainer()(**kw)
 
     out = tmp_path / "run"
-
-    def killed(*a, **k):
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as m:
-        m.setattr(report, "write_results", killed)
-        with pytest.raises(KeyboardInterrupt):
-            reproduce(cache=str(cache100), n_splits=2, split_sizes="60,20,20", out_dir=out,
-                      learned_rows=_fake_trainer(), echo=None)
-    work = tmp_path / ".run.partial"
-    assert set(_scalars(work / TB_DIR)) == {_tag(r, k) for r in ROWS for k in ("kappa", "cost")}
-    time.sleep(1.1)  # a new second: the resumed run's files get other names than the first run's
-    reproduce(resume=out, learned_rows=_fake_trainer(), echo=None)
-    tags = _scalars(out / TB_DIR)
-    for r in ROWS:
-        assert tags[_tag(r, "kappa")] == list(range(7)), (r, tags.get(_tag(r, "kappa")))
-    assert len(list((out / TB_DIR).glob("events.out.tfevents.*"))) == len(ROWS)
+    reproduce(cache=str(cache100), n_splits=2, split_sizes="60,20,20", out_dir=out, trainer=trainer, echo=None)
+    assert seen["tb_dir"] == tmp_path / ".run.partial" / TB_DIR and seen["ckpt_dir"].parent == seen["tb_dir"].parent
 
 
 # -- (c) damaged manifests and full disks: one `error:` line, exit 2, nothing left behind -----------
@@ -301,7 +251,7 @@ def run_with_policies(tmp_path_factory, syn):
 
     from ccpo_jax.config import TrainConfig, Variant
     from ccpo_jax.networks import policy_net
-    from ccpo_jax.train import save_policies
+    from ccpo_jax.policy_store import save_policies
     from envs.features import n_features
 
     root = tmp_path_factory.mktemp("run")
@@ -363,7 +313,7 @@ def test_full_disk_in_export(tmp_path, run_with_policies, capsys, monkeypatch):
 
 @pytest.mark.parametrize("where", ["plots", "orbax", "atomic-write"])
 def test_full_disk_in_reproduce(tmp_path, cache100, capsys, monkeypatch, where):
-    import ccpo_jax.pipeline as pl
+    import ccpo_jax.rows as rows_module
     from ccpo_jax import report
 
     fake = _fake_trainer()
@@ -379,7 +329,7 @@ def test_full_disk_in_reproduce(tmp_path, cache100, capsys, monkeypatch, where):
         import envs.atomic
 
         monkeypatch.setattr(envs.atomic, "atomic_write_bytes", _enospc)
-    monkeypatch.setattr(pl, "_find_learned_rows", lambda: fake)
+    monkeypatch.setattr(rows_module, "learned_rows", fake)
     out = tmp_path / "runs" / "r"
     line = _main_one_line(capsys, ["reproduce", "--cache", str(cache100), "--splits", "2", "--split-sizes",
                                    "60,20,20", "--out", str(out), "--no-progress"], "no space left on device")
@@ -441,7 +391,9 @@ def test_full_disk_while_writing_tensorboard_raises_instead_of_hanging(tmp_path,
 
     def run():
         try:
-            report.write_scalars(tmp_path / "tb", "CPO", {"kappa": np.linspace(0, 1, 100)})
+            with report.ScalarWriter(tmp_path / "tb") as w:
+                for i, x in enumerate(np.linspace(0, 1, 100)):
+                    w.add_scalar("CPO/kappa", float(x), i)
         except OSError as e:
             box["err"] = e
 

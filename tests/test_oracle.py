@@ -20,7 +20,8 @@ import pytest
 
 from ccpo_jax.config import Variant
 from ccpo_jax.presets import DEFAULT
-from ccpo_jax.train import evaluate_trained, train_many
+from ccpo_jax.evaluation import evaluate_trained
+from ccpo_jax.members import train_many
 from envs import oracle
 from envs.cache import ResponseCache
 from envs.orchestration import make_env_params

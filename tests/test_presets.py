@@ -60,7 +60,7 @@ def test_policy_entry_reports_seeds_and_their_spread():
 
 
 class SeedTrainer:
-    """Stands in for ccpo_jax.train.learned_rows: rows of [seeds, splits], records its arguments."""
+    """Stands in for ccpo_jax.rows.learned_rows: rows of [seeds, splits], records its arguments."""
 
     def __init__(self):
         self.calls = []
@@ -87,7 +87,7 @@ def small_cache(tmp_path_factory) -> Path:
 def test_reproduce_passes_preset_overrides_and_seeds(tmp_path, small_cache):
     fake = SeedTrainer()
     out = tmp_path / "run"
-    res = reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=out, learned_rows=fake,
+    res = reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=out, trainer=fake,
                     echo=None, seeds=3, preset="paper", overrides=["batch_size=20"], iterations=11)
     (kw,) = fake.calls
     cfg = kw["config"]
@@ -113,20 +113,20 @@ def test_resume_keeps_the_trainer_configuration(tmp_path, small_cache):
 
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
-        reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=out, learned_rows=Killed(),
+        reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=out, trainer=Killed(),
                   echo=None, seeds=2, overrides=["batch_size=20"])
     with pytest.raises(UserError, match="seeds=2"):
-        reproduce(resume=out, learned_rows=SeedTrainer(), echo=None, seeds=4)
+        reproduce(resume=out, trainer=SeedTrainer(), echo=None, seeds=4)
     with pytest.raises(UserError, match="preset='default'"):
-        reproduce(resume=out, learned_rows=SeedTrainer(), echo=None, preset="paper")
+        reproduce(resume=out, trainer=SeedTrainer(), echo=None, preset="paper")
     fake = SeedTrainer()
-    reproduce(resume=out, learned_rows=fake, echo=None, seeds=2, preset="default", overrides=["batch_size=20"])
+    reproduce(resume=out, trainer=fake, echo=None, seeds=2, preset="default", overrides=["batch_size=20"])
     assert fake.calls[0]["seeds"] == 2 and fake.calls[0]["config"].batch_size == 20
 
 
 @pytest.mark.parametrize("args, fragment", [
     (["--set", "nope=1"], "--set: 'nope=1': unknown trainer field 'nope'"),
-    (["--set", "alpha=0.2"], "alpha is set with --alpha"),
+    (["--set", "alpha=0.2"], "--set: alpha=0.2: alpha is set separately"),
     (["--preset", "fast"], "--preset: unknown preset 'fast'; valid: default, paper"),
     (["--seeds", "0"], "--seeds"),
 ])

@@ -151,20 +151,12 @@ def _read_events(logdir: Path) -> list:
     return events
 
 
-def test_write_scalars_roundtrip(tmp_path):
-    curves = {"kappa": np.array([0.3, 0.25, np.nan, 0.2]), "coverage": np.array([[0.8, 0.9], [0.6, 0.7]])}
-    n = report.write_scalars(tmp_path / "tb", "CCPO (lambda=0)", curves)
-    assert n == 3 + 2
-    got = {}
-    for ev in _read_events(tmp_path / "tb"):
-        for v in ev.summary.value:
-            got[(v.tag, ev.step)] = v.simple_value
-    tags = {t for t, _ in got}
-    assert len(tags) == 2 and all(t.endswith(("/kappa", "/coverage")) for t in tags)
-    kappa = {s: x for (t, s), x in got.items() if t.endswith("/kappa")}
-    assert kappa == pytest.approx({0: 0.3, 1: 0.25, 3: 0.2})
-    cov = {s: x for (t, s), x in got.items() if t.endswith("/coverage")}
-    assert cov == pytest.approx({0: 0.7, 1: 0.8})  # mean over splits
+def test_scalar_writer_roundtrip(tmp_path):
+    with report.ScalarWriter(tmp_path / "tb", ".x") as w:
+        w.add_scalar("CCPO (lambda=0)/kappa", 0.3, 1)
+        w.add_scalar("CCPO (lambda=0)/kappa", 0.25, 2)
+    got = {(v.tag, ev.step): v.simple_value for ev in _read_events(tmp_path / "tb") for v in ev.summary.value}
+    assert got == pytest.approx({("CCPO__lambda_0_/kappa", 1): 0.3, ("CCPO__lambda_0_/kappa", 2): 0.25})
 
 
 def test_titles_name_a_custom_cache_honestly(tmp_path, results):

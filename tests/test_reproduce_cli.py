@@ -129,7 +129,7 @@ def test_list_settings(tmp_path):
 # -- the trainer call site, with a stand-in trainer -------------------------------------------
 
 class FakeTrainer:
-    """Stands in for ccpo_jax.train.learned_rows; records its arguments."""
+    """Stands in for ccpo_jax.rows.learned_rows; records its arguments."""
 
     def __init__(self, interrupt: bool = False):
         self.calls: list[dict] = []
@@ -144,18 +144,17 @@ class FakeTrainer:
         rng = np.random.default_rng(0)
         rows = {name: {m: rng.uniform(0.5, 1.0, S) for m in METRICS}
                 for name in ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)")}
-        curves = {"CCPO (lambda=0)": {"kappa": np.linspace(0.3, 0.2, 7)}}
-        return LearnedRows(rows=rows, curves=curves, timing={"compile_s": 1.0, "train_s": 2.0, "eval_s": 0.5})
+        return LearnedRows(rows=rows, timing={"compile_s": 1.0, "train_s": 2.0, "eval_s": 0.5})
 
 
 def test_pipeline_calls_the_trainer_and_merges_its_rows(tmp_path, small_cache):
     fake = FakeTrainer()
     out = tmp_path / "run"
     res = reproduce(cache=str(small_cache), n_splits=3, split_sizes="60,20,20", out_dir=out,
-                    iterations=7, learned_rows=fake, echo=None)
+                    iterations=7, trainer=fake, echo=None)
     (kw,) = fake.calls
-    assert kw["alpha"] == 0.1 and kw["lambdas"] == (2e-4,) and kw["protocol"] == "recalibrate"
-    assert kw["iterations"] == 7 and kw["resume"] is False
+    assert kw["config"].alpha == 0.1 and kw["lambdas"] == (2e-4,) and kw["protocol"] == "recalibrate"
+    assert kw["config"].iterations == 7
     sp = kw["splits"]
     assert sp.train.shape == (3, 60) and sp.cal.shape == (3, 20) and sp.test.shape == (3, 20)
     assert kw["params"].n_questions == 100 and kw["cache"].n_questions == 100
@@ -163,7 +162,7 @@ def test_pipeline_calls_the_trainer_and_merges_its_rows(tmp_path, small_cache):
     # outputs complete, the work dir renamed into place
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     names = {p.name for p in out.iterdir()}
-    assert {"results.json", "table.md", "boxplot_cost.png", "boxplot_coverage.png", "run.json", "tensorboard"} <= names
+    assert {"results.json", "table.md", "boxplot_cost.png", "boxplot_coverage.png", "run.json"} <= names
     back = json.loads((out / "results.json").read_text())
     assert back == res.results
     for row in ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)", "Random", "UALA"):
@@ -180,22 +179,22 @@ def test_interrupted_run_leaves_no_out_and_resumes(tmp_path, small_cache):
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=out,
-                  learned_rows=FakeTrainer(interrupt=True), echo=None)
+                  trainer=FakeTrainer(interrupt=True), echo=None)
     assert not out.exists()
     work = tmp_path / ".run.partial"
     assert (work / CKPT_DIR).is_dir() and (work / "run.json").is_file()
     # a new run into the same --out is refused while the interrupted one exists
-    with pytest.raises(UserError, match="--resume"):
+    with pytest.raises(UserError, match=r"^out_dir: an interrupted run .* resume that run"):
         reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=out,
-                  learned_rows=FakeTrainer(), echo=None)
+                  trainer=FakeTrainer(), echo=None)
     with pytest.raises(UserError, match="splits"):
-        reproduce(resume=out, n_splits=5, learned_rows=FakeTrainer(), echo=None)
+        reproduce(resume=out, n_splits=5, trainer=FakeTrainer(), echo=None)
     fake = FakeTrainer()
-    res = reproduce(resume=out, learned_rows=fake, echo=None)
-    assert fake.calls[0]["resume"] is True and fake.calls[0]["splits"].test.shape == (2, 20)
+    res = reproduce(resume=out, trainer=fake, echo=None)
+    assert fake.calls[0]["ckpt_dir"] == work / CKPT_DIR and fake.calls[0]["splits"].test.shape == (2, 20)
     assert res.out_dir == out and (out / "results.json").is_file() and not work.exists()
     with pytest.raises(UserError, match="finished run"):
-        reproduce(resume=out, learned_rows=FakeTrainer(), echo=None)
+        reproduce(resume=out, trainer=FakeTrainer(), echo=None)
 
 
 # -- end to end, real baselines and trainer ----------------------------------------------------

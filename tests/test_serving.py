@@ -32,7 +32,7 @@ N_Q = 120
 def setup(tmp_path_factory):
     from ccpo_jax.export import export_router
     from ccpo_jax.serving import Router
-    from ccpo_jax.train import save_policies
+    from ccpo_jax.policy_store import save_policies
 
     from envs.jsonl import read_jsonl
 

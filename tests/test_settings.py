@@ -156,20 +156,28 @@ def test_every_question_used_when_sizes_fill_the_cache():
         np.testing.assert_array_equal(np.sort(ids), np.arange(12))
 
 
-def test_split_size_errors_name_the_flag():
+def test_split_size_errors_name_the_field_and_the_cli_maps_it_to_the_flag():
+    from ccpo_jax.commands.reproduce import FLAGS
+
     assert parse_split_sizes("60,20,20") == (60, 20, 20)
     assert parse_split_sizes(" 6, 2 ,2") == (6, 2, 2)
     for bad in ("60,20", "a,b,c", "60,0,20", "60,-1,20", "1,2,3,4", ""):
-        with pytest.raises(UserError, match="--split-sizes"):
+        with pytest.raises(UserError, match="^split_sizes: ") as e:
             parse_split_sizes(bad)
-    with pytest.raises(UserError, match="--split-sizes 60,20,30 needs 110 questions"):
+        assert e.value.field == "split_sizes" and str(e.value.for_cli(FLAGS)).startswith("--split-sizes: ")
+    with pytest.raises(UserError, match="^split_sizes 60,20,30 needs 110 questions") as e:
         check_split_sizes(100, 60, 20, 30, 5)
-    with pytest.raises(UserError, match="--splits"):
+    assert str(e.value.for_cli(FLAGS)).startswith("--split-sizes 60,20,30 needs 110 questions")
+    with pytest.raises(UserError, match="^n_splits: ") as e:
         check_split_sizes(100, 60, 20, 20, 0)
-    with pytest.raises(UserError, match="--split-sizes"):
+    assert str(e.value.for_cli(FLAGS)).startswith("--splits: ")
+    with pytest.raises(UserError, match="^split_sizes"):
         make_splits(jax.random.PRNGKey(0), 10, 8, 2, 2, 1)
-    with pytest.raises(UserError, match="--protocol"):
+    with pytest.raises(UserError, match="^protocol: ") as e:
         splits_for_protocol("bogus", jax.random.PRNGKey(0), 10, 2, 2, 2, 1)
+    assert str(e.value.for_cli(FLAGS)).startswith("--protocol: ")
+    # a field the command does not know keeps its name
+    assert str(UserError("x: bad", field="x").for_cli(FLAGS)) == "x: bad"
 
 
 def test_settings_match_the_synthetic_profiles():

@@ -48,12 +48,12 @@ def test_setting_runs_end_to_end(name, tmp_path):
     res = reproduce(
         name, cache=cache, n_splits=2, iterations=3, split_sizes="60,20,20", seeds=2,
         out_dir=tmp_path / "run", progress=False, echo=lambda *a, **k: None,
-        **({} if fake is None else {"learned_rows": fake}),
+        **({} if fake is None else {"trainer": fake}),
     )
     if fake is not None:
         (kw,) = calls
-        assert kw["alpha"] == pytest.approx(st.alpha) and list(kw["lambdas"]) == list(st.lambdas)
-        assert kw["iterations"] == 3 and kw["splits"].cal.shape == (2, 20)
+        assert kw["config"].alpha == pytest.approx(st.alpha) and list(kw["lambdas"]) == list(st.lambdas)
+        assert kw["config"].iterations == 3 and kw["splits"].cal.shape == (2, 20)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["setting"] == name and results["alpha"] == pytest.approx(st.alpha)
     assert results["cache"]["provenance"]["kind"] == "synthetic"

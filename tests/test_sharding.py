@@ -46,7 +46,7 @@ WORKER = textwrap.dedent(
     assert len(jax.devices()) == 8, jax.devices()
     from ccpo_jax import sharding
     from ccpo_jax.config import TrainConfig, Variant
-    from ccpo_jax.train import train_many
+    from ccpo_jax.members import train_many
     from envs.orchestration import OrchestrationEnv, evaluate_sets, make_env_params, summarise
     from envs.reference import reference_evaluate_set
     from envs.synthetic import generate

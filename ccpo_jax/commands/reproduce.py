@@ -58,8 +58,24 @@ def _reproduce(args) -> int:
 
         print(presets_table())
         return 0
+    from ccpo_jax.errors import UserError
     from ccpo_jax.pipeline import reproduce
 
+    try:
+        _run(reproduce, args)
+    except UserError as e:  # the library names its arguments; say which flag that is
+        raise e.for_cli(FLAGS) from None
+    return 0
+
+
+#: reproduce()'s arguments -> this command's flags (for error messages).
+FLAGS = {"setting": "--setting", "cache": "--cache", "n_splits": "--splits", "protocol": "--protocol",
+         "alpha": "--alpha", "iterations": "--iterations", "split_sizes": "--split-sizes", "out_dir": "--out",
+         "seed": "--seed", "resume": "--resume", "devices": "--devices", "member_block": "--member-block",
+         "seeds": "--seeds", "preset": "--preset", "overrides": "--set"}
+
+
+def _run(reproduce, args) -> None:
     reproduce(
         args.setting,
         cache=args.cache,
@@ -78,4 +94,3 @@ def _reproduce(args) -> int:
         preset=args.preset,
         overrides=args.overrides,
     )
-    return 0

@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ccpo_jax.checkpoints import VerifiedCheckpoints
-from ccpo_jax.report import ScalarWriter, atomic_write_text
+from ccpo_jax import loop
+from ccpo_jax.report import ScalarWriter
+from envs.atomic import atomic_write_text
 from envs.governance.grid import ResponseGrid, load_grid
 from envs.governance.session import SessionEnv, make_session_params
 from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes
@@ -50,35 +51,27 @@ def load_or_generate_grid(cfg: StackelbergConfig) -> ResponseGrid:
 
 
 def _train_chunks(name: str, init: Callable, run: Callable, args: tuple, in_axes: tuple, keys, iterations: int,
-                  chunks: int, ckpt_root: Path, writer, progress: bool) -> tuple[Any, dict[str, np.ndarray]]:
-    """jit(vmap(run)) over seeds in ``chunks`` pieces; TensorBoard + orbax checkpoint per chunk; resumes."""
-    import orbax.checkpoint as ocp
-    from tqdm import tqdm
-
-    per = max(1, math.ceil(iterations / chunks))
+                  chunks: int, ckpt_root: Path, writer, progress: bool, meta: dict) -> tuple[Any, dict[str, np.ndarray]]:
+    """jit(vmap(run)) over seeds, ``iterations`` in ``chunks`` pieces, through the shared host loop
+    (:func:`ccpo_jax.loop.run_chunks`: TensorBoard, a checkpoint per chunk, resume after a
+    configuration check). Metrics are [seeds, iterations, ...]."""
     st = jax.jit(jax.vmap(init))(keys)
     f = jax.jit(jax.vmap(run, in_axes=(0, *in_axes, None)), static_argnums=len(args) + 1)
-    # digests checked before restore; a damaged step is refused and the previous one used
-    mgr = VerifiedCheckpoints(Path(os.path.abspath(ckpt_root / name)), max_to_keep=2)
-    start = mgr.latest_step() or 0
-    if start:
-        st = mgr.restore(start, args=ocp.args.StandardRestore(st))
-    hist: list[dict[str, np.ndarray]] = []
-    bar = tqdm(total=chunks, initial=start, desc=name, disable=not progress, leave=False)
-    for c in range(start, chunks):
-        st, m = f(st, *args, per)
-        m = jax.tree.map(np.asarray, m)
-        hist.append(m)
-        for k, v in m.items():
-            if v.ndim == 2:  # [S, n] scalars: log the seed mean
-                for i, val in enumerate(v.mean(0)):
-                    writer.add_scalar(f"{name}/{k}", float(val), c * per + i + 1)
-        mgr.save(c + 1, args=ocp.args.StandardSave(st))
-        bar.update(1)
-    mgr.wait_until_finished()
-    bar.close()
-    metrics = {k: np.concatenate([h[k] for h in hist], axis=1) for k in hist[0]} if hist else {}
-    return st, metrics
+
+    def compile_chunk(n: int, placed):
+        def step(s):
+            s, m = f(s, *args, n)
+            return s, {k: np.moveaxis(np.asarray(v), 1, -1) for k, v in m.items()}  # iterations last
+
+        return step
+
+    def scalars(m):  # [S, n] scalars: the seed mean
+        return {f"{name}/{k}": v.mean(0) for k, v in m.items() if v.ndim == 2}
+
+    res = loop.run_chunks(compile_chunk, st, iterations=iterations, chunk=math.ceil(iterations / chunks), desc=name,
+                          ckpt_dir=ckpt_root / name, meta=dict(meta, phase=name, iterations=iterations, chunks=chunks),
+                          tensorboard=writer, scalars=scalars, progress=progress)
+    return res.state, {k: np.moveaxis(v, -1, 1) for k, v in res.metrics.items()}
 
 
 def _take(tree, i: int):
@@ -93,8 +86,9 @@ def train_controller(kind: str, cfg: StackelbergConfig, params, key, ckpt_root: 
     demos = jax.jit(lambda k, p: expert_demos(k, env, p, cfg.expert))(jax.random.fold_in(k_demo, cfg.expert.seed), params)
     policy, _disc, g_init, g_run = make_gail(env.obs_dim + 2, 3, cfg.gail)
     seeds = jax.random.split(k_gail, cfg.seeds)
+    meta = {"config": dataclasses.asdict(cfg), "state": kind}
     g_state, g_metrics = _train_chunks(f"{kind}_follower_gail", g_init, g_run, (demos,), (None,), seeds,
-                                       cfg.gail.iterations, cfg.chunks, ckpt_root, writer, progress)
+                                       cfg.gail.iterations, cfg.chunks, ckpt_root, writer, progress, meta)
 
     def reset(k, ep):
         return env.reset(k, ep["env"])
@@ -110,7 +104,7 @@ def train_controller(kind: str, cfg: StackelbergConfig, params, key, ckpt_root: 
     ep = {"env": params, "fol": g_state.actor}
     l_state, l_metrics = _train_chunks(f"{kind}_leader_ppo", l_init, l_run, (ep,), ({"env": None, "fol": 0},),
                                        jax.random.split(k_lead, cfg.seeds), cfg.leader.iterations, cfg.chunks,
-                                       ckpt_root, writer, progress)
+                                       ckpt_root, writer, progress, meta)
     ret = l_metrics["episode_return"]  # [S, iters]
     tail = max(1, ret.shape[1] // 10)
     seed_returns = ret[:, -tail:].mean(1)

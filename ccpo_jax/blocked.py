@@ -1,0 +1,39 @@
+"""The policy's forward pass in fixed-size row blocks, shared by the trainer's evaluation and the router.
+
+XLA's CPU matmul rounds differently for different batch sizes, and kappa-hat equals one
+calibration probability, so a 1-ulp difference could flip a set. Computed in blocks of
+``BLOCK_ROWS`` rows (padded), the bits do not depend on how many rows there are: the
+exported router (:mod:`ccpo_jax.export`) reproduces the trainer's sets bit for bit.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ccpo_jax.networks import HIDDEN, masked_probs, policy_net
+from ccpo_jax.serving.artifact import BLOCK_ROWS
+from envs.cache import N_ACTIONS
+
+
+def in_blocks(fn, obs: jax.Array, avail: jax.Array):
+    """``fn(obs [BLOCK_ROWS, F], avail [BLOCK_ROWS, 3]) -> pytree of [BLOCK_ROWS, ...]`` over a padded batch [b, ...]."""
+    b, F = obs.shape
+    n = (b + BLOCK_ROWS - 1) // BLOCK_ROWS
+    pad = n * BLOCK_ROWS - b
+    o = jnp.pad(obs, ((0, pad), (0, 0))).reshape(n, BLOCK_ROWS, F)
+    a = jnp.pad(avail, ((0, pad), (0, 0)), constant_values=True).reshape(n, BLOCK_ROWS, N_ACTIONS)
+    out = jax.lax.map(lambda oa: fn(oa[0], oa[1]), (o, a))
+    return jax.tree.map(lambda x: x.reshape((n * BLOCK_ROWS,) + x.shape[2:])[:b], out)
+
+
+def blocked_policy_probs(policy_params: Any, obs: jax.Array, available: jax.Array, hidden=None) -> jax.Array:
+    """pi(.|o) ``[..., 3]`` for ``obs [..., F]``, computed in blocks of ``BLOCK_ROWS`` rows as the exported
+    module computes it. jit- and vmap-able."""
+    net = policy_net(tuple(hidden) if hidden is not None else HIDDEN)
+    lead = obs.shape[:-1]
+    flat_o = obs.reshape((-1, obs.shape[-1]))
+    flat_a = available.reshape((-1, N_ACTIONS))
+    probs = in_blocks(lambda o, a: masked_probs(net.apply(policy_params, o), a), flat_o, flat_a)
+    return probs.reshape(lead + (N_ACTIONS,))

@@ -1,0 +1,139 @@
+"""Evaluation of trained policies over many splits: the calibrated, online and pointwise rows.
+
+For a trained policy pi, :func:`policy_tables` computes pi on every question and round
+and each question's largest covering kappa; a row's metrics on a split then come from
+the set-valued policy C_{pi,kappa} (arXiv 2511.11828, Eq. 2) with kappa calibrated on
+the split's calibration questions (``CPO batch``, the CCPO rows), with the online
+kappa of training (``CPO online``), or from pi's sampled actions (``CPO``).
+:func:`evaluate_trained` does every variant, seed and split in one jitted call.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ccpo_jax import conformal
+from ccpo_jax.blocked import blocked_policy_probs
+from ccpo_jax.config import TrainConfig, Variant
+from envs.orchestration import EnvParams, evaluate_actions, evaluate_sets, reached_rounds, summarise
+
+#: A router is degenerate when its set holds every available action on (at least) this
+#: share of the calibration questions' reached rounds, or when kappa-hat is (about) 0.
+DEGENERATE_FULL_SET = 0.9
+DEGENERATE_KAPPA = 1e-6
+
+
+def policy_tables(policy, params: EnvParams, hidden=None):
+    """Probabilities of every question and round [Q,T,3] and each question's largest covering kappa [Q].
+
+    The forward pass runs in fixed-size row blocks (:mod:`ccpo_jax.blocked`), exactly as the
+    exported router computes it, so the router's sets equal the trainer's bit for bit.
+    """
+    probs = blocked_policy_probs(policy, params.obs, params.available, hidden)
+    kappa_i = jax.vmap(conformal.largest_covering_kappa)(
+        probs, params.base_correct, params.guide_correct, params.round_mask, params.unsolvable
+    )
+    return probs, kappa_i
+
+
+def eval_conformal(probs, kappa, params: EnvParams, idx):
+    """Metrics of the set-valued policy C_{pi,kappa} on questions ``idx`` [N]."""
+    sets = conformal.conformal_set(probs[idx], kappa, params.available[idx])
+    return evaluate_sets(sets, params, idx)
+
+
+def eval_batch_calibrated(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha):
+    """C_{pi,kappa-hat} on ``test_idx``, kappa-hat calibrated exactly on ``cal_idx``; and kappa-hat."""
+    kappa_hat = conformal.calibrate_kappa(kappa_i[cal_idx], alpha)
+    return eval_conformal(probs, kappa_hat, params, test_idx), kappa_hat
+
+
+def eval_pointwise(key, probs, params: EnvParams, idx):
+    """The stochastic pointwise policy pi (rows 'CPO'): one sampled action per round."""
+    p = probs[idx]
+    a = jax.random.categorical(key, jnp.log(jnp.maximum(p, 1e-30)), axis=-1)
+    return evaluate_actions(a.astype(jnp.int32), params, idx)
+
+
+def evaluate_trained(config: TrainConfig, params: EnvParams, variants: list[Variant], state, cal_idx, test_idx, key,
+                     retrain: bool):
+    """Evaluate every trained variant, seed and split in one jitted, vmapped call.
+
+    ``state`` leaves are [V, S_train, N, ...] (N seeds; S_train = 1 under ``recalibrate``,
+    whose one policy per seed is recalibrated on every split); ``cal_idx``/``test_idx``
+    are [S, n]. Returns ``{row: {metric: np.ndarray [N, S]}}`` and the calibrated kappas
+    ``{row: np.ndarray [N, S]}``.
+    """
+    S = cal_idx.shape[0]
+
+    def one(policy, kappa_online, cal, test, k):
+        probs, kappa_i = policy_tables(policy, params, config.hidden)
+        batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, config.alpha)
+        online_m = eval_conformal(probs, kappa_online, params, test)
+        point_m = eval_pointwise(k, probs, params, test)
+        return summarise(batch_m), summarise(online_m), summarise(point_m), khat
+
+    split_axes = 0 if retrain else None
+    per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0))
+    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0))
+    per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None)))
+    # [V, S_t, N, ...] -> [V, N, S_t, ...] (retrain) or [V, N, ...] (recalibrate)
+    if retrain:
+        pol = jax.tree.map(lambda x: jnp.swapaxes(x, 1, 2), state.policy)
+        kap = jnp.swapaxes(state.kappa, 1, 2)
+    else:
+        pol = jax.tree.map(lambda x: x[:, 0], state.policy)
+        kap = state.kappa[:, 0]
+    N = kap.shape[1]
+    keys = jax.random.split(key, N * S).reshape(N, S, -1)
+    batch_m, online_m, point_m, khat = jax.device_get(
+        per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys)
+    )
+    rows: dict[str, dict[str, np.ndarray]] = {}
+    kappas: dict[str, np.ndarray] = {}
+
+    def take(m, v):
+        return {k: np.asarray(x[v]) for k, x in m.items()}
+
+    for v, var in enumerate(variants):
+        if var.conformal:
+            rows[var.name] = take(batch_m, v)
+            kappas[var.name] = np.asarray(khat[v])
+        else:
+            rows["CPO"] = take(point_m, v)
+            rows["CPO batch"] = take(batch_m, v)
+            rows["CPO online"] = take(online_m, v)
+            kappas["CPO batch"] = np.asarray(khat[v])
+            online = np.asarray(kap[v])  # [N] or [N, S]
+            kappas["CPO online"] = np.broadcast_to(online.reshape(N, -1), (N, S)).copy()
+    return rows, kappas
+
+
+def calibration_diagnostics(policy, params: EnvParams, kappa_hat: float, cal_idx, alpha: float, hidden=None) -> dict:
+    """How the calibrated router of one policy behaves on its calibration questions.
+
+    ``coverage`` of C_{pi,kappa-hat} (target ``1 - alpha``), ``full_set_fraction`` = share of
+    calibration questions whose set holds every available action at every round it reaches
+    ("always continue and collect everything"), ``degenerate`` when that share is at least
+    :data:`DEGENERATE_FULL_SET` or kappa-hat is below :data:`DEGENERATE_KAPPA`, and the
+    distribution of the set size over the calibration questions.
+    """
+    cal = jnp.asarray(cal_idx)
+    probs, _ = policy_tables(policy, params, hidden)
+    avail = params.available[cal]
+    in_set = conformal.conformal_set(probs[cal], kappa_hat, avail)
+    m = evaluate_sets(in_set, params, cal)
+    reached = reached_rounds(in_set & avail, avail) & params.round_mask[cal]
+    full = jnp.all(jnp.where(reached[..., None], in_set == avail, True), axis=(1, 2))
+    full_frac = float(jnp.mean(full.astype(jnp.float32)))
+    sizes = np.bincount(np.asarray(m.set_size), minlength=1)
+    return {
+        "n": int(cal.shape[0]),
+        "kappa": float(kappa_hat),
+        "coverage": float(jnp.mean(m.covered.astype(jnp.float32))),
+        "target": float(1.0 - alpha),
+        "full_set_fraction": full_frac,
+        "degenerate": bool(full_frac >= DEGENERATE_FULL_SET or float(kappa_hat) < DEGENERATE_KAPPA),
+        "set_size_counts": {str(k): int(c) for k, c in enumerate(sizes) if c},
+    }

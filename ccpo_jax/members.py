@@ -1,0 +1,149 @@
+"""Many trainers in one program: every (variant, split, seed) member of a run, vmapped and sharded.
+
+:func:`train_many` lays the members of a run out on one flat batch axis
+(variant-major), vmaps :func:`ccpo_jax.train.make_train`'s ``run_chunk`` over it,
+places it on the devices (``ccpo_jax.sharding``) and hands the chunks to the host
+loop :func:`ccpo_jax.loop.run_chunks` (progress, TensorBoard, checkpoints).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ccpo_jax import loop, sharding
+from ccpo_jax.config import TrainConfig, Variant
+from ccpo_jax.errors import UserError
+from ccpo_jax.train import make_train, variant_arrays
+from envs.orchestration import EnvParams
+
+
+class Trained(NamedTuple):
+    """What :func:`train_many` returns: ``state`` leaves [V, S, ...]; ``metrics[name]`` [V, S, iterations];
+    ``timing`` compile_s and train_s."""
+
+    state: Any
+    metrics: dict[str, np.ndarray]
+    timing: dict[str, float]
+
+
+def progress_fields(m: dict, variants: list[Variant], S: int) -> str:
+    """Labelled progress: per variant kind, the mean over its members of the last iteration's
+    online kappa (conformal rows only) and the target policy's batch success."""
+    parts = []
+    last = {k: np.asarray(v)[..., -1].reshape(len(variants), S) for k, v in m.items() if k in ("kappa", "batch_success")}
+    for label, conf in (("CPO", False), ("CCPO", True)):
+        rows = [i for i, v in enumerate(variants) if v.conformal == conf]
+        if not rows:
+            continue
+        bit = f"{label} success {np.mean(last['batch_success'][rows]):.2f}"
+        if conf:
+            bit += f" kappa {np.mean(last['kappa'][rows]):.3f}"
+        parts.append(bit)
+    return "mean over members: " + ", ".join(parts)
+
+
+def variant_scalars(variants: list[Variant], S: int):
+    """TensorBoard tags ``<variant name>/<metric>``: the mean over the variant's S members."""
+
+    def scalars(m: dict) -> dict[str, np.ndarray]:
+        out = {}
+        for k, v in m.items():
+            v = np.asarray(v, np.float64).reshape(len(variants), S, -1)
+            for i, var in enumerate(variants):
+                out[f"{var.name}/{k}"] = v[i].mean(0)
+        return out
+
+    return scalars
+
+
+def train_many(
+    config: TrainConfig,
+    params: EnvParams,
+    variants: list[Variant],
+    train_idx: np.ndarray,
+    key: jax.Array,
+    *,
+    ckpt_dir: Path | None = None,
+    tensorboard: Any = None,
+    progress: bool = True,
+    stop_after_chunks: int | None = None,
+    mesh=None,
+    member_block: int | None = None,
+) -> Trained:
+    """Train every variant on every row of ``train_idx`` [S, n_train] in one vmapped program.
+
+    ``key`` is one key (split into V * S member keys) or member keys [V, S, 2].
+    ``ckpt_dir`` enables checkpoints after every chunk and resumption from the latest one;
+    ``tensorboard`` (a ``ccpo_jax.report.ScalarWriter``) gets each variant's curves, the mean
+    over its members, after every chunk. ``stop_after_chunks`` simulates a kill (tests).
+    ``mesh`` (a 1-D ``ccpo_jax.sharding.make_mesh``) shards the flat V * S member axis over its
+    devices (padded to a multiple of the device count, padding stripped from results and
+    checkpoints). ``member_block`` computes the members that many at a time
+    (``sharding.blocked_vmap``); with a mesh every device then runs its own single-device
+    program (``sharding.PerDevice``; across hosts the results are all-gathered), and the run
+    is bit-identical to the one-device run with the same block, on any number of devices and
+    hosts. Without a block a sharded run (one SPMD program) matches one device's only up to
+    rounding, which the CPO step amplifies over long runs.
+    """
+    if member_block is not None and int(member_block) < 1:
+        raise UserError(f"member_block={member_block}: must be >= 1")
+    trainer = make_train(config, params)
+    V, S = len(variants), int(train_idx.shape[0])
+    keys = jax.random.split(key, V * S).reshape(V, S, -1) if key.ndim == 1 else key
+
+    # One flat batch axis of V * S members (variant-major): simpler to shard than nested vmaps.
+    flat_var = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), variant_arrays(variants))
+    flat_idx = jnp.tile(jnp.asarray(train_idx, jnp.int32), (V, 1))
+    # Not jitted, and one flat member axis: with flax's orthogonal initialiser (a batched
+    # LAPACK QR) a jitted, nested-vmapped init froze XLA:CPU (jaxlib 0.10.2). networks.py
+    # uses variance scaling now; this path stays the conservative one.
+    state = jax.vmap(trainer.init)(keys.reshape(V * S, -1))
+    block = 1 if member_block is None else int(member_block)
+    n_members = V * S
+    padded = mesh is not None or n_members % block != 0
+    # member_block: one single-device program per device (sharding.PerDevice), so the run
+    # equals the one-device run bitwise; no block: one SPMD program (shard_map).
+    per_device = mesh is not None and member_block is not None
+    spmd = mesh is not None and not per_device
+
+    def place(tree):  # pad the member axis for the devices x block; shard it for SPMD
+        if spmd:
+            return sharding.shard_leading(tree, mesh, block)[0]
+        if padded:
+            return sharding.pad_leading(tree, sharding.padded_size(n_members, mesh, block))
+        return tree
+
+    def unplace(tree):
+        return sharding.unpad(tree, n_members) if padded else tree
+
+    flat_idx, flat_var = place((flat_idx, flat_var))
+
+    def compile_chunk(n: int, placed_state):
+        fn = sharding.blocked_vmap(lambda s, idx, v: trainer.run_chunk(s, idx, v, n), member_block)
+        if per_device:
+            program = sharding.PerDevice(fn, mesh.devices.flat)
+            program.compile(placed_state, flat_idx, flat_var)
+        else:
+            program = jax.jit(sharding.member_map(fn, mesh) if spmd else fn).lower(
+                placed_state, flat_idx, flat_var).compile()
+
+        def step(s):
+            s, m = program(s, flat_idx, flat_var)
+            return s, sharding.unpad(sharding.to_host(m), n_members)
+
+        return step
+
+    meta = {"config": repr(config), "variants": [repr(v) for v in variants], "S": S}
+    out = loop.run_chunks(
+        compile_chunk, state, iterations=config.iterations, chunk=config.chunk,
+        desc=f"train {V} variant(s) x {S} member(s) each", ckpt_dir=ckpt_dir, meta=meta, place=place,
+        unplace=unplace, tensorboard=tensorboard, scalars=variant_scalars(variants, S),
+        postfix=lambda m: progress_fields(m, variants, S), progress=progress, stop_after_chunks=stop_after_chunks,
+    )
+    state = jax.tree.map(lambda x: x.reshape((V, S) + x.shape[1:]), out.state)
+    metrics = {k: v.reshape(V, S, -1) for k, v in out.metrics.items()}
+    return Trained(state=state, metrics=metrics, timing={"compile_s": out.compile_s, "train_s": out.train_s})

@@ -1,0 +1,91 @@
+"""The policy store: trained policies on disk, ``RUN_DIR/policies/<slug>/``, for ``ccpo-jax export``.
+
+``params.msgpack`` holds the flax-serialised policy parameters, ``policy.json`` the row,
+its calibrated kappa, the network shape, the feature names, the cache's provenance and
+checksum and the calibration diagnostics (:func:`ccpo_jax.evaluation.calibration_diagnostics`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import serialization
+
+from ccpo_jax.config import TrainConfig, Variant
+from ccpo_jax.networks import policy_net
+from envs.atomic import atomic_write_bytes, atomic_write_text
+from envs.cache import ACTION_NAMES
+from envs.features import feature_names, n_features
+
+POLICIES_DIR = "policies"
+POLICY_PARAMS = "params.msgpack"
+POLICY_META = "policy.json"
+
+
+def policy_slug(row: str) -> str:
+    """Directory name of a row's policy: 'CCPO (lambda=2e-4)' -> 'ccpo-lambda-2e-4'."""
+    return re.sub(r"[^a-z0-9.]+", "-", row.lower().replace("=", "-")).strip("-").replace(".", "p")
+
+
+def policy_row(var: Variant) -> str:
+    """The row a variant's saved policy serves: its own for CCPO, ``CPO batch`` for CPO."""
+    return var.name if var.conformal else "CPO batch"
+
+
+def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, kappas, cache, protocol: str,
+                  diagnostics: dict | None = None) -> None:
+    """Write every trained policy of split 0, seed 0 to ``out/<slug>/``.
+
+    ``state`` leaves are [V, S_train, N, ...]; ``kappas[row]`` [N, S] the calibrated kappas;
+    ``policy.json`` gets the row name, alpha, the batch-calibrated kappa of split 0, the
+    final online kappa, T, the network shape, the feature names and the cache's provenance
+    and checksum; ``diagnostics[row]`` (optional) goes to ``calibration``, which
+    ``ccpo-jax export`` reads to refuse a degenerate router and to pick its default row.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    for v, var in enumerate(variants):
+        row = policy_row(var)
+        pol = jax.tree.map(lambda x: np.asarray(x[v, 0, 0]), state.policy)  # split 0, seed 0
+        d = out / policy_slug(row)
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(d / POLICY_PARAMS, serialization.to_bytes(pol))
+        m = cache.manifest
+        meta = {
+            "row": row,
+            "conformal_training": bool(var.conformal),
+            "lambda": float(var.lam),
+            "alpha": float(cfg.alpha),
+            "kappa": float(np.asarray(kappas[row])[0, 0]),
+            "kappa_online": float(np.asarray(state.kappa[v, 0, 0])),
+            "kappa_note": "kappa is the batch-calibrated threshold of seed 0 on split 0; kappa_online the online one",
+            "seed": 0,
+            "protocol": protocol,
+            "split": 0,
+            "T": int(m.T),
+            "hidden": list(cfg.hidden),
+            "actions": list(ACTION_NAMES),
+            "feature_names": list(feature_names(m.T)),
+            "cache": {"name": m.name, "provenance": m.provenance, "checksum": m.checksum or cache.checksum()},
+            "models": {"base": m.base.to_dict(), "guide": m.guide.to_dict()},
+            "train_config": dataclasses.asdict(cfg),
+            "jax": jax.__version__,
+        }
+        if diagnostics and row in diagnostics:
+            meta["calibration"] = diagnostics[row]
+        atomic_write_text(d / POLICY_META, json.dumps(meta, indent=2, default=str) + "\n")
+
+
+def load_policy(path: Path) -> tuple[Any, dict]:
+    """(params, meta) of a policy saved by :func:`save_policies`."""
+    path = Path(path)
+    meta = json.loads((path / POLICY_META).read_text())
+    net = policy_net(tuple(meta["hidden"]))
+    template = net.init(jax.random.PRNGKey(0), jnp.zeros((n_features(meta["T"]),), jnp.float32))
+    params = serialization.from_bytes(template, (path / POLICY_PARAMS).read_bytes())
+    return params, meta

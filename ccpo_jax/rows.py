@@ -1,0 +1,156 @@
+"""The learned rows of the paper's tables: CPO, CPO batch, CPO online and the CCPO rows.
+
+:func:`learned_rows` is what ``ccpo-jax reproduce`` calls (:mod:`ccpo_jax.pipeline`):
+it trains the row variants (:func:`row_variants`) for several seeds in one program
+(:func:`train_seeds` -> :func:`ccpo_jax.members.train_many`), evaluates them on every
+split (:func:`ccpo_jax.evaluation.evaluate_trained`) and saves seed 0's policies
+(:mod:`ccpo_jax.policy_store`). Rows follow arXiv 2511.11828 section 5: ``CPO`` is the
+pointwise policy, ``CPO batch`` / ``CPO online`` its sets with a calibrated / the online
+kappa (Eq. 10), ``CCPO (lambda=l)`` the conformally trained policy's calibrated sets.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from ccpo_jax.config import TrainConfig, Variant
+from ccpo_jax.errors import UserError
+from ccpo_jax.evaluation import calibration_diagnostics, evaluate_trained
+from ccpo_jax.members import train_many
+from ccpo_jax.policy_store import POLICIES_DIR, policy_row, save_policies
+from ccpo_jax.report import ScalarWriter
+from ccpo_jax.settings import lambda_row_name
+from ccpo_jax.splits import Splits
+from envs.cache import ResponseCache
+from envs.orchestration import EnvParams
+
+#: The rows a run of :func:`learned_rows` adds to the table (plus one CCPO row per nonzero lambda).
+LEARNED_ROWS = ("CPO", "CPO batch", "CPO online", lambda_row_name(0.0))
+
+
+@dataclasses.dataclass
+class LearnedRows:
+    """What a trainer returns to the pipeline.
+
+    rows:   row name -> metric (``ccpo_jax.settings.METRICS``) -> np.ndarray [N seeds, S splits]
+            (or [S] for one seed);
+    timing: ``compile_s``, ``train_s``, ``eval_s`` in seconds (missing keys count 0).
+    """
+
+    rows: dict[str, dict[str, np.ndarray]]
+    timing: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class LearnedRowsFn(Protocol):
+    """The trainer the pipeline calls (:func:`learned_rows`, or a stand-in in tests)."""
+
+    def __call__(self, *, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array,
+                 config: TrainConfig, lambdas: tuple[float, ...], protocol: str, seeds: int, ckpt_dir: Path,
+                 tb_dir: Path | None, progress: bool, mesh: Any, member_block: int | None) -> LearnedRows: ...
+
+
+def row_variants(lambdas: tuple[float, ...]) -> list[Variant]:
+    """CPO (gives rows CPO, CPO batch, CPO online), CCPO (lambda=0) and CCPO (lambda=l) for each l."""
+    out = [Variant("CPO", conformal=False, lam=0.0), Variant(lambda_row_name(0.0), conformal=True, lam=0.0)]
+    out += [Variant(lambda_row_name(lam), conformal=True, lam=float(lam)) for lam in lambdas if lam != 0.0]
+    return out
+
+
+@dataclasses.dataclass
+class TrainedRows:
+    """What :func:`train_seeds` returns.
+
+    rows:    row name -> metric -> np.ndarray [N seeds, S splits]
+    kappas:  row name -> calibrated (or online) kappa [N, S]
+    state:   the trained TrainState, leaves [V, S_train, N, ...]
+    curves:  variant name -> metric -> np.ndarray [S_train * N, iterations]
+    timing:  compile_s, train_s, eval_s
+    """
+
+    rows: dict
+    kappas: dict
+    state: Any
+    variants: list
+    curves: dict
+    timing: dict
+
+
+def train_seeds(
+    config: TrainConfig,
+    params: EnvParams,
+    splits: Splits,
+    key: jax.Array,
+    *,
+    lambdas: tuple[float, ...] = (),
+    seeds: int = 1,
+    protocol: str = "recalibrate",
+    ckpt_dir: Path | None = None,
+    tensorboard: Any = None,
+    progress: bool = True,
+    mesh=None,
+    member_block: int | None = None,
+) -> TrainedRows:
+    """Train the learned rows (:func:`row_variants`) for ``seeds`` seeds and evaluate them on every split.
+
+    All variants x training splits x seeds are members of one vmapped program; seed n of
+    every member starts from its own key. Under ``recalibrate`` each seed trains once on
+    ``splits.train[0]`` and is recalibrated on every split; under ``retrain`` every
+    (split, seed) pair trains its own policy.
+    """
+    if int(seeds) < 1:
+        raise UserError(f"seeds={seeds}: must be >= 1")
+    N = int(seeds)
+    variants = row_variants(tuple(lambdas))
+    retrain = protocol == "retrain"
+    train_idx = np.asarray(splits.train) if retrain else np.asarray(splits.train)[:1]
+    S_t = train_idx.shape[0]
+    k_train, k_eval = jax.random.split(key)
+    state, metrics, timing = train_many(
+        config, params, variants, np.repeat(train_idx, N, axis=0), k_train, ckpt_dir=ckpt_dir,
+        tensorboard=tensorboard, progress=progress, mesh=mesh, member_block=member_block,
+    )
+    state = jax.tree.map(lambda x: x.reshape((x.shape[0], S_t, N) + x.shape[2:]), state)
+    t0 = time.perf_counter()
+    rows, kappas = evaluate_trained(
+        config, params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval, retrain
+    )
+    timing = dict(timing, eval_s=time.perf_counter() - t0)
+    curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
+    return TrainedRows(rows=rows, kappas=kappas, state=state, variants=variants, curves=curves, timing=timing)
+
+
+def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array, config: TrainConfig,
+                 lambdas: tuple[float, ...], protocol: str, seeds: int, ckpt_dir: Path, tb_dir: Path | None,
+                 progress: bool, mesh: Any = None, member_block: int | None = None) -> LearnedRows:
+    """Train and evaluate the learned rows; save seed 0's split-0 policies beside ``ckpt_dir``.
+
+    ``splits.train`` is [S, n_train], ``splits.cal``/``splits.test`` [S, n]; ``lambdas`` are the
+    table's nonzero lambdas (CCPO (lambda=0) always trains). Checkpoints go to ``ckpt_dir``
+    (a run killed there resumes from them), live training curves to ``tb_dir``, the policies
+    to ``ckpt_dir/../policies``. Rows hold [N seeds, S splits] arrays.
+    """
+    writer = None if tb_dir is None else ScalarWriter(tb_dir, ".train")
+    try:
+        trained = train_seeds(config, params, splits, key, lambdas=tuple(lambdas), seeds=seeds, protocol=protocol,
+                              ckpt_dir=Path(ckpt_dir), tensorboard=writer, progress=progress, mesh=mesh,
+                              member_block=member_block)
+    finally:
+        if writer is not None:
+            writer.close()
+    diagnostics = {}
+    for v, var in enumerate(trained.variants):
+        row = policy_row(var)
+        pol = jax.tree.map(lambda x: x[v, 0, 0], trained.state.policy)
+        d = calibration_diagnostics(pol, params, float(np.asarray(trained.kappas[row])[0, 0]),
+                                    np.asarray(splits.cal)[0], config.alpha, config.hidden)
+        d["test_cost_cents_mean"] = float(np.mean(trained.rows[row]["cost_cents"]))
+        d["test_coverage_mean"] = float(np.mean(trained.rows[row]["coverage"]))
+        diagnostics[row] = d
+    save_policies(Path(ckpt_dir).parent / POLICIES_DIR, config, trained.variants, trained.state, trained.kappas,
+                  cache, protocol, diagnostics)
+    return LearnedRows(rows=trained.rows, timing=trained.timing)
