@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -184,7 +185,6 @@ def calibration_size_warning(n: int, alpha: float) -> str | None:
     exceeds n: kappa-hat = 0, every available action is in every set and coverage is 1 by
     construction; k = n: kappa-hat is the single lowest calibration score. None otherwise.
     """
-    import numpy as np
 
     def rank(m: int) -> int:
         return int(np.ceil(np.float32(m + 1) * (np.float32(1.0) - np.float32(alpha)) - np.float32(1e-4)))

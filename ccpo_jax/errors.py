@@ -10,8 +10,9 @@ class UserError(ValueError):
     """Bad input from the user (unknown setting, wrong value, bad file ...).
 
     The message names the place (file or field) and says what to do. ``field`` is the
-    name of the argument the message starts with (``n_splits: must be ...``); a command
-    line maps it to its own flag with :meth:`for_cli`, so library messages name what a
+    name of the argument the message starts with (``n_splits: must be ...``), and other
+    arguments it mentions are quoted in backticks (``pass `force` ...``); a command line
+    maps both to its own flags with :meth:`for_cli`, so library messages name what a
     Python caller typed and the CLI's what a shell user typed.
     """
 
@@ -20,12 +21,15 @@ class UserError(ValueError):
         self.field = field
 
     def for_cli(self, flags: Mapping[str, str]) -> "UserError":
-        """This error with its leading field name replaced by the flag ``flags[field]`` (if any)."""
-        flag = flags.get(self.field) if self.field else None
+        """This error as a command line says it: the leading field name and every argument
+        name quoted in backticks (```force```) replaced by its flag in ``flags``."""
         msg = str(self)
-        if flag is None or not msg.startswith(self.field):
+        if self.field and self.field in flags and msg.startswith(self.field):
+            msg = flags[self.field] + msg[len(self.field):]
+        msg = re.sub(r"`([a-z_]+)`", lambda m: flags.get(m.group(1), m.group(0)), msg)
+        if msg == str(self):
             return self
-        err = type(self)(flag + msg[len(self.field):], field=self.field)
+        err = type(self)(msg, field=self.field)
         err.__cause__ = self.__cause__
         return err
 

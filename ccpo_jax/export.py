@@ -35,10 +35,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import export as jax_export
 
 from ccpo_jax.blocked import in_blocks
+from ccpo_jax.conformal import conformal_set
+from ccpo_jax.networks import masked_probs, policy_net
 from ccpo_jax.errors import UserError
 from ccpo_jax.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
+from ccpo_jax.serving import Router
+from envs.features import RAW_KEYS, SCALES, feature_names, n_features
+from envs.normalise import NORMALISATION
 from envs.atomic import atomic_dir
 from envs.cache import ACTION_NAMES, N_ACTIONS
 from ccpo_jax.serving.artifact import (
@@ -58,8 +64,6 @@ PLATFORMS = ("cpu", "cuda", "tpu")
 
 def policy_forward(hidden, treedef):
     """``f(flat_params, obs [b, F], available [b, 3], kappa) -> (probs [b, 3], in_set [b, 3])``, in blocks."""
-    from ccpo_jax.conformal import conformal_set
-    from ccpo_jax.networks import masked_probs, policy_net
 
     net = policy_net(tuple(hidden))
 
@@ -77,7 +81,6 @@ def policy_forward(hidden, treedef):
 
 def export_module(params: Any, hidden, F: int) -> tuple[bytes, list[str], list[np.ndarray]]:
     """Serialized batch-polymorphic module, leaf names and leaf arrays (in the module's input order)."""
-    from jax import export as jax_export
 
     with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
     names = ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in with_path]
@@ -113,7 +116,8 @@ def find_policy(run_dir: Path, row: str | None) -> Path:
             rows.append(json.loads((d / POLICY_META).read_text())["row"])
         except (OSError, ValueError, KeyError, TypeError, RecursionError):
             continue
-    raise UserError(f"--row: no policy {row!r} in {pdir} (available: {', '.join(repr(r) for r in rows) or 'none'})")
+    raise UserError(f"row: no policy {row!r} in {pdir} (available: {', '.join(repr(r) for r in rows) or 'none'})",
+                    field="row")
 
 
 def _versions() -> dict[str, str]:
@@ -135,8 +139,6 @@ def _versions() -> dict[str, str]:
 def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], policy_dir: Path,
                    run_dir: Path, module_info: dict) -> dict:
     """Everything a serving layer needs, except ``files`` and ``manifest_sha256`` (added by the writer)."""
-    from envs.features import RAW_KEYS, SCALES, feature_names
-    from envs.normalise import NORMALISATION
 
     T = int(meta["T"])
     fnames = list(feature_names(T))
@@ -245,7 +247,7 @@ def choose_default_row(pdir: Path) -> tuple[Path, str]:
     if not good:
         rows = "; ".join(_why_degenerate(m) for _, m in metas) or "none"
         raise UserError(f"{pdir}: no calibrated row is usable as a router ({rows}); "
-                        "choose one with --row and pass --force to export it anyway")
+                        "choose one with `row` and pass `force` to export it anyway")
     cost, d, m = min(good, key=lambda x: x[0])
     return d, f"{_describe(m)}: the cheapest calibrated row whose calibration coverage holds"
 
@@ -281,7 +283,7 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     """
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
-        raise UserError(f"--out {out}: already exists; choose a new path (an artefact is never overwritten)")
+        raise UserError(f"out {out}: already exists; choose a new path (an artefact is never overwritten)", field="out")
     policy_dir = find_policy(run_dir, row)
     try:
         params, meta = load_policy(policy_dir)
@@ -297,17 +299,15 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
             better = f"; {reason.split(' (')[0]} would serve better"
         except UserError:
             better = "; no other calibrated row of this run is usable either"
-        raise UserError(f"{_why_degenerate(meta)}: a degenerate router{better}; pass --force to export it anyway")
+        raise UserError(f"{_why_degenerate(meta)}: a degenerate router{better}; pass `force` to export it anyway")
     if echo is not None:
         if row is None and (run_dir / "policies").is_dir():
             echo(f"row: {choose_default_row(run_dir / 'policies')[1]}")
         elif cal and cal["degenerate"]:
-            echo(f"warning: exporting a degenerate router (--force): {_why_degenerate(meta)}")
-    from envs.features import n_features
+            echo(f"warning: exporting a degenerate router (forced): {_why_degenerate(meta)}")
 
     F = n_features(int(meta["T"]))
     blob, names, leaves = export_module(params, meta["hidden"], F)
-    from jax import export as jax_export
 
     exp = jax_export.deserialize(bytearray(blob))
     info = {"platforms": list(exp.platforms), "calling_convention_version": int(exp.calling_convention_version)}
@@ -327,9 +327,6 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
 
 def _self_check(path: Path, params: Any, meta: dict, n: int = 4096) -> None:
     """Load the artefact back and compare its sets with the trainer's on random observations."""
-    from ccpo_jax.conformal import conformal_set
-    from ccpo_jax.networks import masked_probs, policy_net
-    from ccpo_jax.serving import Router
 
     router = Router.load(path)
     rng = np.random.default_rng(0)

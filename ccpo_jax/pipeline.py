@@ -274,7 +274,7 @@ def _resume_config(resume: Path, given: Mapping[str, Any]) -> tuple[Path, RunCon
         if k == "overrides":
             new = tuple([v] if isinstance(v, str) else v)
         if new != old:
-            raise UserError(f"resume: the interrupted run used {k}={old!r}, not {new!r}; leave {k} out "
+            raise UserError(f"resume: the interrupted run used {k}={old!r}, not {new!r}; leave `{k}` out "
                             "(resume takes the saved configuration)", field="resume")
     return out, cfg
 

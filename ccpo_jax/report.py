@@ -21,11 +21,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
+import jax
 import numpy as np
 
+from ccpo_jax.presets import PAPER, deviations_from_dict
 from ccpo_jax.settings import METRICS, Setting, row_key, row_order_key
 from envs.atomic import atomic_path, atomic_write_json, atomic_write_text
 
@@ -120,7 +123,6 @@ def cache_info(cache) -> dict[str, Any]:
 
 def environment_info() -> dict[str, Any]:
     """jax version, default backend and the devices (``platform:id (kind)``)."""
-    import jax
 
     return {
         "jax": jax.__version__,
@@ -232,7 +234,6 @@ def format_table(
     n_seeds = int(results.get("seeds", 1))
     tc = results.get("train_config") or {}
     if tc:
-        from ccpo_jax.presets import PAPER, deviations_from_dict
 
         dev = deviations_from_dict(tc, PAPER)
         if dev:
@@ -397,8 +398,6 @@ class ScalarWriter:
         self._w = EventsWriter(str(Path(logdir) / "events"), suffix)
 
     def add_scalar(self, tag: str, value: float, global_step: int) -> None:
-        import time
-
         from tensorboardX.proto import event_pb2
         from tensorboardX.summary import scalar
 

@@ -29,6 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from envs.cache import Manifest, ModelInfo, ResponseCache, empty_arrays
+from envs.features import build_features
 
 GUIDE_PRICE = (2.5, 10.0)  # USD per million tokens in / out (GPT-4o list price)
 
@@ -121,7 +122,6 @@ def build(spec: OracleSpec, n_questions: int = 1000, seed: int = 0) -> ResponseC
 def _check_classes(spec: OracleSpec, arrays: dict, kinds: np.ndarray) -> None:
     """Every question of an observation class must show identical features at every round
     (else the brute force over classes would not bound what a policy can do)."""
-    from envs.features import build_features
 
     raw = {k: arrays[k] for k in ("round_mask", "guide_verdict", "guide_uncertainty", "base_confidence",
                                   "base_answer", "guide_answer", "guide_tokens_in", "guide_tokens_out",

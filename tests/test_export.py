@@ -319,8 +319,9 @@ def test_export_refuses_a_degenerate_router_and_picks_the_cheapest_usable_row(ru
     art = export_router(run_dir, tmp_path / "default", echo=said.append)
     assert Router.load(art).manifest["policy"]["row"] == "CPO batch"
     assert "cheapest calibrated row whose calibration coverage holds" in said[0]
-    with pytest.raises(UserError, match=r"kappa-hat 3.7e-07.*98% of the 200 calibration.*'CPO batch'.*would serve better.*--force"):
+    with pytest.raises(UserError, match=r"kappa-hat 3.7e-07.*98% of the 200 calibration.*'CPO batch'.*would serve better.*`force`") as e:
         export_router(run_dir, tmp_path / "ccpo", row="CCPO (lambda=0)")
+    assert str(e.value.for_cli({"force": "--force"})).endswith("pass --force to export it anyway")
     assert not (tmp_path / "ccpo").exists()
     art = export_router(run_dir, tmp_path / "forced", row="CCPO (lambda=0)", force=True, echo=said.append)
     assert Router.load(art).manifest["policy"]["row"] == "CCPO (lambda=0)" and "degenerate" in said[-1]

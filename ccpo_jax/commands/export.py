@@ -59,7 +59,12 @@ def _export(args) -> int:
     from ccpo_jax.export import export_router
     from ccpo_jax.serving.artifact import read_verified
 
-    out = export_router(args.run_dir, args.out, row=args.row, force=args.force, echo=print)
+    from ccpo_jax.errors import UserError
+
+    try:
+        out = export_router(args.run_dir, args.out, row=args.row, force=args.force, echo=print)
+    except UserError as e:  # the library names its arguments; say which flag that is
+        raise e.for_cli({"row": "--row", "out": "--out", "force": "--force"}) from None
     m = read_verified(out)[0]
     kind = m["cache"].get("provenance", {}).get("kind", "?")
     tag = " (trained on a SYNTHETIC cache)" if kind == "synthetic" else ""

@@ -19,6 +19,8 @@ from envs.atomic import atomic_path
 from envs.governance.grid import TASK_TYPES
 from envs.governance.session import SessionEnv, SessionParams, surrogate_predict
 
+from .repair import trap_audit
+
 STRATEGIES = ("Middle", "Conservative", "Task-aware raw", "Scalar+R", "Task-aware+R")
 BASELINE = "Conservative"
 
@@ -58,7 +60,6 @@ def welch(x: np.ndarray, y: np.ndarray) -> float:
 
 def summarise(runs: dict[str, dict[str, np.ndarray]], trap_thresholds=(0.9, 0.7, 0.5)) -> dict:
     """Tables 4 (+ Welch p vs Conservative), 5 (per task), the sim-to-real fit, per strategy."""
-    from .repair import trap_audit
 
     base = runs[BASELINE]
     bt, bq = base["tokens"].reshape(-1), base["quality"].reshape(-1)
