@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FAST_COMPILE_XLA_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--splits", "3", "--iterations", "8", "--member-block", "1"]
@@ -29,7 +30,7 @@ ARGS = ["--splits", "3", "--iterations", "8", "--member-block", "1"]
 def _env(n_local_devices: int, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS"))}
     env.pop("CCPO_JAX_DISTRIBUTED", None)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n_local_devices}"
+    env["XLA_FLAGS"] = f"{FAST_COMPILE_XLA_FLAGS} --xla_force_host_platform_device_count={n_local_devices}"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)

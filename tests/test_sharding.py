@@ -1,6 +1,6 @@
-"""Sharding over a device mesh (docs/performance.md): results on 8 forced CPU devices equal one device's.
+"""Sharding over a device mesh (docs/performance.md): results on 4 forced CPU devices equal one device's.
 
-The checks run in ONE subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``
+The checks run in ONE subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=4``
 set before jax is imported (the test process's own jax is already initialised
 with one device). The oracle each time is the same computation unsharded on
 one device, plus, for the set evaluation, the plain-Python recursive
@@ -13,14 +13,14 @@ env rollout are required BITWISE equal. For train_many, the discrete state
 accepted, batch cost/success/length) are required bitwise equal; the float
 parameters, optimiser moments, losses and KL to |x8 - x1| <= 1e-6 + 1e-5 |x1|
 (observed max abs diff ~6e-7 in the policy head): XLA:CPU compiles a
-different dot kernel for a block of one member per device than for six
+different dot kernel for a block of two members per device than for six
 members on one device, and the CPO step's conjugate-gradient solve turns that
 last-bit rounding into ~1e-7-level parameter differences.
 
 With ``member_block`` set, every device runs its own single-device program
 (``sharding.PerDevice``) of the same block program, and runs on 1 and 2
 devices are required BITWISE equal over 12 iterations (state and every
-metric), as is a run killed after its first chunk on 8 devices and resumed
+metric), as is a run killed after its first chunk on 4 devices and resumed
 from the checkpoint on one. The tolerance above is for the SPMD path (no block): XLA compiles a
 multi-partition program through another pass pipeline than a one-partition
 one, which changes the last bit of rounding.
@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FAST_COMPILE_XLA_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +44,7 @@ WORKER = textwrap.dedent(
     r'''
     import json, os, sys
     import jax, jax.numpy as jnp, numpy as np
-    assert len(jax.devices()) == 8, jax.devices()
+    assert len(jax.devices()) == 4, jax.devices()
     from ccpo_jax import sharding
     from ccpo_jax.config import TrainConfig, Variant
     from ccpo_jax.members import train_many
@@ -57,7 +58,7 @@ WORKER = textwrap.dedent(
     mesh = sharding.make_mesh()
     rng = np.random.default_rng(0)
 
-    # (a) set evaluation over splits: S=13 (not a multiple of 8: padded), n=40.
+    # (a) set evaluation over splits: S=13 (not a multiple of 4: padded), n=40.
     S, n = 13, 40
     idx = np.stack([rng.permutation(cache.n_questions)[:n] for _ in range(S)]).astype(np.int32)
     sets = rng.random((S, n, cache.T, 3)) < 0.5
@@ -144,12 +145,12 @@ WORKER = textwrap.dedent(
     out["d_metrics_bitwise"] = sorted(m_one) == sorted(runs[2][1]) and all(np.array_equal(m_one[k], runs[2][1][k]) for k in m_one)
     out["d_metric_shape"] = list(runs[2][1]["kappa"].shape)
     out["d_param_change"] = float(np.max(np.abs(l_one[0] - l1[0])))  # trained further than (b)
-    # killed after 1 of 3 chunks on 8 devices (1 member each, 2 of them padding), resumed from
+    # killed after 1 of 3 chunks on 4 devices (2 members each, 2 of the 8 padding), resumed from
     # its checkpoint on ONE device: equal to the uninterrupted one-device run only if the
-    # 8-device chunk was bitwise equal too (CPO amplifies any difference, see (b)).
+    # 4-device chunk was bitwise equal too (CPO amplifies any difference, see (b)).
     import tempfile
     with tempfile.TemporaryDirectory() as ck:
-        train_many(cfg_d, params, variants, train_idx, key, progress=False, mesh=sharding.make_mesh(8),
+        train_many(cfg_d, params, variants, train_idx, key, progress=False, mesh=sharding.make_mesh(4),
                    member_block=1, ckpt_dir=ck, stop_after_chunks=1)
         st_r, m_r, _ = train_many(cfg_d, params, variants, train_idx, key, progress=False, member_block=1, ckpt_dir=ck)
     l_r = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(st_r))]
@@ -163,7 +164,7 @@ WORKER = textwrap.dedent(
 @pytest.fixture(scope="module")
 def result():
     env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+    env["XLA_FLAGS"] = f"{FAST_COMPILE_XLA_FLAGS} --xla_force_host_platform_device_count=4".strip()
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.run([sys.executable, "-c", WORKER], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -173,7 +174,7 @@ def result():
 
 
 def test_set_evaluation_sharded_over_splits_equals_one_device(result):
-    assert result["a_n_shards"] == 8
+    assert result["a_n_shards"] == 4
     assert result["a_equal"], "shard_map evaluation differs from one device"
     assert result["a_equal_auto"], "NamedSharding (SPMD-partitioned) evaluation differs from one device"
     assert result["a_reference_ok"], "sharded evaluation disagrees with the plain-Python reference evaluator"
@@ -188,7 +189,7 @@ def test_train_many_with_mesh_equals_one_device(result):
     # Float parameters, optimiser moments and losses: |x8 - x1| <= 1e-6 + 1e-5 |x1|.
     assert result["b_state_excess"] <= 1e-6, result
     assert result["b_metrics_excess"] <= 1e-6, result
-    print("train_many on 8 devices: bitwise", result["b_state_bitwise"], "max abs diff", result["b_state_maxabs"])
+    print("train_many on 4 devices: bitwise", result["b_state_bitwise"], "max abs diff", result["b_state_maxabs"])
 
 
 def test_train_many_member_block_on_2_devices_equals_one_device_bitwise(result):
@@ -198,8 +199,8 @@ def test_train_many_member_block_on_2_devices_equals_one_device_bitwise(result):
     assert result["d_metrics_bitwise"], "member_block=1 on 2 devices: metrics differ from one device"
 
 
-def test_train_killed_on_8_devices_resumes_on_one_device_bitwise(result):
-    assert result["d_resumed_bitwise"], "8-device checkpoint resumed on 1 device differs from an uninterrupted 1-device run"
+def test_train_killed_on_4_devices_resumes_on_one_device_bitwise(result):
+    assert result["d_resumed_bitwise"], "4-device checkpoint resumed on 1 device differs from an uninterrupted 1-device run"
 
 
 def test_env_rollout_episode_axis_sharded_equals_unsharded(result):

@@ -7,13 +7,14 @@ import subprocess
 import sys
 
 import pytest
+from conftest import FAST_COMPILE_XLA_FLAGS
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("stk") / "run"
     cmd = [sys.executable, "-m", "ccpo_jax.cli", "stackelberg", "--out", str(out), "--quick", "--episodes", "400", "--no-progress"]
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=FAST_COMPILE_XLA_FLAGS)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stdout
