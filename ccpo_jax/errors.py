@@ -21,11 +21,13 @@ class UserError(ValueError):
         self.field = field
 
     def for_cli(self, flags: Mapping[str, str]) -> "UserError":
-        """This error as a command line says it: the leading field name and every argument
-        name quoted in backticks (```force```) replaced by its flag in ``flags``."""
+        """This error as a command line says it: the leading field name replaced by its flag in
+        ``flags`` (or the flag put before a message that starts with the value), and every
+        argument name quoted in backticks (```force```) replaced by its flag."""
         msg = str(self)
-        if self.field and self.field in flags and msg.startswith(self.field):
-            msg = flags[self.field] + msg[len(self.field):]
+        if self.field and self.field in flags:  # "n_splits: ..." -> "--splits: ..."; "PATH: ..." -> "--out PATH: ..."
+            flag = flags[self.field]
+            msg = flag + msg[len(self.field):] if msg.startswith(self.field) else f"{flag} {msg}"
         msg = re.sub(r"`([a-z_]+)`", lambda m: flags.get(m.group(1), m.group(0)), msg)
         if msg == str(self):
             return self

@@ -176,8 +176,10 @@ def test_split_size_errors_name_the_field_and_the_cli_maps_it_to_the_flag():
     with pytest.raises(UserError, match="^protocol: ") as e:
         splits_for_protocol("bogus", jax.random.PRNGKey(0), 10, 2, 2, 2, 1)
     assert str(e.value.for_cli(FLAGS)).startswith("--protocol: ")
-    # a field the command does not know keeps its name
+    # a field the command does not know keeps its name; a message that starts with the value gets the flag
     assert str(UserError("x: bad", field="x").for_cli(FLAGS)) == "x: bad"
+    e = UserError("/tmp/o: already exists; pass `resume` or choose another `out_dir`", field="out_dir")
+    assert str(e.for_cli(FLAGS)) == "--out /tmp/o: already exists; pass --resume or choose another --out"
 
 
 def test_settings_match_the_synthetic_profiles():

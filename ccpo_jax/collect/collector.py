@@ -687,12 +687,12 @@ def _read_existing(path: Path, s: Settings, repair: bool = True) -> tuple[dict, 
         stored = man["provenance"]["config_sha256"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise CollectError(f"{path}:1: not a cache written by 'ccpo-jax data collect' (no manifest with "
-                           "provenance.config_sha256); choose another --out") from None
+                           "provenance.config_sha256); choose another `out`", field="resume") from None
     if stored != s.config_sha256():
         new = make_manifest(s, "")
         diffs = _diff(man, new)
-        raise CollectError(f"--resume {path}: the file was collected with other settings ({', '.join(diffs) or 'config'} "
-                           "differ); use the same flags and questions file, or another --out")
+        raise CollectError(f"{path}: the file was collected with other settings ({', '.join(diffs) or 'config'} "
+                           "differ); use the same settings and questions file, or another `out`", field="resume")
     done: dict[str, str] = {}
     for i, line in enumerate(lines[1:], start=2):
         if not line.strip():
@@ -729,12 +729,13 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
     out = Path(out)
     log_path = out.with_name(out.name + ".calls")
     if out.is_dir():
-        raise UserError(f"--out {out}: is a directory; give a file name ending in .jsonl")
+        raise UserError(f"{out}: is a directory; give a file name ending in .jsonl", field="out")
     if out.suffix != ".jsonl":
-        raise UserError(f"--out {out}: the cache is written in the human format; give a file name ending in .jsonl")
+        raise UserError(f"{out}: the cache is written in the human format; give a file name ending in .jsonl",
+                        field="out")
     if not ex.resume and (out.exists() or log_path.exists()):
-        raise UserError(f"--out {out}: already exists (or its call log {log_path.name}); pass --resume to continue "
-                        "that collection, or choose another --out")
+        raise UserError(f"{out}: already exists (or its call log {log_path.name}); pass `resume` to continue "
+                        "that collection, or choose another `out`", field="out")
     for r in ROLES:
         try:
             s.endpoint(r).api_key()  # a missing key variable is an error before anything is written
@@ -747,12 +748,12 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise UserError(f"--out {out}: cannot create its folder ({e.strerror or e})") from None
+            raise UserError(f"{out}: cannot create its folder ({e.strerror or e})", field="out") from None
     log_created = not log_path.exists()
     try:
         log = CallLog(log_path, read_only=True) if ex.dry_run else (CallLog(log_path) if ex.resume else None)
     except OSError as e:
-        raise UserError(f"--out {out}: cannot write its call log ({e.strerror or e})") from None
+        raise UserError(f"{out}: cannot write its call log ({e.strerror or e})", field="out") from None
     try:
         man, done = _read_existing(out, s, repair=not ex.dry_run) if ex.resume and out.exists() else (None, {})
     except BaseException:
@@ -775,7 +776,7 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
         try:
             atomic_write_text(out, manifest_line(man) + "\n")
         except OSError as e:
-            raise UserError(f"--out {out}: cannot write ({e.strerror or e})") from None
+            raise UserError(f"{out}: cannot write ({e.strerror or e})", field="out") from None
         created = True
     else:
         created = False
@@ -784,7 +785,7 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
             log = CallLog(log_path)
         except OSError as e:
             out.unlink(missing_ok=True)
-            raise UserError(f"--out {out}: cannot write its call log ({e.strerror or e})") from None
+            raise UserError(f"{out}: cannot write its call log ({e.strerror or e})", field="out") from None
     stop = threading.Event()
     clients = {r: ChatClient(s.endpoint(r), ex.retry, max_connections=ex.concurrency, stop=stop,
                              seed=i, sleep=sleep) for i, r in enumerate(ROLES)}

@@ -209,14 +209,20 @@ def execution_from_args(args):
                      progress=not args.no_progress, limit=args.limit, resume=args.resume, dry_run=args.dry_run)
 
 
+#: collect()'s and load_questions()'s arguments -> this command's flags (for error messages).
+FLAGS = {"questions": "--questions", "out": "--out", "resume": "--resume"}
+
+
 def run(args) -> int:
     """``ccpo-jax data collect``: 0 = complete, 3 = stopped by --max-cost-usd; errors exit 2 (cli)."""
     from ccpo_jax.collect.collector import EXIT_BUDGET, CollectError, collect, summary
 
-    s, questions = settings_from_args(args)
-    ex = execution_from_args(args)
     try:
+        s, questions = settings_from_args(args)
+        ex = execution_from_args(args)
         o = collect(s, questions, args.out, ex)
+    except UserError as e:  # the library names its arguments; say which flag that is
+        raise e.for_cli(FLAGS) from None
     except KeyboardInterrupt:
         print(f"interrupted: finished questions are in {args.out}; continue with the same flags and --resume",
               file=sys.stderr)

@@ -35,11 +35,11 @@ def load_questions(path: str | Path) -> tuple[list[Question], str]:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise UserError(f"--questions {path}: no such file") from None
+        raise UserError(f"{path}: no such file", field="questions") from None
     except IsADirectoryError:
-        raise UserError(f"--questions {path}: is a directory (expected a .jsonl or .csv file)") from None
+        raise UserError(f"{path}: is a directory (expected a .jsonl or .csv file)", field="questions") from None
     except OSError as e:
-        raise UserError(f"--questions {path}: cannot read ({e.strerror or e})") from None
+        raise UserError(f"{path}: cannot read ({e.strerror or e})", field="questions") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -51,7 +51,7 @@ def load_questions(path: str | Path) -> tuple[list[Question], str]:
     elif suffix in (".csv", ".tsv"):
         rows = _csv_rows(path, text, "\t" if suffix == ".tsv" else ",")
     else:
-        raise UserError(f"--questions {path}: expected a .jsonl or .csv file (id, question, gold)")
+        raise UserError(f"{path}: expected a .jsonl or .csv file (id, question, gold)", field="questions")
     out: list[Question] = []
     seen: dict[str, int] = {}
     for line, obj in rows:
@@ -75,7 +75,7 @@ def load_questions(path: str | Path) -> tuple[list[Question], str]:
                             "that is not empty after normalisation")
         out.append(Question(qid, q.strip(), tuple(g.strip() for g in golds)))
     if not out:
-        raise UserError(f"--questions {path}: no questions in the file")
+        raise UserError(f"{path}: no questions in the file", field="questions")
     return out, hashlib.sha256(raw).hexdigest()
 
 

@@ -108,7 +108,7 @@ def import_cache(fmt: str, src: str | os.PathLike) -> ResponseCache:
             raise CacheError(f"{path}: no such file or directory (format 'jsonl')")
         return read_jsonl(path)
     if fmt not in IMPORTERS:
-        raise CacheError(f"--format: unknown format {fmt!r}; known formats: {', '.join(['jsonl', *IMPORTERS])}")
+        raise CacheError(f"unknown format {fmt!r}; known formats: {', '.join(['jsonl', *IMPORTERS])}")
     return IMPORTERS[fmt].load(src)
 
 
