@@ -420,9 +420,9 @@ def generate(profile: str | Profile = DEFAULT_PROFILE, n_questions: int = DEFAUL
     """
     prof = _get_profile(profile)
     if isinstance(n_questions, bool) or not isinstance(n_questions, (int, np.integer)) or n_questions < 1:
-        raise CacheError(f"synthetic cache: the number of questions (--questions) must be an integer >= 1, got {n_questions!r}")
+        raise CacheError(f"synthetic cache: the number of questions must be an integer >= 1, got {n_questions!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise CacheError(f"synthetic cache: --seed must be an integer >= 0, got {seed!r}")
+        raise CacheError(f"synthetic cache: the seed must be an integer >= 0, got {seed!r}")
     n_questions, seed, T = int(n_questions), int(seed), T_ROUNDS
     sim = _simulate(prof, n_questions, seed, T)
     arrays = empty_arrays(n_questions, T, n_exit=2, n_llm_policy=2)

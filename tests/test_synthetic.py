@@ -207,9 +207,9 @@ def test_unknown_profile_and_bad_sizes():
         synthetic.generate("hotpotqa-gpt5")
     for name in PROFILE_NAMES:
         assert name in str(e.value)
-    with pytest.raises(CacheError, match="--questions"):
+    with pytest.raises(CacheError, match="the number of questions must be an integer >= 1, got 0"):
         synthetic.generate("mmlu-llama2", 0)
-    with pytest.raises(CacheError, match="--seed"):
+    with pytest.raises(CacheError, match="the seed must be an integer >= 0, got -1"):
         synthetic.generate("mmlu-llama2", 10, seed=-1)
     assert synthetic.DEFAULT_PROFILE in synthetic.PROFILES and synthetic.DEFAULT_QUESTIONS == 1400
     for prof in synthetic.PROFILES.values():
