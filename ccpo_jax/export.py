@@ -64,7 +64,6 @@ PLATFORMS = ("cpu", "cuda", "tpu")
 
 def policy_forward(hidden, treedef):
     """``f(flat_params, obs [b, F], available [b, 3], kappa) -> (probs [b, 3], in_set [b, 3])``, in blocks."""
-
     net = policy_net(tuple(hidden))
 
     def f(flat, obs, avail, kappa):
@@ -81,7 +80,6 @@ def policy_forward(hidden, treedef):
 
 def export_module(params: Any, hidden, F: int) -> tuple[bytes, list[str], list[np.ndarray]]:
     """Serialized batch-polymorphic module, leaf names and leaf arrays (in the module's input order)."""
-
     with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
     names = ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in with_path]
     leaves = [np.asarray(x, np.float32) for _, x in with_path]
@@ -139,7 +137,6 @@ def _versions() -> dict[str, str]:
 def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], policy_dir: Path,
                    run_dir: Path, module_info: dict) -> dict:
     """Everything a serving layer needs, except ``files`` and ``manifest_sha256`` (added by the writer)."""
-
     T = int(meta["T"])
     fnames = list(feature_names(T))
     if list(meta.get("feature_names", fnames)) != fnames:
@@ -327,7 +324,6 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
 
 def _self_check(path: Path, params: Any, meta: dict, n: int = 4096) -> None:
     """Load the artefact back and compare its sets with the trainer's on random observations."""
-
     router = Router.load(path)
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(n, router.F)).astype(np.float32)

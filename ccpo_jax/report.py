@@ -123,7 +123,6 @@ def cache_info(cache) -> dict[str, Any]:
 
 def environment_info() -> dict[str, Any]:
     """jax version, default backend and the devices (``platform:id (kind)``)."""
-
     return {
         "jax": jax.__version__,
         "backend": jax.default_backend(),
@@ -234,7 +233,6 @@ def format_table(
     n_seeds = int(results.get("seeds", 1))
     tc = results.get("train_config") or {}
     if tc:
-
         dev = deviations_from_dict(tc, PAPER)
         if dev:
             lines.append(f"- learned rows go beyond the paper's published setting (preset `{results.get('preset')}`): "

@@ -60,7 +60,6 @@ def welch(x: np.ndarray, y: np.ndarray) -> float:
 
 def summarise(runs: dict[str, dict[str, np.ndarray]], trap_thresholds=(0.9, 0.7, 0.5)) -> dict:
     """Tables 4 (+ Welch p vs Conservative), 5 (per task), the sim-to-real fit, per strategy."""
-
     base = runs[BASELINE]
     bt, bq = base["tokens"].reshape(-1), base["quality"].reshape(-1)
     out = {}
