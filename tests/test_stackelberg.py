@@ -254,3 +254,55 @@ def test_ppo_solves_a_bandit_with_known_optimum():
     mean_a = np.asarray(policy.mean(st.actor, jnp.zeros((2,))))
     np.testing.assert_allclose(mean_a, np.asarray(target), atol=0.03)
     assert float(m["episode_return"][-10:].mean()) > float(m["episode_return"][:10].mean())
+
+
+# -- evaluation ---------------------------------------------------------------------------
+
+def _untrained_ctrls(cfg, n_models):
+    """Controllers with initial weights: enough to exercise the evaluation's programs."""
+    from ccpo_jax.stackelberg.ppo import BoxPolicy
+
+    ctrls = {}
+    for i, kind in enumerate(("scalar", "task")):
+        env = SessionEnv(SessionConfig(state=kind), n_models)
+        leader, policy = BoxPolicy(2, cfg.leader.hidden, cfg.leader.policy), BoxPolicy(3, cfg.gail.hidden, cfg.gail.policy)
+        k1, k2 = jax.random.split(jax.random.PRNGKey(i))
+        ctrls[kind] = {"env": env, "policy": policy, "leader": leader, "leader_params": leader.init(k1, env.obs_dim),
+                       "follower_params": policy.init(k2, env.obs_dim + 2)}
+    return ctrls
+
+
+def test_evaluation_compiles_one_rollout_per_env_kind(monkeypatch, small_grid, session_params):
+    """All strategies of an env kind and both episode counts share one program; each strategy's
+    output equals its own per-strategy rollout (make_act + rollout, arXiv 2606.23026 §10.2)."""
+    import dataclasses
+
+    from ccpo_jax.stackelberg import pipeline
+    from ccpo_jax.stackelberg.config import StackelbergConfig
+    from ccpo_jax.stackelberg.evaluate import rollout
+    from ccpo_jax.stackelberg.repair import UNeedHead
+
+    cfg = StackelbergConfig()
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, turns=2))
+    M = int(session_params.grid_tokens.shape[1])
+    ctrls = _untrained_ctrls(cfg, M)
+    u_head = UNeedHead(jnp.linspace(0.0, 0.4, 6 + M), M)  # the small grid has no level inside A_real to fit one
+    traces = []
+    inner = pipeline.rollout_episodes
+    monkeypatch.setattr(pipeline, "rollout_episodes", lambda env, *a: traces.append(env.cfg.state) or inner(env, *a))
+    key = jax.random.PRNGKey(5)
+    sizes = [(3, jax.random.fold_in(key, 3)), (5, jax.random.fold_in(key, 5))]
+    small, large = pipeline.evaluate_sizes(cfg, session_params, ctrls, u_head, sizes)
+    assert sorted(traces) == ["scalar", "task"]
+    plan = pipeline.eval_plan(cfg)
+    assert list(small) == list(large) == list(plan)
+    assert large["Scalar+R"]["tokens"].shape == (5, 2) and small["Middle"]["a_exec"].shape == (3, 2, 3)
+    for name in ("Conservative", "Task-aware+R"):  # one static, one learned: the reference per-strategy rollout
+        ekind, ckind, mode, static = plan[name]
+        env = SessionEnv(dataclasses.replace(cfg.session, state=ekind, mode="replay", horizon=2), ctrls[ekind]["env"].n_models)
+        ctrl = None if ckind is None else dict(ctrls[ckind], env=env)
+        act = pipeline.make_act(ctrl, cfg, u_head, mode, static)
+        pp = {} if ctrl is None else {"leader": ctrl["leader_params"], "fol": ctrl["follower_params"]}
+        want = rollout(env, act, jax.random.fold_in(sizes[1][1], list(plan).index(name)), session_params, pp, 5)
+        for k, v in want.items():
+            np.testing.assert_allclose(large[name][k], np.asarray(v), rtol=1e-5, atol=1e-5, err_msg=f"{name} {k}")

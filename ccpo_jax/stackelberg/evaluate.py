@@ -30,6 +30,11 @@ def rollout(env: SessionEnv, act: Callable, key, params: SessionParams, pp, n_ep
 
     Returns per-turn arrays ``[N, H]`` (actions ``[N, H, 3]``).
     """
+    return rollout_episodes(env, act, jax.random.split(key, n_episodes), params, pp)
+
+
+def rollout_episodes(env: SessionEnv, act: Callable, keys, params: SessionParams, pp) -> dict[str, jax.Array]:
+    """:func:`rollout` given the episode keys ``[N]`` (one session each), so ``N`` is a shape, not a constant."""
     H = env.cfg.horizon
 
     def episode(k):
@@ -48,7 +53,7 @@ def rollout(env: SessionEnv, act: Callable, key, params: SessionParams, pp, n_ep
         _, out = jax.lax.scan(turn, (x, st), jax.random.split(kr, H))
         return out
 
-    return jax.vmap(episode)(jax.random.split(key, n_episodes))
+    return jax.vmap(episode)(keys)
 
 
 def welch(x: np.ndarray, y: np.ndarray) -> float:

@@ -30,7 +30,7 @@ from envs.governance.session import SessionEnv, make_session_params
 from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes
 
 from .config import StackelbergConfig
-from .evaluate import STRATEGIES, pareto_front, pareto_plot, rollout, sim_to_real, summarise
+from .evaluate import STRATEGIES, pareto_front, pareto_plot, rollout_episodes, sim_to_real, summarise
 from .gail import expert_demos, make_gail
 from .ppo import make_ppo
 from .repair import fit_u_need, project_box, repair_action, trap_audit, u_need_labels
@@ -145,14 +145,16 @@ def make_act(ctrl: dict | None, cfg: StackelbergConfig, u_head, mode: str, stati
     return act
 
 
-def evaluate_all(cfg: StackelbergConfig, params, ctrls: dict, u_head, episodes: int, key) -> dict[str, dict]:
-    """Five strategies (+ 'Scalar raw' and projection-only variants for the audits) on grid replay."""
-    n_models = int(params.grid_tokens.shape[1])
-    rcfg = lambda kind: dataclasses.replace(cfg.session, state=kind, mode="replay", horizon=cfg.eval.turns)
-    envs = {k: SessionEnv(rcfg(k), n_models) for k in ("scalar", "task")}
-    plan = {
-        "Middle": ("scalar", None, "raw", cfg.eval.middle),
-        "Conservative": ("scalar", None, "raw", cfg.eval.conservative),
+MODES = ("static", "raw", "proj", "repair")
+"""Strategy modes; in one env kind the mode is a traced index into this tuple (see :func:`make_strategy_act`)."""
+
+
+def eval_plan(cfg: StackelbergConfig) -> dict[str, tuple[str, str | None, str, tuple | None]]:
+    """The five strategies of Table 4 (arXiv 2606.23026 §10.2) plus 'Scalar raw' and the projection-only
+    variants of the audits (Table 7, §8): name -> (env kind, controller kind, mode, static action)."""
+    return {
+        "Middle": ("scalar", None, "static", cfg.eval.middle),
+        "Conservative": ("scalar", None, "static", cfg.eval.conservative),
         "Task-aware raw": ("task", "task", "raw", None),
         "Scalar+R": ("scalar", "scalar", "repair", None),
         "Task-aware+R": ("task", "task", "repair", None),
@@ -160,18 +162,51 @@ def evaluate_all(cfg: StackelbergConfig, params, ctrls: dict, u_head, episodes: 
         "Scalar+proj": ("scalar", "scalar", "proj", None),
         "Task-aware+proj": ("task", "task", "proj", None),
     }
-    runs = {}
-    for i, (name, (ekind, ckind, mode, static)) in enumerate(plan.items()):
-        env = envs[ekind]
-        ctrl = None
-        if ckind is not None:
-            ctrl = dict(ctrls[ckind])
-            ctrl["env"] = env  # commit() uses the same smoothing config in replay
-        act = make_act(ctrl, cfg, u_head, mode, static)
-        pp = {} if ctrl is None else {"leader": ctrls[ckind]["leader_params"], "fol": ctrls[ckind]["follower_params"]}
-        f = jax.jit(lambda k, p, pp, env=env, act=act: rollout(env, act, k, p, pp, episodes))
-        runs[name] = jax.tree.map(np.asarray, f(jax.random.fold_in(key, i), params, pp))
-    return runs
+
+
+def make_strategy_act(ctrl: dict, cfg: StackelbergConfig, u_head):
+    """One ``act`` for every strategy of an env kind: ``pp["mode"]`` (an index into :data:`MODES`) picks
+    the :func:`make_act` branch and ``pp["static"]`` is the static action; both are traced, so the
+    strategies of a kind share one program (vmapped over them, the branches become a select)."""
+    learned = [make_act(ctrl, cfg, u_head, m) for m in MODES[1:]]
+    branches = [lambda pp, x, st: make_act(None, cfg, u_head, "static", pp["static"])(pp, x, st), *learned]
+    return lambda pp, x, st: jax.lax.switch(pp["mode"], branches, pp, x, st)
+
+
+def _episode_keys(key, i: int, episodes: int):
+    """Strategy ``i``'s episode keys: those :func:`rollout` draws from ``fold_in(key, i)``."""
+    return jax.random.split(jax.random.fold_in(key, i), episodes)
+
+
+def evaluate_sizes(cfg: StackelbergConfig, params, ctrls: dict, u_head, sizes: list[tuple[int, Any]]) -> list[dict[str, dict]]:
+    """:func:`evaluate_all` for each ``(episodes, key)`` of ``sizes``, with one rollout program per env kind:
+    the strategies of a kind are vmapped (traced mode, static action and episode keys; the kind's controller
+    parameters shared) and the episode counts are concatenated along the episode axis."""
+    n_models = int(params.grid_tokens.shape[1])
+    plan = eval_plan(cfg)
+    index = {name: i for i, name in enumerate(plan)}
+    out: list[dict[str, dict]] = [{} for _ in sizes]
+    for kind in ("scalar", "task"):
+        names = [n for n, v in plan.items() if v[0] == kind]
+        env = SessionEnv(dataclasses.replace(cfg.session, state=kind, mode="replay", horizon=cfg.eval.turns), n_models)
+        ctrl = dict(ctrls[kind], env=env)  # commit() uses the same smoothing config in replay
+        pp = {"leader": ctrls[kind]["leader_params"], "fol": ctrls[kind]["follower_params"],
+              "mode": jnp.asarray([MODES.index(plan[n][2]) for n in names], jnp.int32),
+              "static": jnp.asarray([plan[n][3] or (0.0, 0.0, 0.0) for n in names], jnp.float32)}
+        keys = jnp.stack([jnp.concatenate([_episode_keys(k, index[n], e) for e, k in sizes]) for n in names])
+        f = jax.jit(jax.vmap(lambda k, p, pp: rollout_episodes(env, make_strategy_act(ctrl, cfg, u_head), k, p, pp),
+                             in_axes=(0, None, {"leader": None, "fol": None, "mode": 0, "static": 0})))
+        res = jax.tree.map(np.asarray, f(keys, params, pp))
+        starts = np.cumsum([0] + [e for e, _ in sizes])
+        for j, (e, _) in enumerate(sizes):
+            for s, n in enumerate(names):
+                out[j][n] = {k: v[s, starts[j]:starts[j] + e] for k, v in res.items()}
+    return [{n: o[n] for n in plan} for o in out]
+
+
+def evaluate_all(cfg: StackelbergConfig, params, ctrls: dict, u_head, episodes: int, key) -> dict[str, dict]:
+    """The strategies of :func:`eval_plan` on grid replay, ``episodes`` each: name -> per-turn arrays [N, H]."""
+    return evaluate_sizes(cfg, params, ctrls, u_head, [(episodes, key)])[0]
 
 
 def _fmt_p(p) -> str:
@@ -281,8 +316,9 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
     t_eval = time.time()
     ekey = jax.random.PRNGKey(cfg.eval.seed)
     evals, raw_runs = {}, {}
-    for size, n in (("paper_size", cfg.eval.paper_episodes), ("large", cfg.eval.episodes)):
-        runs = evaluate_all(cfg, params, ctrls, u_head, n, jax.random.fold_in(ekey, n))
+    sizes = (("paper_size", cfg.eval.paper_episodes), ("large", cfg.eval.episodes))
+    all_runs = evaluate_sizes(cfg, params, ctrls, u_head, [(n, jax.random.fold_in(ekey, n)) for _, n in sizes])
+    for (size, n), runs in zip(sizes, all_runs):
         raw_runs[size] = runs
         main = {k: runs[k] for k in STRATEGIES}
         summ = summarise(main, cfg.repair.trap)
