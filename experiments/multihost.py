@@ -24,7 +24,9 @@ the calibrated kappas and a SHA-256 digest of the trained state. With
 (``ccpo_jax.sharding.PerDevice``) and the output is bit-identical to a run on
 ONE device with the same block (2 hosts x 2 devices = 1 host x 1 device);
 ``--member-block 0`` runs one SPMD program (one compilation), equal across
-layouts with the same number of devices (2 hosts x 2 = 1 host x 4). See
+layouts with the same number of devices (2 hosts x 2 = 1 host x 4).
+``--member-block 1,0 --out result-{block}.json`` runs both layouts in turn in
+the same processes (one start-up and one cache for both). See
 ``tests/test_multihost.py``.
 
 Defaults are small (a 600-question SYNTHETIC cache, 4 splits, 20 iterations)
@@ -42,14 +44,18 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.multihost", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="JSON file written by process 0")
+    p.add_argument("--out", required=True,
+                   help="JSON file written by process 0; with several --member-block values it must contain "
+                        "'{block}', replaced by each value")
     p.add_argument("--profile", default="hotpotqa-llama2", help="SYNTHETIC cache profile (envs.synthetic)")
     p.add_argument("--questions", type=int, default=600, help="questions in the synthetic cache")
     p.add_argument("--splits", type=int, default=4, help="splits, each trains its own policies")
     p.add_argument("--split-sizes", default="300,100,100", metavar="TRAIN,CAL,TEST")
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--alpha", type=float, default=0.1)
-    p.add_argument("--member-block", type=int, default=1, help="members per block (default 1: bit-identical to one device; 0: one SPMD program, one vmap per device)")
+    p.add_argument("--member-block", default="1",
+                   help="members per block (default 1: bit-identical to one device; 0: one SPMD program, one vmap "
+                        "per device); a comma-separated list (e.g. 1,0) runs each layout in turn in the same processes")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
@@ -66,16 +72,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     import jax
-    import numpy as np
 
-    from ccpo_jax import sharding
     from ccpo_jax.config import TrainConfig
     from ccpo_jax.errors import UserError
-    from envs.atomic import atomic_write_text
     from ccpo_jax.splits import check_split_sizes, make_splits
-    from ccpo_jax.evaluation import evaluate_trained
-    from ccpo_jax.members import train_many
-    from ccpo_jax.rows import row_variants
     from envs.orchestration import make_env_params
     from envs.synthetic import generate
 
@@ -84,6 +84,13 @@ def _run(args) -> int:
         assert len(sizes) == 3
     except (ValueError, AssertionError):
         raise UserError(f"--split-sizes: expected TRAIN,CAL,TEST, got {args.split_sizes!r}") from None
+    try:
+        blocks = [int(x) for x in str(args.member_block).split(",")]
+        assert blocks and all(b >= 0 for b in blocks)
+    except (ValueError, AssertionError):
+        raise UserError(f"--member-block: expected integers >= 0 separated by commas, got {args.member_block!r}") from None
+    if len(blocks) > 1 and "{block}" not in args.out:
+        raise UserError(f"--out: with several --member-block values it must contain '{{block}}', got {args.out!r}")
     cache = generate(args.profile, args.questions, args.seed)
     check_split_sizes(cache.n_questions, *sizes, args.splits, where="the synthetic cache")
     params = make_env_params(cache)
@@ -91,9 +98,24 @@ def _run(args) -> int:
     k_split, k_train, k_eval = jax.random.split(key, 3)
     splits = make_splits(k_split, cache.n_questions, *sizes, args.splits)
     cfg = TrainConfig(iterations=args.iterations, chunk=args.iterations, alpha=args.alpha)
+    for block in blocks:
+        _run_layout(args, cache, params, splits, cfg, k_train, k_eval, block or None)
+    return 0
+
+
+def _run_layout(args, cache, params, splits, cfg, k_train, k_eval, block: int | None) -> None:
+    """Train and evaluate with one member layout (``block`` None: one SPMD program); process 0 writes the result."""
+    import jax
+    import numpy as np
+
+    from ccpo_jax import sharding
+    from ccpo_jax.evaluation import evaluate_trained
+    from ccpo_jax.members import train_many
+    from ccpo_jax.rows import row_variants
+    from envs.atomic import atomic_write_text
+
     variants = row_variants(())
     mesh = sharding.make_mesh()
-    block = args.member_block or None
     state, metrics, timing = train_many(cfg, params, variants, np.asarray(splits.train), k_train,
                                         progress=False, mesh=mesh, member_block=block)
     state = sharding.to_host(state)  # every host gets the whole trained state
@@ -116,12 +138,11 @@ def _run(args) -> int:
         "kappa_online_curve_mean": np.asarray(metrics["kappa"]).mean(axis=(0, 1)).tolist(),
     }
     if jax.process_index() == 0:
-        out = Path(args.out)
+        out = Path(args.out.replace("{block}", str(block or 0)))
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, json.dumps(result, indent=1) + "\n")
         print(f"process 0 of {jax.process_count()}: {jax.device_count()} devices, state sha256 {digest[:16]}, "
               f"train {timing['train_s']:.1f} s (compile {timing['compile_s']:.1f} s); wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

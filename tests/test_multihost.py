@@ -24,7 +24,7 @@ import pytest
 from conftest import FAST_COMPILE_XLA_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
-ARGS = ["--splits", "3", "--iterations", "8", "--member-block", "1"]
+ARGS = ["--splits", "3", "--iterations", "8"]
 
 
 def _env(n_local_devices: int, **extra) -> dict:
@@ -82,13 +82,14 @@ def _one_host(tmp: Path, name: str, n_devices: int, extra: list[str]) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("multihost")
-    out = {"stdout": _two_hosts(tmp, "two_hosts", ["--member-block", "1"])}
+    # Both layouts in one pair of processes: member blocks of 1 (-1.json), then one SPMD program (-0.json).
+    out = {"stdout": _two_hosts(tmp, "two_hosts-{block}", ["--member-block", "1,0"])}
     _one_host(tmp, "one_device", 1, ["--member-block", "1"])
-    out["stdout_spmd"] = _two_hosts(tmp, "two_hosts_spmd", ["--member-block", "0"])
     _one_host(tmp, "one_host_4_spmd", 4, ["--member-block", "0"])
     out["files"] = sorted(p.name for p in tmp.iterdir())
-    for name in ("two_hosts", "one_device", "two_hosts_spmd", "one_host_4_spmd"):
-        out[name] = _load(tmp / f"{name}.json")
+    for name, file in (("two_hosts", "two_hosts-1"), ("two_hosts_spmd", "two_hosts-0"), ("one_device", "one_device"),
+                       ("one_host_4_spmd", "one_host_4_spmd")):
+        out[name] = _load(tmp / f"{file}.json")
     return out
 
 
@@ -97,8 +98,8 @@ def test_two_hosts_form_one_four_device_mesh(runs):
     assert two["processes"] == 2 and two["devices"] == 4 and two["member_block"] == 1
     assert runs["one_device"]["processes"] == 1 and runs["one_device"]["devices"] == 1
     # only process 0 reports and writes
-    assert sum("process 0 of 2" in s for s in runs["stdout"]) == 1
-    assert runs["files"] == ["one_device.json", "one_host_4_spmd.json", "two_hosts.json", "two_hosts_spmd.json"]
+    assert [out.count("process 0 of 2") for out in runs["stdout"]] == [2, 0]  # one line per layout
+    assert runs["files"] == ["one_device.json", "one_host_4_spmd.json", "two_hosts-0.json", "two_hosts-1.json"]
     assert "SYNTHETIC" in two["note"]
 
 
