@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -68,12 +68,52 @@ def shared_data() -> Path:
     return _require_shared()
 
 
+@pytest.fixture(scope="session")
+def largest_real_data() -> RealData:
+    """The full data when it is there (always under CI=true, which fails without it), else the
+    shipped fixtures: for the expensive end-to-end runs, which need not run on both."""
+    if _have_shared() or IN_CI:
+        return RealData(_require_shared(), full=True)
+    return RealData(FIXTURE_DATA, full=False)
+
+
 @pytest.fixture(scope="session", params=["fixtures", "shared"])
 def real_data(request) -> RealData:
     """Each real-data folder in turn: the shipped fixtures, then the full data (if present)."""
     if request.param == "fixtures":
         return RealData(FIXTURE_DATA, full=False)
     return RealData(_require_shared(), full=True)
+
+
+class Mechanics(NamedTuple):
+    """One small training problem for the tests of the trainer's mechanics (resume, refusal of
+    another configuration, damaged checkpoints, saving): a random 80-question cache, the three
+    rows CPO / CCPO (lambda=0) / CCPO (lambda=2e-4) on two splits of 60 questions, 6 iterations
+    in chunks of 2. The tests that use it compile one chunk program, which the persistent
+    compilation cache above serves to all of them after the first."""
+
+    cache: Any
+    params: Any
+    config: Any
+    variants: list
+    train_idx: Any
+    key: Any
+
+
+@pytest.fixture(scope="session")
+def mechanics() -> Mechanics:
+    import jax
+    import numpy as np
+
+    from ccpo_jax.config import TrainConfig
+    from ccpo_jax.rows import row_variants
+    from envs.orchestration import make_env_params
+    from envs.reference import random_cache
+
+    cache = random_cache(80, T=4, seed=3)
+    return Mechanics(cache=cache, params=make_env_params(cache), config=TrainConfig(iterations=6, chunk=2, batch_size=4),
+                     variants=row_variants((2e-4,)), train_idx=np.tile(np.arange(60)[None], (2, 1)),
+                     key=jax.random.PRNGKey(7))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -93,3 +133,30 @@ def _free_compiled_programs():
 
         sys.modules["jax"].clear_caches()
         gc.collect()
+
+
+def _log_compile_times(path: str) -> None:
+    """``CCPO_COMPILE_LOG=FILE``: append one line per JAX compilation event (the running test,
+    the event, seconds) to ``FILE.<worker>``, to find which tests pay for which programs."""
+    import jax
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    out = open(f"{path}.{worker}", "a", buffering=1)
+
+    def test() -> str:
+        return os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+
+    def on_duration(event: str, seconds: float, fun_name: str = "", **_):
+        if event.startswith("/jax/core/compile/") or "compilation_cache" in event:
+            out.write(f"{test()}\t{event.rsplit('/', 1)[-1]}\t{seconds:.3f}\t{fun_name}\n")
+
+    def on_event(event: str, **_):
+        if event.endswith(("cache_hits", "cache_misses")):
+            out.write(f"{test()}\t{event.rsplit('/', 1)[-1]}\t0\t\n")
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
+
+
+if os.environ.get("CCPO_COMPILE_LOG"):
+    _log_compile_times(os.environ["CCPO_COMPILE_LOG"])

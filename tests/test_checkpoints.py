@@ -138,23 +138,15 @@ def test_full_disk_during_save_is_one_exception_without_log_noise(tmp_path, monk
     assert ck.latest_step() == 1
 
 
-def test_flipped_kernel_byte_in_a_killed_training_run_is_not_resumed(tmp_path):
-    """The issue's case through the trainer: kill after two chunks, flip a byte in the newest
-    checkpoint's array data, resume: step 2 is refused, the run resumes from step 1 and ends with
-    exactly the uninterrupted run's result."""
+def test_flipped_kernel_byte_in_a_killed_training_run_is_not_resumed(tmp_path, mechanics):
+    """The issue's case through the trainer (the small problem of conftest.mechanics): kill after
+    two chunks, flip a byte in the newest checkpoint's array data, resume: step 2 is refused, the
+    run resumes from step 1 and ends with exactly the uninterrupted run's result."""
     import jax
 
-    from ccpo_jax.config import TrainConfig
     from ccpo_jax.members import train_many
-    from ccpo_jax.rows import row_variants
-    from envs.orchestration import make_env_params
-    from envs.reference import random_cache
 
-    params = make_env_params(random_cache(60, T=4, seed=3))
-    cfg = TrainConfig(iterations=6, chunk=2, batch_size=4)
-    variants = row_variants(())
-    idx = np.arange(40)[None]
-    key = jax.random.PRNGKey(7)
+    params, cfg, variants, idx, key = mechanics.params, mechanics.config, mechanics.variants, mechanics.train_idx, mechanics.key
     full_state, full_m, _ = train_many(cfg, params, variants, idx, key, progress=False)
     ckpt = tmp_path / "ckpt"
     train_many(cfg, params, variants, idx, key, ckpt_dir=ckpt, progress=False, stop_after_chunks=2)

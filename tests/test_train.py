@@ -28,23 +28,26 @@ def small():
     return cache, make_env_params(cache)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(mechanics):
+    """The uninterrupted 6-iteration run of the mechanics problem (conftest): (state, metrics)."""
+    p = mechanics
+    state, metrics, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, progress=False)
+    return state, metrics
+
+
 def _tree_equal(a, b) -> bool:
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
 
 
-def test_killed_run_resumes_to_identical_result(small, tmp_path):
-    _, params = small
-    cfg = TrainConfig(iterations=6, chunk=2, batch_size=4)
-    variants = row_variants((2e-4,))
-    train_idx = np.tile(np.arange(60)[None], (2, 1))  # two splits
-    key = jax.random.PRNGKey(7)
-    full_state, full_m, _ = train_many(cfg, params, variants, train_idx, key, progress=False)
-
+def test_killed_run_resumes_to_identical_result(mechanics, uninterrupted, tmp_path):
+    p = mechanics
+    full_state, full_m = uninterrupted
     ckpt = tmp_path / "ckpt"
     # "kill" after the first chunk, then resume from the checkpoint.
-    train_many(cfg, params, variants, train_idx, key, ckpt_dir=ckpt, progress=False, stop_after_chunks=1)
-    res_state, res_m, _ = train_many(cfg, params, variants, train_idx, key, ckpt_dir=ckpt, progress=False)
+    train_many(p.config, p.params, p.variants, p.train_idx, p.key, ckpt_dir=ckpt, progress=False, stop_after_chunks=1)
+    res_state, res_m, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, ckpt_dir=ckpt, progress=False)
     assert _tree_equal(full_state, res_state)
     assert full_m.keys() == res_m.keys()
     for k in full_m:
@@ -52,16 +55,14 @@ def test_killed_run_resumes_to_identical_result(small, tmp_path):
         np.testing.assert_array_equal(full_m[k], res_m[k])
 
 
-def test_resume_with_other_config_is_refused(small, tmp_path):
+def test_resume_with_other_config_is_refused(mechanics, tmp_path):
     from ccpo_jax.errors import UserError
 
-    _, params = small
-    cfg = TrainConfig(iterations=2, chunk=2, batch_size=4)
-    idx = np.arange(60)[None]
-    train_many(cfg, params, [Variant("CPO", False)], idx, jax.random.PRNGKey(0), ckpt_dir=tmp_path, progress=False)
+    p = mechanics
+    cfg = p.config.replace(iterations=2)
+    train_many(cfg, p.params, p.variants, p.train_idx, p.key, ckpt_dir=tmp_path, progress=False)
     with pytest.raises(UserError, match="different configuration"):
-        train_many(cfg.replace(iterations=4), params, [Variant("CPO", False)], idx, jax.random.PRNGKey(0),
-                   ckpt_dir=tmp_path, progress=False)
+        train_many(cfg.replace(iterations=4), p.params, p.variants, p.train_idx, p.key, ckpt_dir=tmp_path, progress=False)
 
 
 def _one_right_action_cache(Q: int = 64) -> ResponseCache:
@@ -155,15 +156,15 @@ def test_batch_calibrated_evaluation_matches_plain_python(small):
     assert float(np.mean(np.asarray(m.covered))) == pytest.approx(cov)
 
 
-def test_saved_policy_round_trip(small, tmp_path):
-    cache, params = small
-    cfg = TrainConfig(iterations=2, chunk=2, batch_size=4)
-    variants = row_variants(())
-    state, _, _ = train_many(cfg, params, variants, np.arange(60)[None], jax.random.PRNGKey(0), progress=False)
-    state = jax.tree.map(lambda x: x[:, :, None], state)  # [V, S_train, N seeds]
-    kappas = {"CPO batch": np.array([[0.2]]), "CCPO (lambda=0)": np.array([[0.3]])}  # [N, S]
+def test_saved_policy_round_trip(mechanics, uninterrupted, tmp_path):
+    cache, cfg, variants = mechanics.cache, mechanics.config, mechanics.variants
+    state = jax.tree.map(lambda x: x[:, :, None], uninterrupted[0])  # [V, S_train, N seeds]
+    kappas = {"CPO batch": np.array([[0.2, 0.25]]), "CCPO (lambda=0)": np.array([[0.3, 0.35]]),
+              "CCPO (lambda=2e-4)": np.array([[0.4, 0.45]])}  # [N, S]
     save_policies(tmp_path, cfg, variants, state, kappas, cache, "recalibrate")
     pol, meta = load_policy(tmp_path / "ccpo-lambda-0")
     assert meta["row"] == "CCPO (lambda=0)" and meta["kappa"] == pytest.approx(0.3)
     assert _tree_equal(pol, jax.tree.map(lambda x: x[1, 0, 0], state.policy))
     assert dataclasses.asdict(cfg)["alpha"] == meta["alpha"]
+    pol2, meta2 = load_policy(tmp_path / "ccpo-lambda-2e-4")
+    assert meta2["kappa"] == pytest.approx(0.4) and _tree_equal(pol2, jax.tree.map(lambda x: x[2, 0, 0], state.policy))
