@@ -199,17 +199,38 @@ def test_interrupted_run_leaves_no_out_and_resumes(tmp_path, small_cache):
 
 # -- end to end, real baselines and trainer ----------------------------------------------------
 
-def test_end_to_end_small(tmp_path, small_cache, monkeypatch, capsys):
-    """``ccpo-jax reproduce --splits 3 --split-sizes 60,20,20`` with the real baselines and trainer
-    (in-process through ``cli.main``, so the compiled baselines of the tests above are reused)."""
+# The one end-to-end run on this process's device, shared by the two tests below (it is also the
+# one-device reference of the --devices run, so it uses --member-block 1).
+E2E = ["--splits", "3", "--split-sizes", "60,20,20", "--iterations", "6", "--seeds", "2", "--member-block", "1",
+       "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def e2e(small_cache, tmp_path_factory):
+    """``ccpo-jax reproduce`` in-process through ``cli.main`` (so the compiled baselines of the tests
+    above are reused): (exit code, captured stdout/stderr, output dir, cwd listing)."""
     from ccpo_jax.cli import main
 
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "e2e"
-    rc = main(["reproduce", "--cache", str(small_cache), "--splits", "3", "--split-sizes", "60,20,20",
-               "--iterations", "4", "--seeds", "2", "--no-progress", "--out", str(out)])
-    captured = capsys.readouterr()
-    assert rc == 0, captured.err[-3000:]
+    cwd = tmp_path_factory.mktemp("e2e_cwd")
+    out = cwd / "e2e"
+    mp = pytest.MonkeyPatch()
+    mp.chdir(cwd)
+    try:
+        import contextlib
+        import io
+
+        so, se = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
+            rc = main(["reproduce", "--cache", str(small_cache), *E2E, "--out", str(out)])
+    finally:
+        mp.undo()
+    return rc, so.getvalue(), se.getvalue(), out, sorted(p.name for p in cwd.iterdir())
+
+
+def test_end_to_end_small(e2e):
+    """``ccpo-jax reproduce --splits 3 --split-sizes 60,20,20`` with the real baselines and trainer."""
+    rc, stdout, stderr, out, listing = e2e
+    assert rc == 0, stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert res["splits"] == 3 and res["setting"] == "hotpotqa-llama2-a0.1"
     rows = set(res["policies"])
@@ -218,28 +239,22 @@ def test_end_to_end_small(tmp_path, small_cache, monkeypatch, capsys):
         cov = [x for x in entry["per_split"]["coverage"] if x is not None]
         assert len(cov) == 3 and all(0.0 <= c <= 1.0 for c in cov)
     assert res["timing"]["compile_s"] > 0 and res["timing"]["total_s"] > res["timing"]["compile_s"]
-    assert "SYNTHETIC" in captured.out and "| Policy |" in captured.out
+    assert "SYNTHETIC" in stdout and "| Policy |" in stdout
+    assert "training sharded over 1 cpu device(s), 1 member(s) per block" in stdout
     assert (out / "boxplot_coverage.png").is_file() and any((out / "tensorboard").iterdir())
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["e2e"]
+    assert listing == ["e2e"]
 
 
-def test_devices_flag_with_member_block_equals_one_device(tmp_path, small_cache, monkeypatch, capsys):
+def test_devices_flag_with_member_block_equals_one_device(tmp_path, small_cache, e2e):
     """``--devices 2 --member-block 1`` in a fresh process (the CLI forces 2 CPU host devices)
-    gives every row of results.json identical, split for split, to ``--member-block 1`` on
-    this process's one device."""
-    from ccpo_jax.cli import main
-
-    common = ["--cache", str(small_cache), "--splits", "3", "--split-sizes", "60,20,20", "--iterations", "6", "--seeds", "2",
-              "--member-block", "1", "--no-progress"]
-    r = _cli([*common, "--devices", "2", "--out", str(tmp_path / "d2")], tmp_path)
+    gives every row of results.json identical, split for split, to the end-to-end run above
+    (``--member-block 1`` on this process's one device)."""
+    r = _cli(["--cache", str(small_cache), *E2E, "--devices", "2", "--out", str(tmp_path / "d2")], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "training sharded over 2 cpu device(s), 1 member(s) per block" in r.stdout
     two = json.loads((tmp_path / "d2" / "results.json").read_text())
     assert len(two["environment"]["devices"]) == 2
-    monkeypatch.chdir(tmp_path)
-    assert main(["reproduce", *common, "--out", str(tmp_path / "d1")]) == 0
-    assert "training sharded over 1 cpu device(s), 1 member(s) per block" in capsys.readouterr().out
-    one = json.loads((tmp_path / "d1" / "results.json").read_text())
+    one = json.loads((e2e[3] / "results.json").read_text())
     assert {"CPO", "CCPO (lambda=0)"} <= set(one["policies"]) and sorted(one["policies"]) == sorted(two["policies"])
     for row in one["policies"]:
         assert one["policies"][row]["per_split"] == two["policies"][row]["per_split"], row
