@@ -108,7 +108,10 @@ class _Checkpoints:
             return 0, template, []
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(template), metrics=ocp.args.JsonRestore()))
-        return int(step), restored["state"], restored["metrics"]["history"]
+        # As host arrays, like the fresh template: device arrays committed by the restore would
+        # lower to another program (explicit input shardings) and cost a second compilation.
+        state = jax.tree.map(np.asarray, restored["state"])
+        return int(step), state, restored["metrics"]["history"]
 
     def save(self, chunks_done: int, state: Any, history: list[dict]) -> None:
         import orbax.checkpoint as ocp

@@ -12,8 +12,9 @@ from ccpo_jax.errors import UserError
 from ccpo_jax.report import ScalarWriter
 
 
-def _toy():
-    """A random walk per member: state {x [M], key}; metrics x [M, n] per chunk."""
+def _toy(programs: list | None = None):
+    """A random walk per member: state {x [M], key}; metrics x [M, n] per chunk. ``programs``
+    collects (n, StableHLO text) of every compiled chunk."""
     def run(state, n):
         def body(s, _):
             key, k = jax.random.split(s["key"])
@@ -24,7 +25,10 @@ def _toy():
         return s, {"x": xs.T}
 
     def compile_chunk(n, placed):
-        program = jax.jit(lambda s: run(s, n)).lower(placed).compile()
+        lowered = jax.jit(lambda s: run(s, n)).lower(placed)
+        if programs is not None:
+            programs.append((n, lowered.as_text()))
+        program = lowered.compile()
         return lambda s: (lambda out: (out[0], jax.tree.map(np.asarray, out[1])))(program(s))
 
     state = {"x": jnp.zeros(3), "key": jax.random.PRNGKey(0)}
@@ -56,7 +60,8 @@ def test_chunk_sizes_are_exact():
 
 
 def test_resume_equals_uninterrupted_and_tensorboard_steps_once(tmp_path):
-    compile_chunk, state = _toy()
+    programs = []
+    compile_chunk, state = _toy(programs)
     meta = {"run": "toy"}
     full = loop.run_chunks(compile_chunk, state, iterations=10, chunk=4, desc="toy", progress=False)
     assert full.finished and full.metrics["x"].shape == (3, 10)
@@ -74,6 +79,10 @@ def test_resume_equals_uninterrupted_and_tensorboard_steps_once(tmp_path):
     np.testing.assert_array_equal(res.metrics["x"], full.metrics["x"])
     np.testing.assert_array_equal(np.asarray(res.state["x"]), np.asarray(full.state["x"]))
     assert _events(tb) == {"toy/x": list(range(1, 11))}  # every iteration once, numbered 1..10
+    # The resumed run compiles the very program of the fresh one (the persistent compilation cache
+    # then serves it): a restored state that lowers differently would cost a second compilation.
+    assert [n for n, _ in programs] == [4, 2, 4, 4, 2]  # full run, killed run, resumed run
+    assert len({text for n, text in programs if n == 4}) == 1 and len({text for n, text in programs if n == 2}) == 1
 
     # a finished run resumed again runs nothing and returns the same metrics
     again = loop.run_chunks(compile_chunk, state, iterations=10, chunk=4, desc="toy", ckpt_dir=tmp_path / "ck",
