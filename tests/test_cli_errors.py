@@ -1,6 +1,10 @@
-"""Malformed caches through the real CLI in a subprocess (docs/caches.md, "Validation"): a non-zero
-exit, one ``error:`` line naming the file, line and field, no traceback, and no
-output (nor temporary leftovers) beside the requested output path."""
+"""Malformed caches through the real CLI (docs/caches.md, "Validation"): a non-zero exit, one
+``error:`` line naming the file, line and field, no traceback, and no output (nor temporary
+leftovers) beside the requested output path.
+
+The CLI runs in-process (``ccpo_jax.cli.main`` with stdout and stderr captured: an escaping
+exception would fail the test, the in-process form of a traceback); one case per command
+runs through ``python -m ccpo_jax.cli`` in a subprocess, the way a user runs it."""
 from __future__ import annotations
 
 import json
@@ -102,10 +106,27 @@ CASES = {
 JSONL_OUT_CASES = {"truncated_json", "nan_tokens", "duplicate_id", "negative_price", "empty_file"}
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "data", *args], capture_output=True,
-                          text=True, cwd=REPO, env=env, timeout=120)
+def _cli(*args: str, in_subprocess: bool = False) -> subprocess.CompletedProcess:
+    """``ccpo-jax data ARGS``: in-process (default) or through a real subprocess."""
+    if in_subprocess:
+        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+        return subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "data", *args], capture_output=True,
+                              text=True, cwd=REPO, env=env, timeout=120)
+    import contextlib
+    import io
+
+    from ccpo_jax.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(["data", *args])
+        except SystemExit as e:  # argparse
+            rc = e.code
+    return subprocess.CompletedProcess(["ccpo-jax", "data", *args], rc, out.getvalue(), err.getvalue())
+
+
+SUBPROCESS_CASES = {"truncated_json"}  # also through `python -m ccpo_jax.cli` (check and import)
 
 
 def _assert_user_error(res: subprocess.CompletedProcess, needles: list[str]) -> None:
@@ -129,11 +150,12 @@ def test_malformed_jsonl_check_and_import(tmp_path, name):
         src.write_bytes(_lines(GOOD).encode() + b'{"id": "caf\xe9"}\n')
     else:
         src.write_text(text)
-    _assert_user_error(_cli("check", str(src)), needles)
+    sub = name in SUBPROCESS_CASES
+    _assert_user_error(_cli("check", str(src), in_subprocess=sub), needles)
     # fast-format output for every case; JSONL output for a few (same reader, keeps the suite fast)
     outs = [out_dir / "cache"] + ([out_dir / "cache.jsonl"] if name in JSONL_OUT_CASES else [])
     for out in outs:
-        _assert_user_error(_cli("import", "--format", "jsonl", str(src), "--out", str(out)), needles)
+        _assert_user_error(_cli("import", "--format", "jsonl", str(src), "--out", str(out), in_subprocess=sub), needles)
         assert os.listdir(out_dir) == [], os.listdir(out_dir)  # no output, no temp leftovers
     assert os.listdir(src_dir) == ["data.jsonl"]
 
@@ -147,11 +169,11 @@ def fast_cache(tmp_path) -> Path:
     return tmp_path / "fast"
 
 
-def _export_fails(fast: Path, needles: list[str]) -> None:
+def _export_fails(fast: Path, needles: list[str], in_subprocess: bool = False) -> None:
     out_dir = fast.parent / "exported"
     out_dir.mkdir()
     _assert_user_error(_cli("check", str(fast)), needles)
-    _assert_user_error(_cli("export", str(fast), "--out", str(out_dir / "x.jsonl")), needles)
+    _assert_user_error(_cli("export", str(fast), "--out", str(out_dir / "x.jsonl"), in_subprocess=in_subprocess), needles)
     assert os.listdir(out_dir) == []
 
 
@@ -160,7 +182,7 @@ def test_tampered_arrays_checksum(fast_cache):
         arrays = {k: z[k] for k in z.files}
     arrays["guide_tokens_in"][0, 0] += 1
     np.savez_compressed(fast_cache / "arrays.npz", **arrays)
-    _export_fails(fast_cache, [str(fast_cache / "arrays.npz"), "checksum mismatch"])
+    _export_fails(fast_cache, [str(fast_cache / "arrays.npz"), "checksum mismatch"], in_subprocess=True)
 
 
 def test_tampered_manifest_checksum(fast_cache):
@@ -211,7 +233,7 @@ def test_good_cache_check_import_export(tmp_path):
     """The happy path through the CLI, so the error tests above cannot pass by always failing."""
     src = tmp_path / "good.jsonl"
     src.write_text(_lines(GOOD, _q("q-1", rounds=[_round(), _round(base__answer="Lyon", base__correct=False)])))
-    res = _cli("check", str(src))
+    res = _cli("check", str(src), in_subprocess=True)
     assert res.returncode == 0 and res.stderr == "", res.stderr
     assert "questions:   2" in res.stdout and "checksum:    sha256:" in res.stdout
     assert _cli("import", "--format", "jsonl", str(src), "--out", str(tmp_path / "fast")).returncode == 0
