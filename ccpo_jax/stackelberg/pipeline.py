@@ -179,8 +179,9 @@ def _episode_keys(key, i: int, episodes: int):
 
 
 def evaluate_sizes(cfg: StackelbergConfig, params, ctrls: dict, u_head, sizes: list[tuple[int, Any]]) -> list[dict[str, dict]]:
-    """:func:`evaluate_all` for each ``(episodes, key)`` of ``sizes``, with one rollout program per env kind:
-    the strategies of a kind are vmapped (traced mode, static action and episode keys; the kind's controller
+    """The strategies of :func:`eval_plan` on grid replay for each ``(episodes, key)`` of ``sizes``
+    (name -> per-turn arrays [N, H]), with one rollout program per env kind: the strategies of a
+    kind are vmapped (traced mode, static action and episode keys; the kind's controller
     parameters shared) and the episode counts are concatenated along the episode axis."""
     n_models = int(params.grid_tokens.shape[1])
     plan = eval_plan(cfg)
@@ -202,11 +203,6 @@ def evaluate_sizes(cfg: StackelbergConfig, params, ctrls: dict, u_head, sizes: l
             for s, n in enumerate(names):
                 out[j][n] = {k: v[s, starts[j]:starts[j] + e] for k, v in res.items()}
     return [{n: o[n] for n in plan} for o in out]
-
-
-def evaluate_all(cfg: StackelbergConfig, params, ctrls: dict, u_head, episodes: int, key) -> dict[str, dict]:
-    """The strategies of :func:`eval_plan` on grid replay, ``episodes`` each: name -> per-turn arrays [N, H]."""
-    return evaluate_sizes(cfg, params, ctrls, u_head, [(episodes, key)])[0]
 
 
 def _fmt_p(p) -> str:
