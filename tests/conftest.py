@@ -36,6 +36,40 @@ SHARED_DATA = Path(os.environ.get("CCPO_SHARED_DATA") or REPO.parent / "shared" 
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
+def run_cli(args: list[str], *, cwd: Path | None = None, in_subprocess: bool = False, env: dict | None = None):
+    """``ccpo-jax ARGS`` as a ``subprocess.CompletedProcess`` (returncode, stdout, stderr).
+
+    In-process by default: ``ccpo_jax.cli.main`` with stdout/stderr captured and ``cwd`` as
+    the working directory, which spares the ~3 s of CPU a fresh interpreter spends importing
+    JAX. An unexpected exception propagates (the test fails on it, which is what a traceback
+    in a subprocess would mean). ``in_subprocess=True`` runs ``python -m ccpo_jax.cli`` for
+    real; each command keeps at least one such case, for the exit status of the process.
+    """
+    import contextlib
+    import io
+    import subprocess
+    import sys
+
+    if in_subprocess:
+        env = dict(env or os.environ, JAX_PLATFORMS="cpu")
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        return subprocess.run([sys.executable, "-m", "ccpo_jax.cli", *args], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=600)
+    from ccpo_jax.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.ExitStack() as stack:
+        if cwd is not None:
+            stack.enter_context(contextlib.chdir(cwd))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        try:
+            rc = main(list(args))
+        except SystemExit as e:  # argparse errors and --help
+            rc = e.code if isinstance(e.code, int) else 2
+    return subprocess.CompletedProcess(["ccpo-jax", *args], rc, out.getvalue(), err.getvalue())
+
+
 class RealData(NamedTuple):
     """A real-data folder in the ``shared/data`` layout; ``full`` is False for the fixtures."""
 

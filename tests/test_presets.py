@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +14,7 @@ from ccpo_jax.pipeline import LearnedRows, reproduce
 from ccpo_jax.presets import DEFAULT, PAPER, apply_overrides, deviations, get_preset, presets_table
 from ccpo_jax.report import policy_entry
 from ccpo_jax.settings import METRICS
-
-ENV = dict(os.environ, JAX_PLATFORMS="cpu")
-
+from conftest import run_cli
 
 def test_paper_preset_is_the_published_setting():
     """arXiv 2511.11828 section 5.1: batch 10, 1,500 steps, learning rate 1e-3, delta 0.01,
@@ -131,14 +126,12 @@ def test_resume_keeps_the_trainer_configuration(tmp_path, small_cache):
     (["--seeds", "0"], "--seeds"),
 ])
 def test_cli_rejects_bad_trainer_flags(tmp_path, args, fragment):
-    r = subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "reproduce", *args, "--out", str(tmp_path / "o")],
-                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    r = run_cli(["reproduce", *args, "--out", str(tmp_path / "o")], cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert fragment in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_lists_presets(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "reproduce", "--list-presets"], cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=300)
+    r = run_cli(["reproduce", "--list-presets"], cwd=tmp_path)
     assert r.returncode == 0 and "constraint_z" in r.stdout and "paper" in r.stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 from ccpo_jax.errors import UserError
 from ccpo_jax.pipeline import CKPT_DIR, LearnedRows, reproduce
 from ccpo_jax.settings import METRICS
+from conftest import run_cli
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 
@@ -29,11 +29,9 @@ def small_cache(tmp_path_factory) -> Path:
     return path
 
 
-def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ccpo_jax.cli", "reproduce", *args],
-        cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300,
-    )
+def _cli(args: list[str], cwd: Path, in_subprocess: bool = False) -> subprocess.CompletedProcess:
+    """``ccpo-jax reproduce ARGS`` (in-process unless ``in_subprocess``; conftest.run_cli)."""
+    return run_cli(["reproduce", *args], cwd=cwd, in_subprocess=in_subprocess, env=ENV)
 
 
 def _assert_user_error(r: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -45,25 +43,20 @@ def _assert_user_error(r: subprocess.CompletedProcess, *fragments: str) -> None:
         assert f in r.stderr, (f, r.stderr)
 
 
-@pytest.mark.parametrize(
-    "args, fragments",
-    [
-        (["--setting", "hotpotqa-gpt5"], ["unknown setting", "hotpotqa-llama2-a0.1", "mmlu-llama3-a0.2"]),
-        (["--split-sizes", "60,20"], ["--split-sizes"]),
-        (["--alpha", "1.5"], ["--alpha"]),
-    ],
-)
-def test_cli_rejects_bad_input_without_output(tmp_path, args, fragments):
-    """Through a subprocess: exit 2, one 'error:' line, no traceback, nothing written."""
-    r = _cli([*args, "--out", str(tmp_path / "out")], tmp_path)
-    _assert_user_error(r, *fragments)
+def test_cli_rejects_bad_input_without_output(tmp_path):
+    """Through a real subprocess: exit 2, one 'error:' line, no traceback, nothing written
+    (the other bad inputs below go through ``cli.main`` in-process)."""
+    r = _cli(["--setting", "hotpotqa-gpt5", "--out", str(tmp_path / "out")], tmp_path, in_subprocess=True)
+    _assert_user_error(r, "unknown setting", "hotpotqa-llama2-a0.1", "mmlu-llama3-a0.2")
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no out dir, no runs/, no .partial
 
 
 @pytest.mark.parametrize(
     "args, fragment",
     [
+        (["--split-sizes", "60,20"], "--split-sizes"),
         (["--split-sizes", "60,x,20"], "--split-sizes"),
+        (["--alpha", "1.5"], "--alpha"),
         (["--alpha", "0"], "--alpha"),
         (["--alpha", "-0.1"], "--alpha"),
         (["--splits", "0"], "--splits"),
@@ -249,7 +242,8 @@ def test_devices_flag_with_member_block_equals_one_device(tmp_path, small_cache,
     """``--devices 2 --member-block 1`` in a fresh process (the CLI forces 2 CPU host devices)
     gives every row of results.json identical, split for split, to the end-to-end run above
     (``--member-block 1`` on this process's one device)."""
-    r = _cli(["--cache", str(small_cache), *E2E, "--devices", "2", "--out", str(tmp_path / "d2")], tmp_path)
+    r = _cli(["--cache", str(small_cache), *E2E, "--devices", "2", "--out", str(tmp_path / "d2")], tmp_path,
+             in_subprocess=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "training sharded over 2 cpu device(s), 1 member(s) per block" in r.stdout
     two = json.loads((tmp_path / "d2" / "results.json").read_text())
