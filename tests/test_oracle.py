@@ -3,9 +3,17 @@
 Each cache's cost-optimal conformal policy is derived by hand below and checked
 against the brute force of :func:`envs.oracle.optimum` (plain Python over the
 observation classes). Then CPO and CCPO are trained with the default preset over
-10 seeds (for 50 iterations instead of the preset's 100: these caches are solved well before;
-``python -m experiments.oracle_check`` measured cost / optimum 1.00 for every seed at 50 and
-at 100 iterations): CPO must satisfy its constraint (pointwise success >= 1 - alpha - 0.02),
+10 seeds, for 30 iterations instead of the preset's 100: these caches are solved well
+before. Measured with this file's protocol at 30, 40 and 50 iterations: CPO batch and CCPO
+cost / optimum 1.00 on every seed of every cache; ``python -m experiments.oracle_check``
+measures the same at 100.
+
+CPO must satisfy its constraint. Its pointwise success is measured on 150 test questions, so
+one seed's figure has a standard error of sqrt(alpha (1 - alpha) / 150) = 0.024 around the
+policy's true success: every seed must reach 1 - alpha - 3 standard errors (0.827), the mean
+over the 10 seeds 1 - alpha - 0.01. (Measured at 30 iterations: seed minima 0.880-0.900,
+means 0.915-0.929. The old rule, every seed >= 0.88, was within one standard error of the
+target and failed on single seeds at 20 and 40 iterations while the means stayed >= 0.91.)
 CPO batch and CCPO (calibrated on held-out questions) must come within 15 % of
 the optimal cost on at least 9 of 10 seeds. The three T = 4 caches train as one
 vmapped program (each member on its own cache's questions), T = 1 as another.
@@ -29,7 +37,9 @@ from envs.orchestration import make_env_params
 ALPHA = 0.1
 SEEDS = 10
 SIZES = (300, 150, 150)  # train / cal / test questions per cache
-CONFIG = DEFAULT.replace(iterations=50, chunk=50)
+CONFIG = DEFAULT.replace(iterations=30, chunk=30)
+#: Standard error of one seed's pointwise success on the SIZES[2] test questions at the target.
+SE_TEST = float(np.sqrt(ALPHA * (1 - ALPHA) / SIZES[2]))
 
 
 def J(t: int) -> float:
@@ -112,7 +122,8 @@ def _train_and_evaluate(names: list[str], cfg):
 
 def _check(name, opt_cost, rows):
     cpo = rows["CPO"]["coverage"]
-    assert np.all(cpo >= 1 - ALPHA - 0.02), f"{name}: CPO pointwise success per seed {np.round(cpo, 3)}"
+    assert np.all(cpo >= 1 - ALPHA - 3 * SE_TEST), f"{name}: CPO pointwise success per seed {np.round(cpo, 3)}"
+    assert cpo.mean() >= 1 - ALPHA - 0.01, f"{name}: CPO mean pointwise success {cpo.mean():.3f}"
     for row in ("CPO batch", "CCPO (lambda=0)"):
         ratio = rows[row]["cost_cents"] / opt_cost
         ok = ratio <= 1.15
