@@ -92,35 +92,43 @@ def _one_right_action_cache(Q: int = 64) -> ResponseCache:
     return ResponseCache(man, a).with_checksum()
 
 
+SEEDS = 5
+
+
 def test_cpo_and_ccpo_learn_the_obvious_optimum():
     """Hand-derived optimum: take the guide answer at round 1 (coverage 1, one guide call).
 
     CPO must put most of pi's mass there. CCPO only needs the conformal SET at its
     online kappa to be {guide} at round 1 (pi(guide) >= kappa > the others), so it is
     checked through the set-valued policy's metrics, not through pi's magnitude.
+    Every one of 5 seeds (members of one program) must. Measured: at 40, 80 and 150
+    iterations the same figures on every seed (CPO pi(guide) 0.90-0.91, batch length 1.0;
+    CCPO coverage 1.0, length 1.0, set size 1.0), so 40 iterations.
     """
     cache = _one_right_action_cache()
     params = make_env_params(cache)
-    cfg = TrainConfig(iterations=150, chunk=150, alpha=0.1)
+    cfg = TrainConfig(iterations=40, chunk=40, alpha=0.1)
     variants = [Variant("CPO", False), Variant("CCPO (lambda=0)", True)]
-    state, metrics, _ = train_many(cfg, params, variants, np.arange(64)[None], jax.random.PRNGKey(0), progress=False)
+    state, metrics, _ = train_many(cfg, params, variants, np.tile(np.arange(64)[None], (SEEDS, 1)),
+                                   jax.random.PRNGKey(0), progress=False)
     _, _, probs_fn = make_train(cfg, params)
     idx = jnp.arange(64)
 
-    cpo = jax.tree.map(lambda x: x[0, 0], state.policy)
-    p = np.asarray(probs_fn(cpo, params.obs[:, 0], params.available[:, 0]))  # round 1
-    assert p[:, 1].mean() > 0.6, p.mean(0)
-    assert metrics["batch_success"][0, 0, -20:].mean() > 0.8
-    assert metrics["batch_len"][0, 0, -20:].mean() < 1.3
+    for s in range(SEEDS):
+        cpo = jax.tree.map(lambda x: x[0, s], state.policy)
+        p = np.asarray(probs_fn(cpo, params.obs[:, 0], params.available[:, 0]))  # round 1
+        assert p[:, 1].mean() > 0.6, (s, p.mean(0))
+        assert metrics["batch_success"][0, s, -10:].mean() > 0.8, s
+        assert metrics["batch_len"][0, s, -10:].mean() < 1.3, s
 
-    ccpo = jax.tree.map(lambda x: x[1, 0], state.policy)
-    probs, kappa_i = policy_tables(ccpo, params)
-    # (The online kappa oscillates around pi(guide): online conformal targets 1 - alpha,
-    # and here every question is the same, so the final batch calibration decides.)
-    m, _ = eval_batch_calibrated(probs, kappa_i, params, idx, idx, 0.1)
-    assert float(np.mean(np.asarray(m.covered))) >= 0.9
-    assert float(np.mean(np.asarray(m.length))) < 1.2
-    assert float(np.mean(np.asarray(m.set_size))) < 1.2
+        ccpo = jax.tree.map(lambda x: x[1, s], state.policy)
+        probs, kappa_i = policy_tables(ccpo, params)
+        # (The online kappa oscillates around pi(guide): online conformal targets 1 - alpha,
+        # and here every question is the same, so the final batch calibration decides.)
+        m, _ = eval_batch_calibrated(probs, kappa_i, params, idx, idx, 0.1)
+        assert float(np.mean(np.asarray(m.covered))) >= 0.9, s
+        assert float(np.mean(np.asarray(m.length))) < 1.2, s
+        assert float(np.mean(np.asarray(m.set_size))) < 1.2, s
 
 
 def test_batch_calibrated_evaluation_matches_plain_python(small):
