@@ -13,7 +13,7 @@ import pytest
 from ccpo_jax.errors import UserError
 from ccpo_jax.pipeline import CKPT_DIR, LearnedRows, reproduce
 from ccpo_jax.settings import METRICS
-from conftest import run_cli
+from conftest import FAST_COMPILE_XLA_FLAGS, run_cli
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 
@@ -29,9 +29,9 @@ def small_cache(tmp_path_factory) -> Path:
     return path
 
 
-def _cli(args: list[str], cwd: Path, in_subprocess: bool = False) -> subprocess.CompletedProcess:
+def _cli(args: list[str], cwd: Path, in_subprocess: bool = False, env: dict = ENV) -> subprocess.CompletedProcess:
     """``ccpo-jax reproduce ARGS`` (in-process unless ``in_subprocess``; conftest.run_cli)."""
-    return run_cli(["reproduce", *args], cwd=cwd, in_subprocess=in_subprocess, env=ENV)
+    return run_cli(["reproduce", *args], cwd=cwd, in_subprocess=in_subprocess, env=env)
 
 
 def _assert_user_error(r: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -192,32 +192,24 @@ def test_interrupted_run_leaves_no_out_and_resumes(tmp_path, small_cache):
 
 # -- end to end, real baselines and trainer ----------------------------------------------------
 
-# The one end-to-end run on this process's device, shared by the two tests below (it is also the
-# one-device reference of the --devices run, so it uses --member-block 1).
+# The one-device end-to-end run, shared by the two tests below (it is also the one-device
+# reference of the --devices run, so it uses --member-block 1). Both runs are fresh processes with
+# the fast-compile XLA flags of the other multi-device subprocess tests (conftest): their programs
+# run for well under a second, compiling them is the cost, and the comparison needs the same flags
+# on both sides. The default flags' pipeline runs end to end in test_coverage and test_settings_smoke.
 E2E = ["--splits", "3", "--split-sizes", "60,20,20", "--iterations", "6", "--seeds", "2", "--member-block", "1",
        "--no-progress"]
+FAST_ENV = dict(ENV, XLA_FLAGS=FAST_COMPILE_XLA_FLAGS)
 
 
 @pytest.fixture(scope="module")
 def e2e(small_cache, tmp_path_factory):
-    """``ccpo-jax reproduce`` in-process through ``cli.main`` (so the compiled baselines of the tests
-    above are reused): (exit code, captured stdout/stderr, output dir, cwd listing)."""
-    from ccpo_jax.cli import main
-
+    """``ccpo-jax reproduce`` in a fresh process on one device: (exit code, stdout, stderr, output
+    dir, cwd listing)."""
     cwd = tmp_path_factory.mktemp("e2e_cwd")
     out = cwd / "e2e"
-    mp = pytest.MonkeyPatch()
-    mp.chdir(cwd)
-    try:
-        import contextlib
-        import io
-
-        so, se = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
-            rc = main(["reproduce", "--cache", str(small_cache), *E2E, "--out", str(out)])
-    finally:
-        mp.undo()
-    return rc, so.getvalue(), se.getvalue(), out, sorted(p.name for p in cwd.iterdir())
+    r = _cli(["--cache", str(small_cache), *E2E, "--out", str(out)], cwd, in_subprocess=True, env=FAST_ENV)
+    return r.returncode, r.stdout, r.stderr, out, sorted(p.name for p in cwd.iterdir())
 
 
 def test_end_to_end_small(e2e):
@@ -239,11 +231,10 @@ def test_end_to_end_small(e2e):
 
 
 def test_devices_flag_with_member_block_equals_one_device(tmp_path, small_cache, e2e):
-    """``--devices 2 --member-block 1`` in a fresh process (the CLI forces 2 CPU host devices)
-    gives every row of results.json identical, split for split, to the end-to-end run above
-    (``--member-block 1`` on this process's one device)."""
+    """``--devices 2 --member-block 1`` (the CLI forces 2 CPU host devices) gives every row of
+    results.json identical, split for split, to the one-device end-to-end run above."""
     r = _cli(["--cache", str(small_cache), *E2E, "--devices", "2", "--out", str(tmp_path / "d2")], tmp_path,
-             in_subprocess=True)
+             in_subprocess=True, env=FAST_ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "training sharded over 2 cpu device(s), 1 member(s) per block" in r.stdout
     two = json.loads((tmp_path / "d2" / "results.json").read_text())
