@@ -13,7 +13,8 @@ one seed's figure has a standard error of sqrt(alpha (1 - alpha) / 150) = 0.024 
 policy's true success: every seed must reach 1 - alpha - 3 standard errors (0.827), the mean
 over the 10 seeds 1 - alpha - 0.01. (Measured at 30 iterations: seed minima 0.880-0.900,
 means 0.915-0.929. The old rule, every seed >= 0.88, was within one standard error of the
-target and failed on single seeds at 20 and 40 iterations while the means stayed >= 0.91.)
+target: a seed sat at exactly 0.880 at 30 and at 50 iterations, and single seeds fell to
+0.860-0.873 at 20 and 40.)
 CPO batch and CCPO (calibrated on held-out questions) must come within 15 % of
 the optimal cost on at least 9 of 10 seeds. The three T = 4 caches train as one
 vmapped program (each member on its own cache's questions), T = 1 as another.
