@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,23 +108,8 @@ JSONL_OUT_CASES = {"truncated_json", "nan_tokens", "duplicate_id", "negative_pri
 
 
 def _cli(*args: str, in_subprocess: bool = False) -> subprocess.CompletedProcess:
-    """``ccpo-jax data ARGS``: in-process (default) or through a real subprocess."""
-    if in_subprocess:
-        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-        return subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "data", *args], capture_output=True,
-                              text=True, cwd=REPO, env=env, timeout=120)
-    import contextlib
-    import io
-
-    from ccpo_jax.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(["data", *args])
-        except SystemExit as e:  # argparse
-            rc = e.code
-    return subprocess.CompletedProcess(["ccpo-jax", "data", *args], rc, out.getvalue(), err.getvalue())
+    """``ccpo-jax data ARGS``: in-process (default) or through a real subprocess (conftest.run_cli)."""
+    return run_cli(["data", *args], cwd=REPO if in_subprocess else None, in_subprocess=in_subprocess)
 
 
 SUBPROCESS_CASES = {"truncated_json"}  # also through `python -m ccpo_jax.cli` (check and import)

@@ -6,8 +6,6 @@ import errno
 import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +14,7 @@ import pytest
 from envs.cache import CacheError, arrays_checksum, load_fast, save_fast
 from envs.formats import load_cache
 from envs.jsonl import read_jsonl, write_jsonl
-
-ENV = dict(os.environ, JAX_PLATFORMS="cpu")
+from conftest import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +25,8 @@ def syn() -> "object":
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ccpo_jax.cli", *args], env=ENV, capture_output=True,
-                          text=True, timeout=300, cwd=cwd)
+    """``ccpo-jax ARGS`` through a real subprocess (conftest.run_cli)."""
+    return run_cli(list(args), cwd=cwd, in_subprocess=True)
 
 
 def _one_error_line(r: subprocess.CompletedProcess, *needles: str) -> str:
