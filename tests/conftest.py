@@ -66,7 +66,7 @@ def run_cli(args: list[str], *, cwd: Path | None = None, in_subprocess: bool = F
         try:
             rc = main(list(args))
         except SystemExit as e:  # argparse errors and --help
-            rc = e.code if isinstance(e.code, int) else 2
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     return subprocess.CompletedProcess(["ccpo-jax", *args], rc, out.getvalue(), err.getvalue())
 
 
