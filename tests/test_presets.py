@@ -16,6 +16,7 @@ from ccpo_jax.report import policy_entry
 from ccpo_jax.settings import METRICS
 from conftest import run_cli
 
+
 def test_paper_preset_is_the_published_setting():
     """arXiv 2511.11828 section 5.1: batch 10, 1,500 steps, learning rate 1e-3, delta 0.01,
     softmask eps 0.01, three layers of 64, xi 0.1; constraint by the J-bar of Eq. 8."""
