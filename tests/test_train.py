@@ -13,7 +13,6 @@ from ccpo_jax.config import TrainConfig, Variant
 from ccpo_jax.evaluation import eval_batch_calibrated, policy_tables
 from ccpo_jax.members import train_many
 from ccpo_jax.policy_store import load_policy, save_policies
-from ccpo_jax.rows import row_variants
 from ccpo_jax.train import make_train
 from envs.cache import Manifest, ModelInfo, ResponseCache, empty_arrays
 from envs.orchestration import make_env_params
