@@ -98,10 +98,10 @@ def train_many(
     # One flat batch axis of V * S members (variant-major): simpler to shard than nested vmaps.
     flat_var = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), variant_arrays(variants))
     flat_idx = jnp.tile(jnp.asarray(train_idx, jnp.int32), (V, 1))
-    # Not jitted, and one flat member axis: with flax's orthogonal initialiser (a batched
-    # LAPACK QR) a jitted, nested-vmapped init froze XLA:CPU (jaxlib 0.10.2). networks.py
-    # uses variance scaling now; this path stays the conservative one.
-    state = jax.vmap(trainer.init)(keys.reshape(V * S, -1))
+    # One compiled program: run eagerly, the initialisers' random draws and reshapes are
+    # compiled one operation at a time. Jitted, the state was the same bit for bit (checked on
+    # jax 0.10.2 when this changed). One flat member axis.
+    state = jax.jit(jax.vmap(trainer.init))(keys.reshape(V * S, -1))
     block = 1 if member_block is None else int(member_block)
     n_members = V * S
     padded = mesh is not None or n_members % block != 0
