@@ -1,5 +1,6 @@
 """Checkpoints verified before use (issue 15): a flipped byte or a truncation in any file of a
-checkpoint is refused (falling back to the previous good step) and never restored silently."""
+checkpoint is refused (falling back to the previous good step) and never restored silently.
+The same through the trainer (a killed run resumed past a damaged step): tests/test_train.py."""
 from __future__ import annotations
 
 import errno
@@ -136,32 +137,6 @@ def test_full_disk_during_save_is_one_exception_without_log_noise(tmp_path, monk
     monkeypatch.setattr(ck._mgr, "save", real)
     ck.save(1, _args(_state(1.0), {"history": [1]}))
     assert ck.latest_step() == 1
-
-
-def test_flipped_kernel_byte_in_a_killed_training_run_is_not_resumed(tmp_path, mechanics):
-    """The issue's case through the trainer (the small problem of conftest.mechanics): kill after
-    two chunks, flip a byte in the newest checkpoint's array data, resume: step 2 is refused, the
-    run resumes from step 1 and ends with exactly the uninterrupted run's result."""
-    import jax
-
-    from ccpo_jax.members import train_many
-
-    params, cfg, variants, idx, key = mechanics.params, mechanics.config, mechanics.variants, mechanics.train_idx, mechanics.key
-    full_state, full_m, _ = train_many(cfg, params, variants, idx, key, progress=False)
-    ckpt = tmp_path / "ckpt"
-    train_many(cfg, params, variants, idx, key, ckpt_dir=ckpt, progress=False, stop_after_chunks=2)
-    step2 = ckpt / "orbax" / "2"
-    data_files = sorted(p for p in step2.rglob("*") if p.is_file() and "/d/" in p.as_posix())
-    big = max(data_files, key=lambda p: p.stat().st_size)
-    b = bytearray(big.read_bytes())
-    b[len(b) // 2] ^= 0x40
-    big.write_bytes(bytes(b))
-    res_state, res_m, _ = train_many(cfg, params, variants, idx, key, ckpt_dir=ckpt, progress=False)
-    for a, c in zip(jax.tree.leaves(full_state), jax.tree.leaves(res_state)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
-    for k in full_m:
-        np.testing.assert_array_equal(full_m[k], res_m[k])
-    assert (ckpt / "orbax.damaged").is_dir()
 
 
 def test_stackelberg_chunk_loop_refuses_a_damaged_checkpoint(tmp_path):

@@ -54,6 +54,28 @@ def test_killed_run_resumes_to_identical_result(mechanics, uninterrupted, tmp_pa
         np.testing.assert_array_equal(full_m[k], res_m[k])
 
 
+def test_flipped_kernel_byte_in_a_killed_training_run_is_not_resumed(mechanics, uninterrupted, tmp_path):
+    """Checkpoints verified before use (issue 15) through the trainer: kill after two chunks, flip
+    a byte in the newest checkpoint's array data, resume: step 2 is refused (moved aside to
+    orbax.damaged), the run resumes from step 1 and ends with exactly the uninterrupted run's
+    result. (The checkpoint files themselves: tests/test_checkpoints.py.)"""
+    p = mechanics
+    full_state, full_m = uninterrupted
+    ckpt = tmp_path / "ckpt"
+    train_many(p.config, p.params, p.variants, p.train_idx, p.key, ckpt_dir=ckpt, progress=False, stop_after_chunks=2)
+    step2 = ckpt / "orbax" / "2"
+    data_files = sorted(f for f in step2.rglob("*") if f.is_file() and "/d/" in f.as_posix())
+    big = max(data_files, key=lambda f: f.stat().st_size)
+    b = bytearray(big.read_bytes())
+    b[len(b) // 2] ^= 0x40
+    big.write_bytes(bytes(b))
+    res_state, res_m, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, ckpt_dir=ckpt, progress=False)
+    assert _tree_equal(full_state, res_state)
+    for k in full_m:
+        np.testing.assert_array_equal(full_m[k], res_m[k])
+    assert (ckpt / "orbax.damaged").is_dir()
+
+
 def test_resume_with_other_config_is_refused(mechanics, tmp_path):
     from ccpo_jax.errors import UserError
 
