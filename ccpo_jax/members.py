@@ -7,6 +7,7 @@ loop :func:`ccpo_jax.loop.run_chunks` (progress, TensorBoard, checkpoints).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -60,6 +61,45 @@ def variant_scalars(variants: list[Variant], S: int):
     return scalars
 
 
+#: Compiled programs of recent :func:`train_many` calls, so that another call on the same env
+#: and configuration in this process (a resumed run, a second run of the same shapes) skips
+#: tracing and lowering (several seconds of CPU each for the default networks). Keyed by the
+#: env's identity and by everything else the program depends on: configuration, chunk length,
+#: member block, devices, and the inputs' structure, shapes, dtypes and shardings. An entry holds
+#: its env, so the identity stays that env's; an env with a leaf that is not a ``jax.Array``
+#: (which could be changed in place) is never cached.
+_PROGRAMS: OrderedDict = OrderedDict()
+_MAX_PROGRAMS = 8
+
+
+def clear_program_cache() -> None:
+    """Drop the compiled programs kept by :func:`train_many` (``jax.clear_caches`` does not)."""
+    _PROGRAMS.clear()
+
+
+def _signature(tree) -> tuple:
+    """Structure, shapes, dtypes and, of arrays committed to devices, shardings: what lowering
+    reads (host arrays and uncommitted device arrays lower alike; tests/test_loop.py)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x))),
+                           x.sharding if getattr(x, "committed", False) else None) for x in leaves)
+
+
+def _cached(params: EnvParams, key: tuple, build):
+    if not all(isinstance(x, jax.Array) for x in jax.tree.leaves(params)):
+        return build()
+    key = (id(params),) + key
+    hit = _PROGRAMS.get(key)
+    if hit is not None and hit[0] is params:
+        _PROGRAMS.move_to_end(key)
+        return hit[1]
+    value = build()
+    _PROGRAMS[key] = (params, value)
+    while len(_PROGRAMS) > _MAX_PROGRAMS:
+        _PROGRAMS.popitem(last=False)
+    return value
+
+
 def train_many(
     config: TrainConfig,
     params: EnvParams,
@@ -101,7 +141,8 @@ def train_many(
     # One compiled program: run eagerly, the initialisers' random draws and reshapes are
     # compiled one operation at a time. Jitted, the state was the same bit for bit (checked on
     # jax 0.10.2 when this changed). One flat member axis.
-    state = jax.jit(jax.vmap(trainer.init))(keys.reshape(V * S, -1))
+    init = _cached(params, ("init", config), lambda: jax.jit(jax.vmap(trainer.init)))
+    state = init(keys.reshape(V * S, -1))
     block = 1 if member_block is None else int(member_block)
     n_members = V * S
     padded = mesh is not None or n_members % block != 0
@@ -122,14 +163,19 @@ def train_many(
 
     flat_idx, flat_var = place((flat_idx, flat_var))
 
-    def compile_chunk(n: int, placed_state):
+    def build(n: int, placed_state):
         fn = sharding.blocked_vmap(lambda s, idx, v: trainer.run_chunk(s, idx, v, n), member_block)
         if per_device:
             program = sharding.PerDevice(fn, mesh.devices.flat)
             program.compile(placed_state, flat_idx, flat_var)
-        else:
-            program = jax.jit(sharding.member_map(fn, mesh) if spmd else fn).lower(
-                placed_state, flat_idx, flat_var).compile()
+            return program
+        return jax.jit(sharding.member_map(fn, mesh) if spmd else fn).lower(placed_state, flat_idx, flat_var).compile()
+
+    devices = None if mesh is None else (tuple(d.id for d in mesh.devices.flat), tuple(mesh.axis_names))
+
+    def compile_chunk(n: int, placed_state):
+        key = ("chunk", config, n, member_block, devices, _signature((placed_state, flat_idx, flat_var)))
+        program = _cached(params, key, lambda: build(n, placed_state))
 
         def step(s):
             s, m = program(s, flat_idx, flat_var)

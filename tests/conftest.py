@@ -166,6 +166,8 @@ def _free_compiled_programs():
         import gc
 
         sys.modules["jax"].clear_caches()
+        if "ccpo_jax.members" in sys.modules:
+            sys.modules["ccpo_jax.members"].clear_program_cache()
         gc.collect()
 
 

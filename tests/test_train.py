@@ -76,6 +76,30 @@ def test_flipped_kernel_byte_in_a_killed_training_run_is_not_resumed(mechanics, 
     assert (ckpt / "orbax.damaged").is_dir()
 
 
+def test_another_call_on_the_same_env_reuses_its_programs(mechanics, uninterrupted, monkeypatch):
+    """train_many keeps the compiled programs of a call: the same run again builds (traces, lowers,
+    compiles) nothing and gives the same result bit for bit. An env with a NumPy leaf, which could
+    be changed in place, is never kept."""
+    from ccpo_jax import members
+
+    built = []
+    real = members._cached
+
+    def spy(params, key, build):
+        return real(params, key, lambda: built.append(key[0]) or build())
+
+    monkeypatch.setattr(members, "_cached", spy)
+    p = mechanics
+    state, metrics, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, progress=False)
+    assert built == []
+    assert _tree_equal(state, uninterrupted[0])
+    for k in metrics:
+        np.testing.assert_array_equal(metrics[k], uninterrupted[1][k])
+    host_env = p.params.replace(obs=np.asarray(p.params.obs))
+    assert real(host_env, ("x",), object) is not real(host_env, ("x",), object)
+    assert real(p.params, ("x",), object) is real(p.params, ("x",), object)
+
+
 def test_resume_with_other_config_is_refused(mechanics, tmp_path):
     from ccpo_jax.errors import UserError
 
