@@ -18,6 +18,8 @@ from ccpo_jax.pipeline import reproduce
 from envs.importers import import_cache
 from envs.synthetic import generate
 
+pytestmark = pytest.mark.slow  # 100 splits on three caches, one trainer compile each
+
 CALIBRATED = ("CPO batch", "CCPO (lambda=0)")
 
 

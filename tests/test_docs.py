@@ -81,6 +81,23 @@ def ci_test_command() -> str:
     return r.stdout.strip()
 
 
+def test_ci_runs_every_tier_the_default_command_leaves_out():
+    """Each marker that ``addopts`` deselects (``-m 'not docs and not slow'``) has its own pytest
+    step in ``.ci/run``, and docs/testing.md's table of slow tests names the files that mark any."""
+    import tomllib
+
+    addopts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    left_out = re.findall(r"not (\w+)", re.search(r"-m '([^']+)'", addopts).group(1))
+    assert sorted(left_out) == ["docs", "slow"]
+    ci = (REPO / ".ci" / "run").read_text()
+    for marker in left_out:
+        assert re.search(rf"python -m pytest -q tests\S* -m {marker}\b", ci), marker
+    slow_mark = re.compile(r"(@|= |marks=)pytest\.mark\.slow\b")
+    marked = {p.name for p in (REPO / "tests").glob("test_*.py") if slow_mark.search(p.read_text())}
+    table = set(re.findall(r"^\| `(test_\w+\.py)` \| \d+ \|", (REPO / "docs" / "testing.md").read_text(), re.M))
+    assert table == marked
+
+
 def _slug(heading: str) -> str:
     """GitHub's anchor of a heading: lower case, punctuation dropped, spaces -> '-'."""
     s = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))

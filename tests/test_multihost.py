@@ -93,6 +93,7 @@ def runs(tmp_path_factory) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_two_hosts_form_one_four_device_mesh(runs):
     two = runs["two_hosts"]
     assert two["processes"] == 2 and two["devices"] == 4 and two["member_block"] == 1
@@ -109,6 +110,7 @@ def _assert_same(a: dict, b: dict) -> None:
         assert a[key] == b[key], key
 
 
+@pytest.mark.slow
 def test_two_hosts_with_member_block_equal_one_device_bitwise(runs):
     """member_block=1: each device of each host runs the one-device program (sharding.PerDevice)."""
     two = runs["two_hosts"]
@@ -121,6 +123,7 @@ def test_two_hosts_with_member_block_equal_one_device_bitwise(runs):
     assert len(curve) == 8 and curve[-1] != curve[0]
 
 
+@pytest.mark.slow
 def test_two_hosts_spmd_equal_one_host_with_four_devices_bitwise(runs):
     """No block: one SPMD program over 4 partitions, whether the partitions are on 1 host or 2."""
     assert runs["two_hosts_spmd"]["member_block"] is None and runs["two_hosts_spmd"]["processes"] == 2

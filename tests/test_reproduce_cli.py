@@ -212,6 +212,7 @@ def e2e(small_cache, tmp_path_factory):
     return r.returncode, r.stdout, r.stderr, out, sorted(p.name for p in cwd.iterdir())
 
 
+@pytest.mark.slow
 def test_end_to_end_small(e2e):
     """``ccpo-jax reproduce --splits 3 --split-sizes 60,20,20`` with the real baselines and trainer."""
     rc, stdout, stderr, out, listing = e2e
@@ -230,6 +231,7 @@ def test_end_to_end_small(e2e):
     assert listing == ["e2e"]
 
 
+@pytest.mark.slow
 def test_devices_flag_with_member_block_equals_one_device(tmp_path, small_cache, e2e):
     """``--devices 2 --member-block 1`` (the CLI forces 2 CPU host devices) gives every row of
     results.json identical, split for split, to the one-device end-to-end run above."""

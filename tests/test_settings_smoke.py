@@ -41,7 +41,7 @@ def _stand_in_trainer():
     return learned_rows, calls
 
 
-@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in TRAINED else n for n in sorted(SETTINGS)])
 def test_setting_runs_end_to_end(name, tmp_path):
     st = SETTINGS[name]
     cache = generate(st.profile, n_questions=100, seed=1)

@@ -39,6 +39,7 @@ import pytest
 from conftest import FAST_COMPILE_XLA_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # one subprocess with 4 devices, 9 trainer compiles
 
 WORKER = textwrap.dedent(
     r'''

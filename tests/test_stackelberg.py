@@ -272,6 +272,7 @@ def _untrained_ctrls(cfg, n_models):
     return ctrls
 
 
+@pytest.mark.slow
 def test_evaluation_compiles_one_rollout_per_env_kind(monkeypatch, small_grid, session_params):
     """All strategies of an env kind and both episode counts share one program; each strategy's
     output equals its own per-strategy rollout (make_act + rollout, arXiv 2606.23026 §10.2)."""

@@ -20,6 +20,7 @@ def quick_run(tmp_path_factory):
     return out, proc.stdout
 
 
+@pytest.mark.slow
 def test_quick_cli_writes_everything(quick_run):
     out, stdout = quick_run
     for f in ("results.json", "table.md", "pareto_paper_size.png", "pareto_large.png"):
@@ -38,6 +39,7 @@ def test_quick_cli_writes_everything(quick_run):
     assert any((out / "tb").iterdir()) and any((out / "checkpoints").iterdir())
 
 
+@pytest.mark.slow
 def test_repaired_strategies_have_no_traps_raw_report_theirs(quick_run):
     out, _ = quick_run
     res = json.loads((out / "results.json").read_text())

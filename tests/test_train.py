@@ -140,6 +140,7 @@ def _one_right_action_cache(Q: int = 64) -> ResponseCache:
 SEEDS = 5
 
 
+@pytest.mark.slow
 def test_cpo_and_ccpo_learn_the_obvious_optimum():
     """Hand-derived optimum: take the guide answer at round 1 (coverage 1, one guide call).
 
