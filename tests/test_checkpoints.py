@@ -3,9 +3,7 @@ checkpoint is refused (falling back to the previous good step) and never restore
 The same through the trainer (a killed run resumed past a damaged step): tests/test_train.py."""
 from __future__ import annotations
 
-import errno
 import json
-import os
 from pathlib import Path
 
 import numpy as np

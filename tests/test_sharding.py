@@ -34,7 +34,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import FAST_COMPILE_XLA_FLAGS
 
