@@ -36,13 +36,13 @@ SHARED_DATA = Path(os.environ.get("CCPO_SHARED_DATA") or REPO.parent / "shared" 
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
-#: The default command's heaviest files, worker seconds measured in one cold run (2026-12-01):
-#: xdist hands whole files to its workers (``--dist loadfile``) in collection order
-#: (``--no-loadscope-reorder``, pyproject.toml), so these start first and the last minutes are
-#: not one long file on one core while the other idles. Only the order changes; a file left off
-#: this list runs after them, in the usual order.
-HEAVY_FIRST = ("test_oracle.py", "test_train.py", "test_reproduce_cli.py", "test_trust_region.py",
-               "test_stackelberg.py", "test_conformal.py", "test_env.py", "test_export.py")
+#: The default command's heaviest files, by CPU seconds in one cold run (2026-12-01: 91, 51, 44,
+#: 36, 28, 23, 20, 19): xdist hands whole files to its workers (``--dist loadfile``) in
+#: collection order (``--no-loadscope-reorder``, pyproject.toml), so these start first and the
+#: last minutes are not one long file on one core while the other idles. Only the order
+#: changes; a file left off this list runs after them, in the usual order.
+HEAVY_FIRST = ("test_oracle.py", "test_train.py", "test_trust_region.py", "test_stackelberg.py",
+               "test_conformal.py", "test_env.py", "test_export.py", "test_reproduce_cli.py")
 
 
 def pytest_collection_modifyitems(config, items):
