@@ -152,6 +152,6 @@ def test_learners_reach_the_optimum_on_multi_round_caches(trained):
 
 def test_learners_on_a_single_round_cascade(trained):
     opt, rows = trained["cascade-T1"]
-    for row in ("CPO batch", "CCPO (lambda=0)"):  # T = 1: every policy pays the one guide call
+    for row in ("CPO batch", "CCPO (lambda=0)"):  # one round: every policy pays the one guide call
         np.testing.assert_allclose(rows[row]["cost_cents"], opt, rtol=1e-5)
     _check("cascade-T1", opt, rows)
