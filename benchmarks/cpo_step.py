@@ -1,6 +1,6 @@
 """Time one full CCPO trust-region step (FVP, CG, dual, line search) for the paper's network.
 
-Policy: ccpo_jax.networks.policy_net() (3 x 64 tanh, 3 actions). Batch: 10 episodes x 4 rounds,
+Policy: ccpo_jax.core.networks.policy_net() (3 x 64 tanh, 3 actions). Batch: 10 episodes x 4 rounds,
 observation dim 16 (random SYNTHETIC inputs: the timing does not depend on the values).
 The step is the one the trainer takes: softmasked conformal policy (kappa fixed), reward
 surrogate = mean ratio x advantage, constraint = -coverage surrogate (J-bar), KL on S~.
@@ -21,10 +21,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from ccpo_jax import conformal as cf
-from ccpo_jax import constraint as cs
-from ccpo_jax import networks
-from ccpo_jax import trust_region as tr
+from ccpo_jax.core import conformal as cf
+from ccpo_jax.core import constraint as cs
+from ccpo_jax.core import networks
+from ccpo_jax.core import trust_region as tr
 from envs.atomic import atomic_write_text
 from envs.cache import A_BASE, A_NEXT, N_ACTIONS
 

@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def make_artifact(root: Path) -> Path:
     """Export an untrained policy trained-format run dir (SYNTHETIC cache)."""
-    from ccpo_jax.config import TrainConfig, Variant
-    from ccpo_jax.export import export_router
-    from ccpo_jax.networks import policy_net
-    from ccpo_jax.policy_store import save_policies
+    from ccpo_jax.ccpo.config import TrainConfig, Variant
+    from ccpo_jax.ccpo.export import export_router
+    from ccpo_jax.ccpo.policy_store import save_policies
+    from ccpo_jax.core.networks import policy_net
     from envs.features import n_features
     from envs.synthetic import generate
 

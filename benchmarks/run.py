@@ -7,7 +7,7 @@ subprocesses started by it), compile time excluded from throughput
   env        replay-env steps/s, N parallel episodes (1 .. 65,536), ``lax.scan``
              over steps with auto-reset, (a) uniformly random policy over the
              available actions (``benchmarks/env_throughput.make_rollout``),
-             (b) the policy MLP (3 x 64, ``ccpo_jax.networks.policy_net``) in the
+             (b) the policy MLP (3 x 64, ``ccpo_jax.core.networks.policy_net``) in the
              loop, (c) the MLP forward pass alone on the same [N, F] batch (the
              bound (b) can approach), (d) a NumPy implementation of the same env
              written for this benchmark (vectorised over episodes), (e) the
@@ -178,7 +178,7 @@ def make_env_rollout(env, n_envs: int, n_steps: int, hidden=None):
     import jax
     import jax.numpy as jnp
 
-    from ccpo_jax.networks import masked_probs, policy_net
+    from ccpo_jax.core.networks import masked_probs, policy_net
 
     net = policy_net(hidden) if hidden is not None else None
     Q_axis = 0
@@ -215,7 +215,7 @@ def make_forward_only(n_steps: int, hidden):
     import jax
     import jax.numpy as jnp
 
-    from ccpo_jax.networks import masked_probs, policy_net
+    from ccpo_jax.core.networks import masked_probs, policy_net
 
     net = policy_net(hidden)
 
@@ -237,7 +237,7 @@ def section_env(rec: Recorder, ctx, quick: bool):
 
     from env_throughput import make_rollout, reference_steps
     from envs.orchestration import OrchestrationEnv
-    from ccpo_jax.networks import policy_net
+    from ccpo_jax.core.networks import policy_net
 
     cache, params, base = ctx["cache"], ctx["params"], ctx["base_cfg"]
     env = OrchestrationEnv()
@@ -355,9 +355,9 @@ def _train_setup(ctx, S: int, n_train: int = 1000, seed: int = 0):
 def section_train(rec: Recorder, ctx, quick: bool):
     import jax
 
-    from ccpo_jax.config import TrainConfig
-    from ccpo_jax.members import train_many
-    from ccpo_jax.rows import row_variants
+    from ccpo_jax.ccpo.config import TrainConfig
+    from ccpo_jax.ccpo.members import train_many
+    from ccpo_jax.ccpo.rows import row_variants
 
     params, base = ctx["params"], ctx["base_cfg"]
     variants = row_variants((2e-4,))
@@ -387,7 +387,7 @@ def section_train(rec: Recorder, ctx, quick: bool):
 
 
 def section_reproduce(rec: Recorder, ctx, quick: bool):
-    from ccpo_jax.pipeline import reproduce
+    from ccpo_jax.ccpo.reproduce import reproduce
 
     stubbed = _ensure_tensorboardx()
     iters = 100 if quick else None
@@ -442,9 +442,9 @@ def device_worker(n_dev: int, quick: bool, train: bool = True) -> dict:
     import jax
     import numpy as np
 
-    from ccpo_jax import sharding
-    from ccpo_jax.config import TrainConfig, Variant
-    from ccpo_jax.members import train_many
+    from ccpo_jax.ccpo.config import TrainConfig, Variant
+    from ccpo_jax.ccpo.members import train_many
+    from ccpo_jax.runtime import sharding
     from envs.orchestration import evaluate_sets, make_env_params
     from envs.synthetic import generate
 
@@ -624,7 +624,7 @@ def main(argv=None) -> int:
 
     import jax
 
-    from ccpo_jax.sharding import init_distributed
+    from ccpo_jax.runtime.sharding import init_distributed
     from envs.orchestration import make_env_params
     from envs.synthetic import generate
 

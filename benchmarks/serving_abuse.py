@@ -43,10 +43,10 @@ def make_artifact(root: Path) -> tuple[Path, list[dict]]:
     import jax
     import jax.numpy as jnp
 
-    from ccpo_jax.config import TrainConfig, Variant
-    from ccpo_jax.export import export_router
-    from ccpo_jax.networks import policy_net
-    from ccpo_jax.policy_store import save_policies
+    from ccpo_jax.ccpo.config import TrainConfig, Variant
+    from ccpo_jax.ccpo.export import export_router
+    from ccpo_jax.ccpo.policy_store import save_policies
+    from ccpo_jax.core.networks import policy_net
     from envs.features import n_features
     from envs.jsonl import cache_to_records
     from envs.synthetic import generate

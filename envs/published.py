@@ -1,5 +1,5 @@
 """The CCPO paper's published results, arXiv 2511.11828, Tables 2-9: pure data, no
-logic beyond lookups. The one copy of these numbers in the package: ``ccpo_jax.settings``
+logic beyond lookups. The one copy of these numbers in the package: ``ccpo_jax.ccpo.settings``
 puts them beside a run's results (table.md), ``envs.synthetic`` calibrates its
 synthetic caches to them (Tables 2-5).
 

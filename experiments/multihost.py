@@ -13,7 +13,7 @@ finds the coordinator itself; set only ``CCPO_JAX_DISTRIBUTED=1``.) Without
 reference the multi-host test compares against.
 
 What it does, under the ``retrain`` protocol (every split trains its own
-policies): the variant x split members of :func:`ccpo_jax.members.train_many`
+policies): the variant x split members of :func:`ccpo_jax.ccpo.members.train_many`
 are sharded over all devices of all hosts (padded to a multiple of
 devices x ``--member-block``); each device trains its block with no
 communication; the trained state is gathered to every host
@@ -21,7 +21,7 @@ communication; the trained state is gathered to every host
 on every host). Process 0 writes ``--out``: per-split metrics of every row,
 the calibrated kappas and a SHA-256 digest of the trained state. With
 ``--member-block B`` (default 1) every device runs the one-device program
-(``ccpo_jax.sharding.PerDevice``) and the output is bit-identical to a run on
+(``ccpo_jax.runtime.sharding.PerDevice``) and the output is bit-identical to a run on
 ONE device with the same block (2 hosts x 2 devices = 1 host x 1 device);
 ``--member-block 0`` runs one SPMD program (one compilation), equal across
 layouts with the same number of devices (2 hosts x 2 = 1 host x 4).
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from ccpo_jax.errors import USER_ERRORS
-    from ccpo_jax.sharding import init_distributed
+    from ccpo_jax.runtime.sharding import init_distributed
 
     init_distributed()  # reads CCPO_JAX_DISTRIBUTED; must come before any other JAX call
     try:
@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     import jax
 
-    from ccpo_jax.config import TrainConfig
+    from ccpo_jax.ccpo.config import TrainConfig
+    from ccpo_jax.ccpo.splits import check_split_sizes, make_splits
     from ccpo_jax.errors import UserError
-    from ccpo_jax.splits import check_split_sizes, make_splits
     from envs.orchestration import make_env_params
     from envs.synthetic import generate
 
@@ -108,10 +108,10 @@ def _run_layout(args, cache, params, splits, cfg, k_train, k_eval, block: int | 
     import jax
     import numpy as np
 
-    from ccpo_jax import sharding
-    from ccpo_jax.evaluation import evaluate_trained
-    from ccpo_jax.members import train_many
-    from ccpo_jax.rows import row_variants
+    from ccpo_jax.ccpo.evaluation import evaluate_trained
+    from ccpo_jax.ccpo.members import train_many
+    from ccpo_jax.ccpo.rows import row_variants
+    from ccpo_jax.runtime import sharding
     from envs.atomic import atomic_write_text
 
     variants = row_variants(())

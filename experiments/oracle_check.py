@@ -19,9 +19,9 @@ import time
 import jax
 import numpy as np
 
-from ccpo_jax.presets import get_preset
-from ccpo_jax.splits import splits_for_protocol
-from ccpo_jax.rows import train_seeds
+from ccpo_jax.ccpo.presets import get_preset
+from ccpo_jax.ccpo.rows import train_seeds
+from ccpo_jax.ccpo.splits import splits_for_protocol
 from envs import oracle
 from envs.orchestration import make_env_params
 
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     if args.iterations:
         cfg = cfg.replace(iterations=args.iterations)
     if args.set:
-        from ccpo_jax.presets import apply_overrides
+        from ccpo_jax.ccpo.presets import apply_overrides
 
         cfg = apply_overrides(cfg, args.set)
     specs = oracle.builtin()

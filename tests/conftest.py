@@ -69,7 +69,7 @@ def run_cli(args: list[str], *, cwd: Path | None = None, in_subprocess: bool = F
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         return subprocess.run([sys.executable, "-m", "ccpo_jax.cli", *args], cwd=cwd, env=env,
                               capture_output=True, text=True, timeout=600)
-    from ccpo_jax.cli import main
+    from ccpo_jax.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.ExitStack() as stack:
@@ -153,8 +153,8 @@ def mechanics() -> Mechanics:
     import jax
     import numpy as np
 
-    from ccpo_jax.config import TrainConfig
-    from ccpo_jax.rows import row_variants
+    from ccpo_jax.ccpo.config import TrainConfig
+    from ccpo_jax.ccpo.rows import row_variants
     from envs.orchestration import make_env_params
     from envs.reference import random_cache
 
@@ -180,8 +180,8 @@ def _free_compiled_programs():
         import gc
 
         sys.modules["jax"].clear_caches()
-        if "ccpo_jax.members" in sys.modules:
-            sys.modules["ccpo_jax.members"].clear_program_cache()
+        if "ccpo_jax.ccpo.members" in sys.modules:
+            sys.modules["ccpo_jax.ccpo.members"].clear_program_cache()
         gc.collect()
 
 

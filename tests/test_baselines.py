@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ccpo_jax.baselines import (
+from ccpo_jax.ccpo.baselines import (
     exit_rows,
     llm_policy_rows,
     make_baseline_data,

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ccpo_jax import conformal as cf
+from ccpo_jax.core import conformal as cf
 
 T = 4
 
@@ -139,7 +139,7 @@ def test_split_conformal_coverage_over_2000_draws(pool):
 
 
 def test_calibration_size_warning_names_trivial_and_minimal_thresholds():
-    from ccpo_jax.conformal import calibration_size_warning, conformal_rank
+    from ccpo_jax.core.conformal import calibration_size_warning, conformal_rank
 
     # k = ceil((n+1)(1-alpha)) > n: kappa-hat = 0, coverage 1 by construction (6 questions at 0.1)
     w = calibration_size_warning(6, 0.1)

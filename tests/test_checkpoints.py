@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ccpo_jax.checkpoints import DIGEST_SUFFIX, VerifiedCheckpoints
 from ccpo_jax.errors import UserError
+from ccpo_jax.runtime.checkpoints import DIGEST_SUFFIX, VerifiedCheckpoints
 
 
 def _args(state, metrics=None, restore=False):

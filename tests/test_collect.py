@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts
-from ccpo_jax.cli import main
+from ccpo_jax.cli.main import main
 from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.client import parse_completion, retry_after_s
 
@@ -143,7 +143,7 @@ def test_normal_run_writes_a_cache_that_data_check_reads(reference, capsys):
 def test_reproduce_runs_on_the_collected_cache(reference, tmp_path):
     """``reproduce --cache`` on the collected file: every row the cache supports (the learned rows are
     skipped here to keep the test short; the compiled baselines are most of its time)."""
-    from ccpo_jax.pipeline import reproduce
+    from ccpo_jax.ccpo.reproduce import reproduce
 
     out = reference[0]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ccpo_jax import conformal as cf
+from ccpo_jax.core import conformal as cf
 
 
 def test_set_and_uniform_policy_by_hand():

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ccpo_jax import conformal as cf
-from ccpo_jax import constraint as cs
+from ccpo_jax.core import conformal as cf
+from ccpo_jax.core import constraint as cs
 
 
 def _question(rng, T):

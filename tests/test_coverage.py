@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ccpo_jax.pipeline import reproduce
+from ccpo_jax.ccpo.reproduce import reproduce
 from envs.importers import import_cache
 from envs.synthetic import generate
 

@@ -1,4 +1,4 @@
-"""Replay-exact estimator (ccpo_jax.exact) against brute-force enumeration, and the sampled
+"""Replay-exact estimator (ccpo_jax.core.exact) against brute-force enumeration, and the sampled
 estimators of the trainer against it: they must agree in expectation."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ccpo_jax import conformal, exact
-from ccpo_jax.constraint import coverage_estimate
+from ccpo_jax.core import conformal, exact
+from ccpo_jax.core.constraint import coverage_estimate
 from envs.orchestration import make_env_params, trajectories
 from envs.reference import random_cache
 

@@ -1,7 +1,7 @@
 """Export of a trained router and its verified loading (docs/export.md; issue 6).
 
 Oracle: the trainer-side forward pass, ``conformal_set(masked_probs(policy_net.apply(params, obs),
-available), kappa, available)`` from ccpo_jax.networks / ccpo_jax.conformal, evaluated by plain
+available), kappa, available)`` from ccpo_jax.core.networks / ccpo_jax.core.conformal, evaluated by plain
 jitted JAX on the raw flax params; the router sees only the artefact.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ccpo_jax.config import TrainConfig, Variant
-from ccpo_jax.conformal import conformal_set
-from ccpo_jax.networks import masked_probs, policy_net
+from ccpo_jax.ccpo.config import TrainConfig, Variant
+from ccpo_jax.core.conformal import conformal_set
+from ccpo_jax.core.networks import masked_probs, policy_net
 from envs.features import n_features
 from envs.orchestration import make_env_params
 from envs.synthetic import generate
@@ -49,7 +49,7 @@ def _reference(params, obs, avail, kappa):
 def run(tmp_path_factory):
     """A RUN_DIR as ``ccpo-jax reproduce`` leaves it (policies/ via the trainer's own save_policies)
     with a SYNTHETIC cache, plus 10,000 observations (cache rows + random) and their reference sets."""
-    from ccpo_jax.policy_store import save_policies
+    from ccpo_jax.ccpo.policy_store import save_policies
 
     root = tmp_path_factory.mktemp("export")
     cache = generate("hotpotqa-llama2", 200, 0)
@@ -82,7 +82,7 @@ def run(tmp_path_factory):
     run_dir = root / "run"
     save_policies(run_dir / "policies", TrainConfig(alpha=0.1), variants, state, kappas, cache, "recalibrate")
     (run_dir / "results.json").write_text(json.dumps({"setting": "test-synthetic"}))
-    from ccpo_jax.export import export_router
+    from ccpo_jax.ccpo.export import export_router
 
     art = export_router(run_dir, root / "art")
     return types.SimpleNamespace(root=root, run_dir=run_dir, art=art, cache=cache, env=env, obs=obs, avail=avail,
@@ -128,8 +128,8 @@ def test_manifest_contents(run, router):
 
 
 def test_export_other_row_and_errors(run, tmp_path):
+    from ccpo_jax.ccpo.export import export_router
     from ccpo_jax.errors import UserError
-    from ccpo_jax.export import export_router
     from ccpo_jax.serving import Router
 
     art = export_router(run.run_dir, tmp_path / "cpo", row="CPO batch")
@@ -148,7 +148,7 @@ def test_export_other_row_and_errors(run, tmp_path):
 
 
 def test_export_failure_leaves_nothing(run, tmp_path, monkeypatch):
-    import ccpo_jax.export as ex
+    import ccpo_jax.ccpo.export as ex
 
     def boom(*a, **k):
         raise RuntimeError("disk full")
@@ -240,7 +240,7 @@ def test_serving_imports_without_training_stack(run):
     """ccpo_jax.serving loads and decides with optax, orbax, tensorboardX, flax and the trainer blocked."""
     code = f"""
 import sys
-BLOCK = ("optax", "orbax", "tensorboardX", "flax", "ccpo_jax.train", "ccpo_jax.export", "chex", "distrax", "rlax")
+BLOCK = ("optax", "orbax", "tensorboardX", "flax", "ccpo_jax.ccpo.train", "ccpo_jax.ccpo.export", "chex", "distrax", "rlax")
 class Blocker:
     def find_spec(self, name, path=None, target=None):
         if any(name == b or name.startswith(b + ".") for b in BLOCK):
@@ -279,7 +279,7 @@ def test_blocked_probs_match_router_on_small_caches(run, router):
     """``blocked_policy_probs`` (for the trainer's calibration table) gives the router's bits on a
     [Q, T, F] cache of 800 rows, also vmapped over variants as the trainer evaluates. (The plain
     formula at this size may use another XLA:CPU matmul kernel and differ by an ulp.)"""
-    from ccpo_jax.blocked import blocked_policy_probs
+    from ccpo_jax.ccpo.blocked import blocked_policy_probs
 
     m = np.asarray(run.env.round_mask)
     want = router.probs(run.obs[: m.sum()], run.avail[: m.sum()])  # the cache rows, in order
@@ -300,10 +300,10 @@ def _diag(kappa, full, coverage=0.95, cost=1.0):
 def test_export_refuses_a_degenerate_router_and_picks_the_cheapest_usable_row(run, tmp_path):
     """kappa-hat ~ 0 / the full set for nearly every calibration question: refused unless --force;
     the default row is the cheapest calibrated row whose calibration coverage holds."""
+    from ccpo_jax.ccpo.export import export_router
+    from ccpo_jax.ccpo.policy_store import save_policies
     from ccpo_jax.errors import UserError
-    from ccpo_jax.export import export_router
     from ccpo_jax.serving import Router
-    from ccpo_jax.policy_store import save_policies
 
     variants = [Variant("CPO", conformal=False), Variant("CCPO (lambda=0)", conformal=True),
                 Variant("CCPO (lambda=2e-4)", conformal=True, lam=2e-4)]
@@ -330,7 +330,7 @@ def test_export_refuses_a_degenerate_router_and_picks_the_cheapest_usable_row(ru
 def test_calibration_diagnostics_by_hand(run):
     """A uniform policy at kappa 0 holds every available action everywhere: degenerate; at kappa 0.5
     the sets are empty, so only unsolvable questions are covered."""
-    from ccpo_jax.evaluation import calibration_diagnostics
+    from ccpo_jax.ccpo.evaluation import calibration_diagnostics
 
     zero = jax.tree.map(np.zeros_like, run.params)  # all logits 0: uniform over available actions
     cal = np.arange(50)

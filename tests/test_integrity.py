@@ -107,8 +107,8 @@ def test_old_cache_gets_a_reimport_message(tmp_path, syn):
 
 def test_resume_refuses_a_cache_whose_manifest_changed(tmp_path):
     """A JSONL cache's manifest edited between the kill and --resume (the checksum covers it)."""
+    from ccpo_jax.ccpo.reproduce import reproduce
     from ccpo_jax.errors import UserError
-    from ccpo_jax.pipeline import reproduce
     from envs.synthetic import generate
 
     src = write_jsonl(generate("hotpotqa-llama2", n_questions=100, seed=0), tmp_path / "c.jsonl")
@@ -127,7 +127,7 @@ def test_resume_refuses_a_cache_whose_manifest_changed(tmp_path):
     with pytest.raises(UserError, match="the cache changed since the run was interrupted"):
         reproduce(resume=out, trainer=interrupted, echo=None)
     # (f) an explicit --iterations equal to the (default preset's) default matches the saved None
-    from ccpo_jax.presets import get_preset
+    from ccpo_jax.ccpo.presets import get_preset
 
     default = get_preset("default").iterations
     with pytest.raises(UserError, match="the cache changed"):  # past the flag check
@@ -166,8 +166,8 @@ ROWS = ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)
 
 
 def _fake_trainer(interrupt: bool = False):
-    from ccpo_jax.rows import LearnedRows
-    from ccpo_jax.settings import METRICS
+    from ccpo_jax.ccpo.rows import LearnedRows
+    from ccpo_jax.ccpo.settings import METRICS
 
     def fn(**kw):
         kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
@@ -188,7 +188,7 @@ def cache100(tmp_path_factory) -> Path:
 
 
 def test_trainer_writes_into_the_runs_tensorboard_folder(tmp_path, cache100):
-    from ccpo_jax.pipeline import TB_DIR, reproduce
+    from ccpo_jax.ccpo.reproduce import TB_DIR, reproduce
 
     seen = {}
 
@@ -204,7 +204,7 @@ def test_trainer_writes_into_the_runs_tensorboard_folder(tmp_path, cache100):
 # -- (c) damaged manifests and full disks: one `error:` line, exit 2, nothing left behind -----------
 
 def _main_one_line(capsys, argv: list[str], *needles: str) -> str:
-    from ccpo_jax.cli import main
+    from ccpo_jax.cli.main import main
 
     rc = main(argv)
     err = capsys.readouterr().err
@@ -246,9 +246,9 @@ def run_with_policies(tmp_path_factory, syn):
     import jax
     import jax.numpy as jnp
 
-    from ccpo_jax.config import TrainConfig, Variant
-    from ccpo_jax.networks import policy_net
-    from ccpo_jax.policy_store import save_policies
+    from ccpo_jax.ccpo.config import TrainConfig, Variant
+    from ccpo_jax.ccpo.policy_store import save_policies
+    from ccpo_jax.core.networks import policy_net
     from envs.features import n_features
 
     root = tmp_path_factory.mktemp("run")
@@ -264,7 +264,7 @@ def run_with_policies(tmp_path_factory, syn):
 def test_damaged_artefact_and_policy_manifest_is_one_line(tmp_path, run_with_policies, capsys, damage):
     import shutil
 
-    from ccpo_jax.cli import main
+    from ccpo_jax.cli.main import main
 
     art = tmp_path / "art"
     assert main(["export", str(run_with_policies), "--out", str(art)]) == 0
@@ -300,7 +300,7 @@ def test_full_disk_in_data_commands(tmp_path, syn, capsys, monkeypatch):
 
 
 def test_full_disk_in_export(tmp_path, run_with_policies, capsys, monkeypatch):
-    import ccpo_jax.export as ex
+    import ccpo_jax.ccpo.export as ex
 
     monkeypatch.setattr(ex.np, "savez", _enospc)
     line = _main_one_line(capsys, ["export", str(run_with_policies), "--out", str(tmp_path / "art")])
@@ -310,8 +310,8 @@ def test_full_disk_in_export(tmp_path, run_with_policies, capsys, monkeypatch):
 
 @pytest.mark.parametrize("where", ["plots", "orbax", "atomic-write"])
 def test_full_disk_in_reproduce(tmp_path, cache100, capsys, monkeypatch, where):
-    import ccpo_jax.rows as rows_module
-    from ccpo_jax import report
+    import ccpo_jax.ccpo.rows as rows_module
+    from ccpo_jax.ccpo import report
 
     fake = _fake_trainer()
     if where == "plots":
@@ -372,7 +372,7 @@ def test_full_disk_while_writing_tensorboard_raises_instead_of_hanging(tmp_path,
 
     import tensorboardX.record_writer as rw
 
-    from ccpo_jax import report
+    from ccpo_jax.runtime.scalars import ScalarWriter
 
     calls = {"n": 0}
     real = rw.RecordWriter.write
@@ -388,7 +388,7 @@ def test_full_disk_while_writing_tensorboard_raises_instead_of_hanging(tmp_path,
 
     def run():
         try:
-            with report.ScalarWriter(tmp_path / "tb") as w:
+            with ScalarWriter(tmp_path / "tb") as w:
                 for i, x in enumerate(np.linspace(0, 1, 100)):
                     w.add_scalar("CPO/kappa", float(x), i)
         except OSError as e:

@@ -1,8 +1,9 @@
 """The import layering (pyproject.toml [tool.importlinter]) and the absence of import cycles.
 
 import-linter checks the layers contracts (experiments above ccpo_jax above envs; inside
-ccpo_jax the CLI above the pipelines above the trainer's pieces; the router without the
-trainer). Independently of it, an AST walk over every import statement of the library,
+ccpo_jax the folders are the layers, cli > ccpo | stackelberg | collect > serving | runtime >
+core > errors; inside ccpo_jax.ccpo and ccpo_jax.cli their modules; core without I/O; the
+router without the trainer), and every module of ccpo_jax sits in exactly one layer. Independently of it, an AST walk over every import statement of the library,
 function-level ones included, checks that no module imports experiments/ or benchmarks/
 and that the module graph has no cycle.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import tomllib
 import subprocess
 import sys
 from pathlib import Path
@@ -107,7 +109,7 @@ def test_cycle_finder_finds_a_cycle():
 
 def test_no_import_cycles_anywhere_in_the_library():
     graph = _graph()
-    assert len(graph) > 50 and "ccpo_jax.train" in graph["ccpo_jax.members"]
+    assert len(graph) > 50 and "ccpo_jax.ccpo.train" in graph["ccpo_jax.ccpo.members"]
     assert _cycles(graph) == []
 
 
@@ -125,3 +127,35 @@ def test_import_linter_contracts_are_kept():
     r = subprocess.run(cmd + ["--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0 and "0 broken" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def _layers(container: str) -> list[set[str]]:
+    """The layers (each a set of sibling names) of the layers contract on ``container``."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    found = [c for c in cfg["contracts"] if c.get("containers") == [container]]
+    assert len(found) == 1, container
+    return [{n.strip() for n in layer.split("|")} for layer in found[0]["layers"]]
+
+
+def _uncovered(modules, container: str, layers: list[set[str]]) -> list[str]:
+    """Modules directly inside ``container`` (the first name after it) in no layer, or in more than one."""
+    out = []
+    for m in modules:
+        if not m.startswith(container + "."):
+            continue
+        head = m[len(container) + 1:].split(".")[0]
+        if sum(head in layer for layer in layers) != 1:
+            out.append(m)
+    return out
+
+
+def test_every_module_of_ccpo_jax_sits_in_exactly_one_layer():
+    mods = sorted(m for m in _modules() if m.startswith("ccpo_jax."))
+    top = _layers("ccpo_jax")
+    assert _uncovered(mods, "ccpo_jax", top) == []
+    # the folders with a contract of their own (the method and the CLI) cover each of their modules too
+    for folder in ("ccpo_jax.ccpo", "ccpo_jax.cli"):
+        assert _uncovered(mods, folder, _layers(folder)) == [], folder
+    # a module nobody placed is found (the check can fail)
+    assert _uncovered(mods + ["ccpo_jax.stray"], "ccpo_jax", top) == ["ccpo_jax.stray"]
+    assert _uncovered(["ccpo_jax.ccpo.stray"], "ccpo_jax.ccpo", _layers("ccpo_jax.ccpo")) == ["ccpo_jax.ccpo.stray"]

@@ -1,4 +1,4 @@
-"""The shared chunked host loop (ccpo_jax.loop): exact iteration counts, TensorBoard steps,
+"""The shared chunked host loop (ccpo_jax.runtime.loop): exact iteration counts, TensorBoard steps,
 checkpoint resume bit-identical to an uninterrupted run, configuration check on resume."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ccpo_jax import loop
 from ccpo_jax.errors import UserError
-from ccpo_jax.report import ScalarWriter
+from ccpo_jax.runtime import loop
+from ccpo_jax.runtime.scalars import ScalarWriter
 
 
 def _toy(programs: list | None = None):
@@ -100,8 +100,8 @@ def test_resume_refuses_another_configuration(tmp_path):
 
 
 def test_variant_scalars_tag_each_variant(tmp_path):
-    from ccpo_jax.config import Variant
-    from ccpo_jax.members import variant_scalars
+    from ccpo_jax.ccpo.config import Variant
+    from ccpo_jax.ccpo.members import variant_scalars
 
     variants = [Variant("CPO", False), Variant("CCPO (lambda=0)", True)]
     m = {"kappa": np.arange(2 * 3 * 4, dtype=float).reshape(6, 4)}  # V=2 x S=3 members, 4 iterations

@@ -31,10 +31,10 @@ import jax
 import numpy as np
 import pytest
 
-from ccpo_jax.config import Variant
-from ccpo_jax.presets import DEFAULT
-from ccpo_jax.evaluation import evaluate_trained
-from ccpo_jax.members import train_many
+from ccpo_jax.ccpo.config import Variant
+from ccpo_jax.ccpo.evaluation import evaluate_trained
+from ccpo_jax.ccpo.members import train_many
+from ccpo_jax.ccpo.presets import DEFAULT
 from envs import oracle
 from envs.cache import ResponseCache
 from envs.orchestration import make_env_params

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ccpo_jax.config import TrainConfig
+from ccpo_jax.ccpo.config import TrainConfig
+from ccpo_jax.ccpo.presets import DEFAULT, PAPER, apply_overrides, deviations, get_preset, presets_table
+from ccpo_jax.ccpo.report import policy_entry
+from ccpo_jax.ccpo.reproduce import LearnedRows, reproduce
+from ccpo_jax.ccpo.settings import METRICS
 from ccpo_jax.errors import UserError
-from ccpo_jax.pipeline import LearnedRows, reproduce
-from ccpo_jax.presets import DEFAULT, PAPER, apply_overrides, deviations, get_preset, presets_table
-from ccpo_jax.report import policy_entry
-from ccpo_jax.settings import METRICS
 from conftest import run_cli
 
 
@@ -56,7 +56,7 @@ def test_policy_entry_reports_seeds_and_their_spread():
 
 
 class SeedTrainer:
-    """Stands in for ccpo_jax.rows.learned_rows: rows of [seeds, splits], records its arguments."""
+    """Stands in for ccpo_jax.ccpo.rows.learned_rows: rows of [seeds, splits], records its arguments."""
 
     def __init__(self):
         self.calls = []

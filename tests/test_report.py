@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ccpo_jax import report
-from ccpo_jax.settings import METRICS, get_setting
+from ccpo_jax.ccpo import report
+from ccpo_jax.ccpo.settings import METRICS, get_setting
+from ccpo_jax.runtime.scalars import ScalarWriter
 
 S = 21
 SCHEMA_TOP = {"setting", "alpha", "protocol", "splits", "seeds", "preset", "train_config", "cache", "policies",
@@ -152,7 +153,7 @@ def _read_events(logdir: Path) -> list:
 
 
 def test_scalar_writer_roundtrip(tmp_path):
-    with report.ScalarWriter(tmp_path / "tb", ".x") as w:
+    with ScalarWriter(tmp_path / "tb", ".x") as w:
         w.add_scalar("CCPO (lambda=0)/kappa", 0.3, 1)
         w.add_scalar("CCPO (lambda=0)/kappa", 0.25, 2)
     got = {(v.tag, ev.step): v.simple_value for ev in _read_events(tmp_path / "tb") for v in ev.summary.value}

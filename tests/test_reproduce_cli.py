@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ccpo_jax.ccpo.reproduce import CKPT_DIR, LearnedRows, reproduce
+from ccpo_jax.ccpo.settings import METRICS
 from ccpo_jax.errors import UserError
-from ccpo_jax.pipeline import CKPT_DIR, LearnedRows, reproduce
-from ccpo_jax.settings import METRICS
 from conftest import FAST_COMPILE_XLA_FLAGS, run_cli
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -74,7 +74,7 @@ def test_cli_main_rejects_bad_input_in_process(tmp_path, monkeypatch, capsys, ar
     """The same checks through ``cli.main`` (cheaper than a subprocess each)."""
     import jax
 
-    from ccpo_jax.cli import main
+    from ccpo_jax.cli.main import main
 
     # JAX is started here with its one CPU device, so --devices 4 cannot force more
     # (and must not change XLA_FLAGS for the rest of the test session).
@@ -89,7 +89,7 @@ def test_cli_main_rejects_bad_input_in_process(tmp_path, monkeypatch, capsys, ar
 
 
 def test_cli_bad_protocol_is_an_argparse_error(tmp_path, monkeypatch, capsys):
-    from ccpo_jax.cli import main
+    from ccpo_jax.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
@@ -122,7 +122,7 @@ def test_list_settings(tmp_path):
 # -- the trainer call site, with a stand-in trainer -------------------------------------------
 
 class FakeTrainer:
-    """Stands in for ccpo_jax.rows.learned_rows; records its arguments."""
+    """Stands in for ccpo_jax.ccpo.rows.learned_rows; records its arguments."""
 
     def __init__(self, interrupt: bool = False):
         self.calls: list[dict] = []

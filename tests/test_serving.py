@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ccpo_jax.config import TrainConfig, Variant
-from ccpo_jax.networks import policy_net
+from ccpo_jax.ccpo.config import TrainConfig, Variant
+from ccpo_jax.core.networks import policy_net
 from envs.features import n_features
 from envs.jsonl import cache_to_records
 from envs.orchestration import make_env_params
@@ -30,9 +30,9 @@ N_Q = 120
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from ccpo_jax.export import export_router
+    from ccpo_jax.ccpo.export import export_router
+    from ccpo_jax.ccpo.policy_store import save_policies
     from ccpo_jax.serving import Router
-    from ccpo_jax.policy_store import save_policies
 
     from envs.jsonl import read_jsonl
 
@@ -140,7 +140,7 @@ def test_decide_rejects_bad_continuation(setup):
 
 
 def test_route_command(setup, tmp_path):
-    from ccpo_jax.cli import main
+    from ccpo_jax.cli.main import main
 
     src = tmp_path / "cache.jsonl"
     from envs.jsonl import write_jsonl
@@ -168,7 +168,7 @@ def test_route_command(setup, tmp_path):
 
 
 def test_route_errors_leave_no_output(setup, tmp_path, capsys):
-    from ccpo_jax.cli import main
+    from ccpo_jax.cli.main import main
 
     good = json.dumps({"rounds": setup.records[0]["rounds"][:1]})
     bad = json.dumps({"rounds": [{"base": {"answer": "x", "tokens_in": 1, "tokens_out": 1}}]})

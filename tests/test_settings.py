@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ccpo_jax.errors import UserError
-from ccpo_jax.splits import (
+from ccpo_jax.ccpo.splits import (
     Splits,
     check_split_sizes,
     make_recalibrate_splits,
@@ -16,7 +16,7 @@ from ccpo_jax.splits import (
     parse_split_sizes,
     splits_for_protocol,
 )
-from ccpo_jax.settings import (
+from ccpo_jax.ccpo.settings import (
     DEFAULT_SETTING,
     METRICS,
     SETTINGS,
@@ -157,7 +157,7 @@ def test_every_question_used_when_sizes_fill_the_cache():
 
 
 def test_split_size_errors_name_the_field_and_the_cli_maps_it_to_the_flag():
-    from ccpo_jax.commands.reproduce import FLAGS
+    from ccpo_jax.cli.reproduce import FLAGS
 
     assert parse_split_sizes("60,20,20") == (60, 20, 20)
     assert parse_split_sizes(" 6, 2 ,2") == (6, 2, 2)
@@ -187,7 +187,7 @@ def test_settings_match_the_synthetic_profiles():
     (so table.md can put the paper's numbers beside them)."""
     from envs.synthetic import PROFILES
 
-    from ccpo_jax.settings import exit_row_name, llm_policy_row_name, row_key
+    from ccpo_jax.ccpo.settings import exit_row_name, llm_policy_row_name, row_key
 
     for s in SETTINGS.values():
         assert s.profile in PROFILES, s.name

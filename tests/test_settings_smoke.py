@@ -18,16 +18,16 @@ import json
 import numpy as np
 import pytest
 
-from ccpo_jax.pipeline import reproduce
+from ccpo_jax.ccpo.reproduce import reproduce
 from envs.synthetic import generate
-from ccpo_jax.settings import METRICS, SETTINGS, lambda_row_name
+from ccpo_jax.ccpo.settings import METRICS, SETTINGS, lambda_row_name
 
 
 TRAINED = ("mmlu-llama3-a0.2",)
 
 
 def _stand_in_trainer():
-    from ccpo_jax.pipeline import LearnedRows
+    from ccpo_jax.ccpo.reproduce import LearnedRows
 
     calls = []
 

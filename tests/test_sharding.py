@@ -45,9 +45,9 @@ WORKER = textwrap.dedent(
     import json, os, sys
     import jax, jax.numpy as jnp, numpy as np
     assert len(jax.devices()) == 4, jax.devices()
-    from ccpo_jax import sharding
-    from ccpo_jax.config import TrainConfig, Variant
-    from ccpo_jax.members import train_many
+    from ccpo_jax.ccpo.config import TrainConfig, Variant
+    from ccpo_jax.ccpo.members import train_many
+    from ccpo_jax.runtime import sharding
     from envs.orchestration import OrchestrationEnv, evaluate_sets, make_env_params, summarise
     from envs.reference import reference_evaluate_set
     from envs.synthetic import generate

@@ -218,7 +218,7 @@ def test_unknown_profile_and_bad_sizes():
 
 @pytest.mark.parametrize("name", PROFILE_NAMES)
 def test_cli_synth_writes_a_loadable_cache(tmp_path, name, capsys):
-    from ccpo_jax.cli import main
+    from ccpo_jax.cli.main import main
 
     out = tmp_path / f"{name}-cache"
     rc = main(["data", "synth", "--profile", name, "--questions", "200", "--seed", "1", "--out", str(out)])
@@ -231,7 +231,7 @@ def test_cli_synth_writes_a_loadable_cache(tmp_path, name, capsys):
 
 
 def test_cli_synth_unknown_profile_exits_2(tmp_path, capsys):
-    from ccpo_jax.cli import main
+    from ccpo_jax.cli.main import main
 
     out = tmp_path / "x"
     assert main(["data", "synth", "--profile", "nope", "--out", str(out)]) == 2

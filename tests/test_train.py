@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ccpo_jax.config import TrainConfig, Variant
-from ccpo_jax.evaluation import eval_batch_calibrated, policy_tables
-from ccpo_jax.members import train_many
-from ccpo_jax.policy_store import load_policy, save_policies
-from ccpo_jax.train import make_train
+from ccpo_jax.ccpo.config import TrainConfig, Variant
+from ccpo_jax.ccpo.evaluation import eval_batch_calibrated, policy_tables
+from ccpo_jax.ccpo.members import train_many
+from ccpo_jax.ccpo.policy_store import load_policy, save_policies
+from ccpo_jax.ccpo.train import make_train
 from envs.cache import Manifest, ModelInfo, ResponseCache, empty_arrays
 from envs.orchestration import make_env_params
 from envs.reference import random_cache, reference_evaluate_set
@@ -80,7 +80,7 @@ def test_another_call_on_the_same_env_reuses_its_programs(mechanics, uninterrupt
     """train_many keeps the compiled programs of a call: the same run again builds (traces, lowers,
     compiles) nothing and gives the same result bit for bit. An env with a NumPy leaf, which could
     be changed in place, is never kept."""
-    from ccpo_jax import members
+    from ccpo_jax.ccpo import members
 
     built = []
     real = members._cached

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ccpo_jax import conformal as cf
-from ccpo_jax import networks
-from ccpo_jax import trust_region as tr
+from ccpo_jax.core import conformal as cf
+from ccpo_jax.core import networks
+from ccpo_jax.core import trust_region as tr
 
 N = 6
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import rlax
 
-from ccpo_jax.vtrace import vtrace
+from ccpo_jax.core.vtrace import vtrace
 
 
 

@@ -8,7 +8,7 @@
     router.decide([{"base": {...}, "guide": {...}}])   # raw rounds -> decision
 
 Imports jax, NumPy and ``envs`` (the featuriser) only: no optax, orbax,
-tensorboardX, flax or ``ccpo_jax.train``. The HTTP endpoint is
+tensorboardX, flax or ``ccpo_jax.ccpo.train``. The HTTP endpoint is
 :mod:`ccpo_jax.serving.http`.
 """
 from ccpo_jax.serving.artifact import (  # noqa: F401

@@ -33,7 +33,7 @@ SUPPORTED_VERSIONS = (1,)
 MANIFEST = "manifest.json"
 MODULE_FILE = "policy.jaxexport"
 PARAMS_FILE = "params.npz"
-#: Rows per block of the exported forward pass (see ccpo_jax/export.py: why a fixed block).
+#: Rows per block of the exported forward pass (see ccpo_jax/ccpo/export.py: why a fixed block).
 BLOCK_ROWS = 2048
 
 

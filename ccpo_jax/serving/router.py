@@ -1,7 +1,7 @@
 """``Router``: a loaded, verified exported router (docs/export.md).
 
 Needs jax, NumPy and the featuriser in ``envs`` only: no optax, orbax,
-tensorboardX, flax or ``ccpo_jax.train``.
+tensorboardX, flax or ``ccpo_jax.ccpo.train``.
 """
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ccpo_jax import loop
-from ccpo_jax.report import ScalarWriter
+from ccpo_jax.runtime import loop
+from ccpo_jax.runtime.scalars import ScalarWriter
 from envs.atomic import atomic_write_text
 from envs.governance.grid import ResponseGrid, load_grid
 from envs.governance.session import SessionEnv, make_session_params
@@ -53,7 +53,7 @@ def load_or_generate_grid(cfg: StackelbergConfig) -> ResponseGrid:
 def _train_chunks(name: str, init: Callable, run: Callable, args: tuple, in_axes: tuple, keys, iterations: int,
                   chunks: int, ckpt_root: Path, writer, progress: bool, meta: dict) -> tuple[Any, dict[str, np.ndarray]]:
     """jit(vmap(run)) over seeds, ``iterations`` in ``chunks`` pieces, through the shared host loop
-    (:func:`ccpo_jax.loop.run_chunks`: TensorBoard, a checkpoint per chunk, resume after a
+    (:func:`ccpo_jax.runtime.loop.run_chunks`: TensorBoard, a checkpoint per chunk, resume after a
     configuration check). Metrics are [seeds, iterations, ...]."""
     st = jax.jit(jax.vmap(init))(keys)
     f = jax.jit(jax.vmap(run, in_axes=(0, *in_axes, None)), static_argnums=len(args) + 1)

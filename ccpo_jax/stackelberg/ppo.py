@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from ccpo_jax.networks import MLP
+from ccpo_jax.core.networks import MLP
 
 from .config import LeaderPPOConfig
 
@@ -30,7 +30,7 @@ _EPS = 1e-5
 
 
 def mlp(out: int, hidden: Sequence[int] = (64, 64), final_scale: float = 0.01) -> MLP:
-    """The Stackelberg networks' tanh MLP: :class:`ccpo_jax.networks.MLP` with He-style
+    """The Stackelberg networks' tanh MLP: :class:`ccpo_jax.core.networks.MLP` with He-style
     truncated-normal weights (variance scaling 2.0, fan_in; the head at ``final_scale**2``)."""
     return MLP(out=out, hidden=tuple(hidden), final_scale=final_scale,
                hidden_scale=2.0, mode="fan_in", distribution="truncated_normal")

@@ -2,10 +2,10 @@
 
 :func:`reproduce` reads top to bottom: resolve the run configuration (:func:`plan_run`,
 or the saved one of a killed run) -> load the cache -> replay env params -> splits ->
-the non-learned rows (Random, LLM policies, LLM-EXIT, UALA; ``ccpo_jax.baselines``)
+the non-learned rows (Random, LLM policies, LLM-EXIT, UALA; ``ccpo_jax.ccpo.baselines``)
 -> training and evaluation of the learned rows (CPO, CPO batch, CPO online, CCPO;
-``ccpo_jax.rows.learned_rows``) -> outputs (``results.json``, ``table.md``, box plots,
-``run.json``; ``ccpo_jax.report``). Row names and metrics: docs/reproduce.md "Outputs".
+``ccpo_jax.ccpo.rows.learned_rows``) -> outputs (``results.json``, ``table.md``, box plots,
+``run.json``; ``ccpo_jax.ccpo.report``). Row names and metrics: docs/reproduce.md "Outputs".
 
 Output is built in a hidden work directory beside ``out_dir``
 (``<parent>/.<name>.partial``) and renamed to ``out_dir`` only when complete, so
@@ -14,7 +14,7 @@ work directory (with the trainer's checkpoints) behind; ``reproduce(resume=OUT)`
 continues it with the configuration saved in its ``run.json``.
 
 Errors are :class:`ccpo_jax.errors.UserError` whose ``field`` is the argument of
-:func:`reproduce` at fault; the CLI (``ccpo_jax.commands.reproduce``) names its flags.
+:func:`reproduce` at fault; the CLI (``ccpo_jax.cli.reproduce``) names its flags.
 """
 from __future__ import annotations
 
@@ -30,17 +30,18 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from ccpo_jax import report, sharding
-from ccpo_jax import rows as learned
-from ccpo_jax.baselines import non_learned_rows
-from ccpo_jax.config import TrainConfig
-from ccpo_jax.conformal import calibration_size_warning
+from ccpo_jax.ccpo import report
+from ccpo_jax.ccpo import rows as learned
+from ccpo_jax.ccpo.baselines import non_learned_rows
+from ccpo_jax.ccpo.config import TrainConfig
+from ccpo_jax.ccpo.policy_store import POLICIES_DIR
+from ccpo_jax.ccpo.presets import apply_overrides, deviations, get_preset
+from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn
+from ccpo_jax.ccpo.settings import DEFAULT_SETTING, METRICS, Setting, get_setting
+from ccpo_jax.ccpo.splits import PROTOCOLS, check_split_sizes, parse_split_sizes, splits_for_protocol
+from ccpo_jax.core.conformal import calibration_size_warning
 from ccpo_jax.errors import UserError
-from ccpo_jax.policy_store import POLICIES_DIR
-from ccpo_jax.presets import apply_overrides, deviations, get_preset
-from ccpo_jax.rows import LearnedRows, LearnedRowsFn
-from ccpo_jax.settings import DEFAULT_SETTING, METRICS, Setting, get_setting
-from ccpo_jax.splits import PROTOCOLS, check_split_sizes, parse_split_sizes, splits_for_protocol
+from ccpo_jax.runtime import sharding
 from envs.atomic import atomic_write_text
 from envs.cache import ResponseCache
 from envs.formats import load_cache
@@ -78,7 +79,7 @@ class RunConfig:
     seed: int
     lambdas: tuple[float, ...]  # nonzero CCPO lambdas; CCPO (lambda=0) always runs
     seeds: int = 1  # training seeds of every learned row (runs saved before seeds existed: 1)
-    preset: str = "default"  # trainer preset (ccpo_jax.presets)
+    preset: str = "default"  # trainer preset (ccpo_jax.ccpo.presets)
     overrides: tuple[str, ...] = ()  # trainer fields set with "field=value" on top of the preset
 
     def to_dict(self) -> dict[str, Any]:
@@ -409,11 +410,11 @@ def reproduce(
     """Reproduce one paper table and write its outputs to ``out_dir``.
 
     Arguments (None = the default):
-      setting      name in ``ccpo_jax.settings.SETTINGS`` (default Table 2's);
+      setting      name in ``ccpo_jax.ccpo.settings.SETTINGS`` (default Table 2's);
       cache        path of a cache (either format), a ResponseCache, or None for
                    the setting's SYNTHETIC profile with its n_questions and seed 0;
       n_splits     evaluation splits (default 100);
-      protocol     ``recalibrate`` (default) or ``retrain`` (``ccpo_jax.splits``);
+      protocol     ``recalibrate`` (default) or ``retrain`` (``ccpo_jax.ccpo.splits``);
       alpha        miscoverage in (0, 1) (default: the setting's);
       iterations   training iterations (default: the preset's);
       split_sizes  (n_train, n_cal, n_test) or "a,b,c" (default: the setting's);
@@ -421,7 +422,7 @@ def reproduce(
       seed         PRNG seed of splits, baselines and training (default 0);
       resume       out_dir of a killed run: continue it with its saved configuration
                    (other arguments must be None or equal to the saved ones);
-      trainer      the learned rows' trainer (default ``ccpo_jax.rows.learned_rows``);
+      trainer      the learned rows' trainer (default ``ccpo_jax.ccpo.rows.learned_rows``);
       train        False: the non-learned rows only;
       devices      shard the training's members over this many devices (an int or
                    "all"; default 1). Execution option: not saved, a resumed run may differ;
@@ -429,7 +430,7 @@ def reproduce(
                    device: bit-identical to a one-device run with the same block
                    (docs/performance.md); default None: one SPMD program;
       seeds        training seeds of every learned row (default 5);
-      preset       trainer preset, ``default`` or ``paper`` (``ccpo_jax.presets``);
+      preset       trainer preset, ``default`` or ``paper`` (``ccpo_jax.ccpo.presets``);
       overrides    trainer fields ``["field=value", ...]`` on top of the preset.
     Raises UserError / CacheError for bad input before anything is written.
     """

@@ -1,4 +1,4 @@
-"""Outputs of ``ccpo-jax reproduce``: results.json, table.md, box plots, TensorBoard scalars.
+"""Outputs of ``ccpo-jax reproduce``: results.json, table.md, box plots.
 
 The schema of ``results.json`` (documented in docs/reproduce.md, "Outputs"; scripts read it)::
 
@@ -21,15 +21,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
 import jax
 import numpy as np
 
-from ccpo_jax.presets import PAPER, deviations_from_dict
-from ccpo_jax.settings import METRICS, Setting, row_key, row_order_key
+from ccpo_jax.ccpo.presets import PAPER, deviations_from_dict
+from ccpo_jax.ccpo.settings import METRICS, Setting, row_key, row_order_key
 from envs.atomic import atomic_path, atomic_write_json, atomic_write_text
 
 METRIC_TITLES = {
@@ -375,38 +374,3 @@ def write_boxplots(
             fig.savefig(tmp, format="png", dpi=110)
         paths.append(path)
     return paths
-
-
-# -- TensorBoard ----------------------------------------------------------------
-
-class ScalarWriter:
-    """TensorBoard scalars written in the calling thread (``add_scalar``, ``close``; a context manager).
-
-    tensorboardX's SummaryWriter writes from a background thread: when the disk
-    is full that thread dies with a traceback and the next ``add_scalar`` past
-    its queue of 10 blocks forever. Here a full disk is an OSError raised where
-    the scalar is added (the CLI prints one line). ``suffix`` ends the event
-    file's name, so writers created in the same second do not share a file.
-    """
-
-    def __init__(self, logdir: str | os.PathLike, suffix: str = ""):
-        from tensorboardX.event_file_writer import EventsWriter
-
-        Path(logdir).mkdir(parents=True, exist_ok=True)
-        self._w = EventsWriter(str(Path(logdir) / "events"), suffix)
-
-    def add_scalar(self, tag: str, value: float, global_step: int) -> None:
-        from tensorboardX.proto import event_pb2
-        from tensorboardX.summary import scalar
-
-        self._w.write_event(event_pb2.Event(wall_time=time.time(), step=int(global_step),
-                                            summary=scalar(tag, float(value))))
-
-    def close(self) -> None:
-        self._w.close()
-
-    def __enter__(self) -> "ScalarWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -1,4 +1,4 @@
-"""``ccpo-jax reproduce``: reproduce one of the paper's tables (docs/reproduce.md; ``ccpo_jax.pipeline``)."""
+"""``ccpo-jax reproduce``: reproduce one of the paper's tables (docs/reproduce.md; ``ccpo_jax.ccpo.reproduce``)."""
 from __future__ import annotations
 
 import argparse
@@ -48,18 +48,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _reproduce(args) -> int:
-    from ccpo_jax.settings import settings_table
+    from ccpo_jax.ccpo.settings import settings_table
 
     if args.list_settings:
         print(settings_table())
         return 0
     if args.list_presets:
-        from ccpo_jax.presets import presets_table
+        from ccpo_jax.ccpo.presets import presets_table
 
         print(presets_table())
         return 0
+    from ccpo_jax.ccpo.reproduce import reproduce
     from ccpo_jax.errors import UserError
-    from ccpo_jax.pipeline import reproduce
 
     try:
         _run(reproduce, args)

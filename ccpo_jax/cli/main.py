@@ -12,10 +12,10 @@ import sys
 
 # Each module registers its own subcommand(s); keep this list sorted by name.
 COMMAND_MODULES = (
-    "ccpo_jax.commands.data",
-    "ccpo_jax.commands.export",
-    "ccpo_jax.commands.reproduce",
-    "ccpo_jax.commands.stackelberg",
+    "ccpo_jax.cli.data",
+    "ccpo_jax.cli.export",
+    "ccpo_jax.cli.reproduce",
+    "ccpo_jax.cli.stackelberg",
 )
 
 
@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     force_host_devices(getattr(args, "devices", None))
     if os.environ.get("CCPO_JAX_DISTRIBUTED"):
         # Multi-host: jax.distributed.initialize() before any other JAX call
-        # (ccpo_jax.sharding.init_distributed reads the variable; unset = single host).
-        from ccpo_jax.sharding import init_distributed
+        # (ccpo_jax.runtime.sharding.init_distributed reads the variable; unset = single host).
+        from ccpo_jax.runtime.sharding import init_distributed
 
         init_distributed()
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from ccpo_jax.config import TrainConfig
+from ccpo_jax.ccpo.config import TrainConfig
 from ccpo_jax.errors import UserError
 
 PAPER = TrainConfig(estimator="jbar", batch_size=10, iterations=1500, chunk=100, constraint_z=0.0, cg_iters=10,

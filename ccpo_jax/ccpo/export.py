@@ -1,6 +1,6 @@
 """``ccpo-jax export``: a trained policy -> a self-describing router artefact (docs/export.md).
 
-Reads ``RUN_DIR/policies/<slug>/`` (written by :func:`ccpo_jax.policy_store.save_policies`)
+Reads ``RUN_DIR/policies/<slug>/`` (written by :func:`ccpo_jax.ccpo.policy_store.save_policies`)
 and writes the directory described in :mod:`ccpo_jax.serving.artifact`:
 
 * ``policy.jaxexport``: ``jax.export`` of
@@ -37,11 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
-from ccpo_jax.blocked import in_blocks
-from ccpo_jax.conformal import conformal_set
-from ccpo_jax.networks import masked_probs, policy_net
+from ccpo_jax.ccpo.blocked import in_blocks
+from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
+from ccpo_jax.core.conformal import conformal_set
+from ccpo_jax.core.networks import masked_probs, policy_net
 from ccpo_jax.errors import UserError
-from ccpo_jax.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
 from ccpo_jax.serving import Router
 from envs.features import RAW_KEYS, SCALES, feature_names, n_features
 from envs.normalise import NORMALISATION
@@ -161,7 +161,7 @@ def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], polic
             "training": "ccpo" if conformal else "cpo",
             "lambda": float(meta.get("lambda", 0.0)),
             "network": {"type": "mlp-tanh", "hidden": [int(h) for h in meta["hidden"]], "outputs": N_ACTIONS,
-                        "probs": "softmax over available actions (ccpo_jax.networks.masked_probs)"},
+                        "probs": "softmax over available actions (ccpo_jax.core.networks.masked_probs)"},
             "set_rule": "C(o) = {a available : pi(a|o) >= kappa} (paper Eq. 2); may be empty",
         },
         "alpha": float(meta["alpha"]),
@@ -233,7 +233,7 @@ def _describe(meta: dict) -> str:
 
 def choose_default_row(pdir: Path) -> tuple[Path, str]:
     """The cheapest calibrated row (mean test cost over seeds x splits) whose calibration coverage
-    holds and whose router is not degenerate (``ccpo_jax.evaluation.calibration_diagnostics``).
+    holds and whose router is not degenerate (``ccpo_jax.ccpo.evaluation.calibration_diagnostics``).
     Returns (policy dir, reason). Runs saved before diagnostics existed: ``DEFAULT_ROW``."""
     metas = _policy_metas(pdir)
     if metas and all("calibration" not in m for _, m in metas):

@@ -1,7 +1,7 @@
 """Conformal policy, online threshold and exact batch calibration (CCPO paper, arXiv 2511.11828, Eqs. 2-3 and 9).
 
 Actions are (base, guide, next) = (0, 1, 2). ``probs`` are pi(.|o) from
-:func:`ccpo_jax.networks.masked_probs`; ``available`` is the action mask
+:func:`ccpo_jax.core.networks.masked_probs`; ``available`` is the action mask
 ("next" is False at a question's last round, envs.features.available_actions).
 
 Sets are nested in kappa: C_{pi,kappa}(o) = {a : pi(a|o) >= kappa} shrinks as

@@ -6,7 +6,7 @@ A trainer compiles ``n`` of its iterations into one program (a ``lax.scan``);
 * advances a progress bar (which says when a chunk is being compiled),
 * writes the chunk's per-iteration scalars to TensorBoard,
 * saves an orbax checkpoint of the state and the metrics so far
-  (:class:`ccpo_jax.checkpoints.VerifiedCheckpoints`, digests checked before a
+  (:class:`ccpo_jax.runtime.checkpoints.VerifiedCheckpoints`, digests checked before a
   restore), beside a ``loop_meta.json`` that records the configuration.
 
 Called again on the same checkpoint directory, it refuses a different
@@ -27,8 +27,8 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from ccpo_jax.checkpoints import VerifiedCheckpoints
 from ccpo_jax.errors import UserError
+from ccpo_jax.runtime.checkpoints import VerifiedCheckpoints
 from envs.atomic import atomic_write_text
 
 META_FILE = "loop_meta.json"
@@ -143,7 +143,7 @@ def run_chunks(
     into); ``place`` puts it on the devices (padding, sharding) and ``unplace`` takes a
     placed state back (what is checkpointed and returned). ``meta`` (JSON-able, the
     configuration) is compared with the checkpoint's on resume. ``tensorboard`` is a
-    writer with ``add_scalar(tag, value, step)`` (``ccpo_jax.report.ScalarWriter``);
+    writer with ``add_scalar(tag, value, step)`` (``ccpo_jax.runtime.scalars.ScalarWriter``);
     ``scalars`` maps a chunk's metrics to ``tag -> values [n]``, written at iteration
     numbers 1..iterations. ``postfix`` gives the progress bar's text after a chunk.
     ``stop_after_chunks`` ends the call early after that many chunks (a simulated kill).

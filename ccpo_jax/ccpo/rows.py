@@ -1,10 +1,10 @@
 """The learned rows of the paper's tables: CPO, CPO batch, CPO online and the CCPO rows.
 
-:func:`learned_rows` is what ``ccpo-jax reproduce`` calls (:mod:`ccpo_jax.pipeline`):
+:func:`learned_rows` is what ``ccpo-jax reproduce`` calls (:mod:`ccpo_jax.ccpo.reproduce`):
 it trains the row variants (:func:`row_variants`) for several seeds in one program
-(:func:`train_seeds` -> :func:`ccpo_jax.members.train_many`), evaluates them on every
-split (:func:`ccpo_jax.evaluation.evaluate_trained`) and saves seed 0's policies
-(:mod:`ccpo_jax.policy_store`). Rows follow arXiv 2511.11828 section 5: ``CPO`` is the
+(:func:`train_seeds` -> :func:`ccpo_jax.ccpo.members.train_many`), evaluates them on every
+split (:func:`ccpo_jax.ccpo.evaluation.evaluate_trained`) and saves seed 0's policies
+(:mod:`ccpo_jax.ccpo.policy_store`). Rows follow arXiv 2511.11828 section 5: ``CPO`` is the
 pointwise policy, ``CPO batch`` / ``CPO online`` its sets with a calibrated / the online
 kappa (Eq. 10), ``CCPO (lambda=l)`` the conformally trained policy's calibrated sets.
 """
@@ -18,14 +18,14 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from ccpo_jax.config import TrainConfig, Variant
+from ccpo_jax.ccpo.config import TrainConfig, Variant
+from ccpo_jax.ccpo.evaluation import calibration_diagnostics, evaluate_trained
+from ccpo_jax.ccpo.members import train_many
+from ccpo_jax.ccpo.policy_store import POLICIES_DIR, policy_row, save_policies
+from ccpo_jax.ccpo.settings import lambda_row_name
+from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.errors import UserError
-from ccpo_jax.evaluation import calibration_diagnostics, evaluate_trained
-from ccpo_jax.members import train_many
-from ccpo_jax.policy_store import POLICIES_DIR, policy_row, save_policies
-from ccpo_jax.report import ScalarWriter
-from ccpo_jax.settings import lambda_row_name
-from ccpo_jax.splits import Splits
+from ccpo_jax.runtime.scalars import ScalarWriter
 from envs.cache import ResponseCache
 from envs.orchestration import EnvParams
 
@@ -37,7 +37,7 @@ LEARNED_ROWS = ("CPO", "CPO batch", "CPO online", lambda_row_name(0.0))
 class LearnedRows:
     """What a trainer returns to the pipeline.
 
-    rows:   row name -> metric (``ccpo_jax.settings.METRICS``) -> np.ndarray [N seeds, S splits]
+    rows:   row name -> metric (``ccpo_jax.ccpo.settings.METRICS``) -> np.ndarray [N seeds, S splits]
             (or [S] for one seed);
     timing: ``compile_s``, ``train_s``, ``eval_s`` in seconds (missing keys count 0).
     """

@@ -7,7 +7,7 @@
 1. estimate (:func:`sampled_problem` or :func:`exact_problem`): what the CPO step
    needs, from ``batch_size`` sampled episodes of pi in the replay chain (V-trace
    critics, Eq. 5-6; the paper's J-bar coverage estimate, Eq. 8) or replay-exactly
-   over ``exact_batch`` questions' whole cached chains (``ccpo_jax.exact``);
+   over ``exact_batch`` questions' whole cached chains (``ccpo_jax.core.exact``);
 2. a CPO trust-region step (Eq. 7; Achiam et al. 2017) on the policy parameters:
    maximise the objective of the target policy (the softmasked stochastic
    conformal policy S~_{pi,kappa} of Eq. 2-3 for CCPO, pi itself for CPO) subject
@@ -17,8 +17,8 @@
 
 The per-variant switches (``conformal``, ``lam``) are traced data, so CPO and the
 CCPO rows train side by side in one vmapped program. The host loop (chunks,
-checkpoints, TensorBoard) is :mod:`ccpo_jax.loop`; the member layout and sharding
-:mod:`ccpo_jax.members`; evaluation :mod:`ccpo_jax.evaluation`.
+checkpoints, TensorBoard) is :mod:`ccpo_jax.runtime.loop`; the member layout and sharding
+:mod:`ccpo_jax.ccpo.members`; evaluation :mod:`ccpo_jax.ccpo.evaluation`.
 """
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ import numpy as np
 import optax
 from flax import struct
 
-from ccpo_jax import conformal, exact, trust_region
-from ccpo_jax.config import TrainConfig, Variant
-from ccpo_jax.constraint import coverage_surrogate
-from ccpo_jax.networks import critic_net, masked_probs, policy_net
-from ccpo_jax.vtrace import vtrace
+from ccpo_jax.ccpo.config import TrainConfig, Variant
+from ccpo_jax.core import conformal, exact, trust_region
+from ccpo_jax.core.constraint import coverage_surrogate
+from ccpo_jax.core.networks import critic_net, masked_probs, policy_net
+from ccpo_jax.core.vtrace import vtrace
 from envs.orchestration import EnvParams, evaluate_sets, trajectories
 
 
@@ -243,7 +243,7 @@ def sampled_problem(m: Model, state: TrainState, q: jax.Array, k_a: jax.Array, v
 
     if cfg.estimator == "jbar":
         # Eq. 8: J-bar = mean(1[unsolvable] + prod_t (S~/pi)(a_t|o_t) 1[correct]),
-        # unclipped ratios (ccpo_jax.constraint), differentiable through S~_theta.
+        # unclipped ratios (ccpo_jax.core.constraint), differentiable through S~_theta.
         def coverage(pol):
             return coverage_surrogate(log_target_a(pol), log_pi_a, answered_correct, unsolv, valid)
 
@@ -282,7 +282,7 @@ def sampled_problem(m: Model, state: TrainState, q: jax.Array, k_a: jax.Array, v
 
 def exact_problem(m: Model, state: TrainState, qx: jax.Array, var: VariantArrays) -> CPOProblem:
     """Step 1 replay-exactly (``estimator="exact"``, beyond the paper): expected cost and success
-    of the target policy over the whole chains of questions ``qx`` (:mod:`ccpo_jax.exact`), the
+    of the target policy over the whole chains of questions ``qx`` (:mod:`ccpo_jax.core.exact`), the
     KL weighted by the target's reach probabilities. No critics."""
     cfg, params = m.cfg, m.params
     obs, avail = params.obs[qx], params.available[qx]

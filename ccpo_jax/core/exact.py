@@ -15,7 +15,7 @@ what the V-trace reward critic estimates, Pr[succ] is the expectation of
 J-bar (paper Eq. 8) under the behaviour policy. Here they are computed
 exactly and are differentiable in the policy parameters, with no sampling
 variance and no critics. "next" must already be masked where no round
-follows (``ccpo_jax.networks.masked_probs`` and the conformal policies do
+follows (``ccpo_jax.core.networks.masked_probs`` and the conformal policies do
 that), so reach is 0 on padding rounds.
 
 :func:`soft_set_size` is the expected number of answers collected by the
@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ccpo_jax.conformal import BASE, GUIDE, NEXT, softmask
+from ccpo_jax.core.conformal import BASE, GUIDE, NEXT, softmask
 
 Array = jax.Array
 

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ccpo_jax.settings import exit_row_name, llm_policy_row_name
+from ccpo_jax.ccpo.settings import exit_row_name, llm_policy_row_name
 from envs.cache import A_NEXT, ResponseCache
 from envs.orchestration import EnvParams, SetMetrics, evaluate_actions, evaluate_sets, summarise
 

@@ -2,7 +2,7 @@
 
 Everything the trainer and the evaluators vmap over is embarrassingly
 parallel: CPO/CCPO variants x splits (the flat "member" axis of
-:func:`ccpo_jax.members.train_many`), evaluation splits, and parallel replay
+:func:`ccpo_jax.ccpo.members.train_many`), evaluation splits, and parallel replay
 episodes. So the whole scale-out story is a 1-D mesh over all devices and a
 leading axis placed on it:
 

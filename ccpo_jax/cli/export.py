@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _export(args) -> int:
-    from ccpo_jax.export import export_router
+    from ccpo_jax.ccpo.export import export_router
     from ccpo_jax.serving.artifact import read_verified
 
     from ccpo_jax.errors import UserError

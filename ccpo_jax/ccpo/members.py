@@ -1,9 +1,9 @@
 """Many trainers in one program: every (variant, split, seed) member of a run, vmapped and sharded.
 
 :func:`train_many` lays the members of a run out on one flat batch axis
-(variant-major), vmaps :func:`ccpo_jax.train.make_train`'s ``run_chunk`` over it,
-places it on the devices (``ccpo_jax.sharding``) and hands the chunks to the host
-loop :func:`ccpo_jax.loop.run_chunks` (progress, TensorBoard, checkpoints).
+(variant-major), vmaps :func:`ccpo_jax.ccpo.train.make_train`'s ``run_chunk`` over it,
+places it on the devices (``ccpo_jax.runtime.sharding``) and hands the chunks to the host
+loop :func:`ccpo_jax.runtime.loop.run_chunks` (progress, TensorBoard, checkpoints).
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ccpo_jax import loop, sharding
-from ccpo_jax.config import TrainConfig, Variant
+from ccpo_jax.ccpo.config import TrainConfig, Variant
+from ccpo_jax.ccpo.train import make_train, variant_arrays
 from ccpo_jax.errors import UserError
-from ccpo_jax.train import make_train, variant_arrays
+from ccpo_jax.runtime import loop, sharding
 from envs.orchestration import EnvParams
 
 
@@ -118,9 +118,9 @@ def train_many(
 
     ``key`` is one key (split into V * S member keys) or member keys [V, S, 2].
     ``ckpt_dir`` enables checkpoints after every chunk and resumption from the latest one;
-    ``tensorboard`` (a ``ccpo_jax.report.ScalarWriter``) gets each variant's curves, the mean
+    ``tensorboard`` (a ``ccpo_jax.runtime.scalars.ScalarWriter``) gets each variant's curves, the mean
     over its members, after every chunk. ``stop_after_chunks`` simulates a kill (tests).
-    ``mesh`` (a 1-D ``ccpo_jax.sharding.make_mesh``) shards the flat V * S member axis over its
+    ``mesh`` (a 1-D ``ccpo_jax.runtime.sharding.make_mesh``) shards the flat V * S member axis over its
     devices (padded to a multiple of the device count, padding stripped from results and
     checkpoints). ``member_block`` computes the members that many at a time
     (``sharding.blocked_vmap``); with a mesh every device then runs its own single-device

@@ -3,7 +3,7 @@
 XLA's CPU matmul rounds differently for different batch sizes, and kappa-hat equals one
 calibration probability, so a 1-ulp difference could flip a set. Computed in blocks of
 ``BLOCK_ROWS`` rows (padded), the bits do not depend on how many rows there are: the
-exported router (:mod:`ccpo_jax.export`) reproduces the trainer's sets bit for bit.
+exported router (:mod:`ccpo_jax.ccpo.export`) reproduces the trainer's sets bit for bit.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ccpo_jax.networks import HIDDEN, masked_probs, policy_net
+from ccpo_jax.core.networks import HIDDEN, masked_probs, policy_net
 from ccpo_jax.serving.artifact import BLOCK_ROWS
 from envs.cache import N_ACTIONS
 

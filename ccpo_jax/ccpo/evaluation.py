@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ccpo_jax import conformal
-from ccpo_jax.blocked import blocked_policy_probs
-from ccpo_jax.config import TrainConfig, Variant
+from ccpo_jax.ccpo.blocked import blocked_policy_probs
+from ccpo_jax.ccpo.config import TrainConfig, Variant
+from ccpo_jax.core import conformal
 from envs.orchestration import EnvParams, evaluate_actions, evaluate_sets, reached_rounds, summarise
 
 #: A router is degenerate when its set holds every available action on (at least) this
@@ -27,7 +27,7 @@ DEGENERATE_KAPPA = 1e-6
 def policy_tables(policy, params: EnvParams, hidden=None):
     """Probabilities of every question and round [Q,T,3] and each question's largest covering kappa [Q].
 
-    The forward pass runs in fixed-size row blocks (:mod:`ccpo_jax.blocked`), exactly as the
+    The forward pass runs in fixed-size row blocks (:mod:`ccpo_jax.ccpo.blocked`), exactly as the
     exported router computes it, so the router's sets equal the trainer's bit for bit.
     """
     probs = blocked_policy_probs(policy, params.obs, params.available, hidden)

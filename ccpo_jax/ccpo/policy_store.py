@@ -2,7 +2,7 @@
 
 ``params.msgpack`` holds the flax-serialised policy parameters, ``policy.json`` the row,
 its calibrated kappa, the network shape, the feature names, the cache's provenance and
-checksum and the calibration diagnostics (:func:`ccpo_jax.evaluation.calibration_diagnostics`).
+checksum and the calibration diagnostics (:func:`ccpo_jax.ccpo.evaluation.calibration_diagnostics`).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from ccpo_jax.config import TrainConfig, Variant
-from ccpo_jax.networks import policy_net
+from ccpo_jax.ccpo.config import TrainConfig, Variant
+from ccpo_jax.core.networks import policy_net
 from envs.atomic import atomic_write_bytes, atomic_write_text
 from envs.cache import ACTION_NAMES
 from envs.features import feature_names, n_features

@@ -1,8 +1,8 @@
 """Typed configuration of the CCPO trainer (arXiv 2511.11828, section 5.1 and Algorithm 1).
 
-The defaults are the ``default`` preset (:mod:`ccpo_jax.presets`), the configuration
+The defaults are the ``default`` preset (:mod:`ccpo_jax.ccpo.presets`), the configuration
 that learns on the oracle caches; each field's docstring gives the paper's value, and
-``ccpo_jax.presets.PAPER`` is the paper's published setting. A config is static (hashable) so it can close over a
+``ccpo_jax.ccpo.presets.PAPER`` is the paper's published setting. A config is static (hashable) so it can close over a
 jitted train function; the per-variant switches (conformal target, lambda) are
 data, so that rows of the paper's tables train in one vmapped program.
 """
@@ -66,7 +66,7 @@ class TrainConfig:
     """What the CCPO rows optimise with ``estimator="exact"``: ``stochastic`` = cost and success of
     the stochastic conformal policy S~ (one answer drawn from the set; the paper's target,
     Eq. 3 and 8); ``set`` = expected cost, coverage and size of the set-valued rollout of
-    C_{pi,kappa} itself with softmask inclusion (``ccpo_jax.exact.soft_set_outcomes``), the
+    C_{pi,kappa} itself with softmask inclusion (``ccpo_jax.core.exact.soft_set_outcomes``), the
     quantities the calibrated row is evaluated on (beyond the paper)."""
     exact_batch: int = 64
     """Questions per iteration for ``estimator="exact"``; 0 = the whole training pool."""

@@ -13,7 +13,7 @@ and Pr[S(Q) = Y*] = E_{tau ~ pi}[ prod_t (S/pi)(a_t|o_t) 1[answer(tau) correct] 
 Choice (the issue leaves it open): ratios are UNCLIPPED by default. Then J-bar is an
 unbiased estimate of Pr[S(Q) = Y*] + Pr[unsolvable], which is itself <= the set coverage
 whenever the sets along the chain are non-empty (kappa <= 1/3 guarantees it for 3 actions;
-with the empty-set fallback of :func:`ccpo_jax.conformal.stochastic_conformal_policy` S may
+with the empty-set fallback of :func:`ccpo_jax.core.conformal.stochastic_conformal_policy` S may
 answer where the set is empty, and the inequality can fail there). So in expectation J-bar
 UNDER-estimates coverage: enforcing J-bar >= 1 - alpha is conservative. The unclipped form also
 matches the unclipped constraint gradient of paper section 6 and makes the surrogate's value at
@@ -21,7 +21,7 @@ theta_k equal J-bar, so the CPO linearisation c + b'x is consistent. ``clip_rho=
 paper's rho_t of Eq. 6 (min(1, S/pi)); since min(1, rho) <= rho, that estimate is biased further
 DOWN (more conservative, lower variance).
 
-CPO form (see :mod:`ccpo_jax.trust_region`): c = (1 - alpha) - J-bar(theta_k) and
+CPO form (see :mod:`ccpo_jax.core.trust_region`): c = (1 - alpha) - J-bar(theta_k) and
 constraint_fn(theta) = -coverage_surrogate(theta).
 """
 from __future__ import annotations
