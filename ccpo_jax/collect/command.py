@@ -141,7 +141,7 @@ def _roles(text: str, flag: str) -> tuple[str, ...]:
 
 def settings_from_args(args):
     from ccpo_jax.collect.client import parse_endpoint
-    from ccpo_jax.collect.collector import Settings
+    from ccpo_jax.collect.settings import Settings
     from ccpo_jax.collect.questions import load_questions
 
     if not 1 <= args.rounds <= 64:
@@ -190,7 +190,7 @@ def settings_from_args(args):
 
 def execution_from_args(args):
     from ccpo_jax.collect.client import RetryPolicy
-    from ccpo_jax.collect.collector import Execution
+    from ccpo_jax.collect.settings import Execution
 
     if args.concurrency < 1:
         raise UserError(f"--concurrency {args.concurrency}: must be >= 1")
@@ -215,7 +215,9 @@ FLAGS = {"questions": "--questions", "out": "--out", "resume": "--resume"}
 
 def run(args) -> int:
     """``ccpo-jax data collect``: 0 = complete, 3 = stopped by --max-cost-usd; errors exit 2 (cli)."""
-    from ccpo_jax.collect.collector import EXIT_BUDGET, CollectError, collect, summary
+    from ccpo_jax.collect.collector import EXIT_BUDGET, collect
+    from ccpo_jax.collect.settings import CollectError
+    from ccpo_jax.collect.summary import summary
 
     try:
         s, questions = settings_from_args(args)

@@ -1,0 +1,124 @@
+"""One protocol call: replay it from the call log, or reserve its worst case, send it, log it, count it."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import math
+import threading
+from typing import Any
+
+from ccpo_jax.collect.calllog import CallLog
+from ccpo_jax.collect.client import CallStats, ChatClient, EndpointError, Stopped
+from ccpo_jax.collect.meter import Meter
+from ccpo_jax.collect.settings import Settings
+
+#: Prompt tokens per character assumed by the cost bound before a model has replied.
+PROMPT_TOKENS_PER_CHAR = 0.5
+#: Tokens added per chat message by the bound (chat template overhead).
+TOKENS_PER_MESSAGE = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """One call's outcome as the protocol uses it (replayed or fresh)."""
+
+    text: str
+    tokens_in: int
+    tokens_out: int
+    logprobs: tuple[tuple[str, float], ...] | None
+    estimated: bool
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _chars(messages: list[dict]) -> int:
+    return sum(len(m["content"]) for m in messages)
+
+
+def estimate_tokens(chars: int, n_messages: int, ratio: float = PROMPT_TOKENS_PER_CHAR) -> int:
+    return math.ceil(chars * ratio) + TOKENS_PER_MESSAGE * n_messages
+
+
+class Caller:
+    """Makes the protocol's calls: replay from the call log, budget, send, log, count."""
+
+    def __init__(self, s: Settings, log: CallLog, meter: Meter, stop: threading.Event,
+                 clients: dict[str, ChatClient]):
+        self.s, self.log, self.meter, self.stop, self.clients = s, log, meter, stop, clients
+
+    def usd(self, role: str, t_in: float, t_out: float) -> float:
+        p_in, p_out = self.s.prices[role]
+        return (t_in * p_in + t_out * p_out) / 1e6
+
+    def body(self, role: str, messages: list[dict], max_tokens: int, temperature: float) -> dict:
+        b: dict[str, Any] = {"model": self.s.endpoint(role).model, "messages": messages,
+                             "max_tokens": max_tokens, "temperature": temperature}
+        if self.s.seed is not None:
+            b["seed"] = self.s.seed
+        if self.s.logprobs:
+            b["logprobs"] = True
+        return b
+
+    def call(self, qid: str, name: str, role: str, messages: list[dict], max_tokens: int,
+             temperature: float) -> Answer:
+        ep = self.s.endpoint(role)
+        body = self.body(role, messages, max_tokens, temperature)
+        key = hashlib.sha256(json.dumps({"url": ep.public_url, "body": body}, sort_keys=True,
+                                        ensure_ascii=False).encode("utf-8")).hexdigest()
+        hit = self.log.replies.get(key)
+        if hit is not None:
+            self.meter.count("replayed")
+            self.log.append({"key": key, "q": qid, "call": name, "replayed": True, "at": now_iso()})
+            return _answer(hit)
+        if self.stop.is_set():
+            raise Stopped()
+        chars = _chars(messages)
+        ratio = self.log.ratio.get(ep.model)
+        ratio = PROMPT_TOKENS_PER_CHAR if ratio is None else 1.25 * ratio
+        est = self.usd(role, estimate_tokens(chars, len(messages), ratio), max_tokens)
+        self.meter.reserve(est)
+        try:
+            reply, stats = self.clients[role].chat(body)
+        except EndpointError as e:
+            st = e.stats or CallStats()
+            self.meter.settle(est, role, None, 0.0, st)
+            self.log.append({"key": key, "q": qid, "call": name, "model": ep.model, "endpoint": ep.public_url,
+                             "error": str(e), "attempts": st.attempts, "waits": [list(w) for w in st.waits],
+                             "at": now_iso()})
+            self.meter.count("failed")
+            raise
+        except Stopped:
+            self.meter.settle(est, role, None, 0.0, CallStats())
+            raise
+        estimated = reply.tokens_in is None
+        t_in = reply.tokens_in if not estimated else math.ceil(chars / 4)
+        t_out = reply.tokens_out if not estimated else math.ceil(len(reply.text) / 4)
+        usd = self.usd(role, t_in, t_out)
+        rec = {
+            "key": key, "q": qid, "call": name, "model": ep.model, "endpoint": ep.public_url, "at": now_iso(),
+            "attempts": stats.attempts, "waits": [list(w) for w in stats.waits],
+            "latency_s": round(stats.latency_s, 4), "tokens_in": t_in, "tokens_out": t_out,
+            "prompt_chars": chars, "cost_usd": usd, "finish_reason": reply.finish_reason,
+            "text": reply.text,
+            "logprobs": [list(x) for x in reply.logprobs] if reply.logprobs is not None else None,
+        }
+        if estimated:
+            rec["tokens_estimated"] = True
+            self.meter.count("estimated_usage")
+        self.log.append(rec)
+        self.meter.settle(est, role, reply, usd, stats)
+        self.meter.count_tokens(role, t_in, t_out)
+        return _answer(rec)
+
+
+def _answer(rec: dict) -> Answer:
+    lps = rec.get("logprobs")
+    return Answer(
+        text=rec["text"], tokens_in=int(rec["tokens_in"]), tokens_out=int(rec["tokens_out"]),
+        logprobs=tuple((str(t), float(v)) for t, v in lps) if lps else None,
+        estimated=bool(rec.get("tokens_estimated", False)),
+    )

@@ -1,0 +1,71 @@
+"""Dollars spent and reserved against ``--max-cost-usd``, and the run's counters, shared by the workers."""
+from __future__ import annotations
+
+import threading
+
+from ccpo_jax.collect.client import CallStats, Reply
+from ccpo_jax.collect.settings import ROLES
+
+
+class BudgetStop(Exception):
+    """The next call's worst-case cost would cross --max-cost-usd."""
+
+
+class Meter:
+    """Spent dollars, reservations and counters, shared by the worker threads."""
+
+    def __init__(self, cap: float | None, paid_before: float):
+        self.cap = cap
+        self.lock = threading.Lock()
+        self.paid_before = paid_before
+        self.spent = 0.0  # this run
+        self.reserved = 0.0
+        self.sent = 0
+        self.replayed = 0
+        self.failed = 0
+        self.retries: dict[str, int] = {}
+        self.waited_s = 0.0
+        self.tokens = {r: [0, 0] for r in ROLES}
+        self.latencies: list[float] = []
+        self.unreadable = {"guide verdict": 0, "base answer": 0, "EXIT decision": 0, "policy reply": 0}
+        self.estimated_usage = 0
+        self.truncated = 0  # replies cut at max_tokens (finish_reason "length")
+
+    @property
+    def total_usd(self) -> float:
+        return self.paid_before + self.spent
+
+    def reserve(self, usd: float) -> None:
+        with self.lock:
+            if self.cap is not None and self.paid_before + self.spent + self.reserved + usd > self.cap + 1e-12:
+                raise BudgetStop()
+            self.reserved += usd
+
+    def settle(self, reserved: float, role: str, reply: Reply | None, usd: float, stats: CallStats) -> None:
+        with self.lock:
+            self.reserved -= reserved
+            for reason, s in stats.waits:
+                kind = reason.split(",")[0]
+                kind = "timeout" if kind.startswith("timeout") else kind
+                self.retries[kind] = self.retries.get(kind, 0) + 1
+                self.waited_s += s
+            if reply is None:
+                return
+            self.sent += 1
+            self.truncated += reply.finish_reason == "length"
+            self.spent += usd
+            self.latencies.append(stats.latency_s)
+
+    def count(self, what: str) -> None:
+        """One more of ``what``: ``replayed``, ``failed`` or ``estimated_usage``."""
+        with self.lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+    def count_tokens(self, role: str, t_in: int, t_out: int) -> None:
+        with self.lock:
+            self.tokens[role][0] += t_in
+            self.tokens[role][1] += t_out
+
+    def bump(self, what: str) -> None:
+        with self.lock:
+            self.unreadable[what] += 1

@@ -1,0 +1,104 @@
+"""What a collection is (:class:`Settings`, hashed into the cache) and how it runs (:class:`Execution`)."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from ccpo_jax.collect import protocol as P
+from ccpo_jax.collect.client import Endpoint, RetryPolicy
+from ccpo_jax.errors import UserError
+
+#: Version of the collector's protocol and output (in every cache's provenance).
+COLLECTOR_VERSION = "1"
+ROLES = ("base", "guide")
+
+
+class CollectError(UserError):
+    """The run could not go on (endpoint failure, bad resume); finished questions are kept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything that decides the cache's content. Hashed into the manifest: a ``--resume``
+    must use the same settings (execution options such as concurrency may change)."""
+
+    T: int
+    base: Endpoint
+    guide: Endpoint
+    prices: dict[str, tuple[float, float]]  # role -> (USD per M input tokens, per M output tokens)
+    price_sources: dict[str, str]
+    questions_file: str
+    questions_sha256: str
+    base_max_tokens: int = 512
+    guide_max_tokens: int = 32
+    decision_max_tokens: int = 8
+    base_temperature: tuple[float, float] = (0.0, 1.0)  # first round, later rounds (paper, MMLU)
+    guide_temperature: float = 0.0
+    seed: int | None = 0
+    logprobs: bool = True
+    f1_threshold: float | None = None
+    exit_roles: tuple[str, ...] = ()
+    policy_roles: tuple[str, ...] = ()
+    policy_coverage: float = 0.9
+    name: str = "collected"
+    task: str = "unknown"
+    license: str = "unknown"
+
+    def endpoint(self, role: str) -> Endpoint:
+        return self.base if role == "base" else self.guide
+
+    def max_tokens(self) -> dict[str, int]:
+        return {"base": self.base_max_tokens, "guide": self.guide_max_tokens, "decisions": self.decision_max_tokens}
+
+    def endpoints(self) -> dict[str, dict[str, str]]:
+        """role -> {url, model}: endpoints by public URL (no key variables)."""
+        return {r: {"url": self.endpoint(r).public_url, "model": self.endpoint(r).model} for r in ROLES}
+
+    def hashed(self) -> dict[str, Any]:
+        """The settings as JSON (endpoints by public URL and model; key variables not included)."""
+        return {
+            "T": self.T,
+            "endpoints": self.endpoints(),
+            "prices": {r: list(self.prices[r]) for r in ROLES},
+            "questions_sha256": self.questions_sha256,
+            "max_tokens": self.max_tokens(),
+            "base_temperature": list(self.base_temperature),
+            "guide_temperature": self.guide_temperature,
+            "seed": self.seed,
+            "logprobs": self.logprobs,
+            "f1_threshold": self.f1_threshold,
+            "exit_roles": list(self.exit_roles),
+            "policy_roles": list(self.policy_roles),
+            "policy_coverage": self.policy_coverage,
+            "prompts": P.prompt_hashes(),
+            "collector_version": COLLECTOR_VERSION,
+            "name": self.name,
+            "task": self.task,
+            "license": self.license,
+        }
+
+    def config_sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.hashed(), sort_keys=True).encode()).hexdigest()
+
+    def model_names(self, roles: tuple[str, ...]) -> list[str]:
+        out: list[str] = []
+        for r in roles:
+            m = self.endpoint(r).model
+            if m not in out:
+                out.append(m)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """How the run goes (not part of the cache): concurrency, retries, budget, output."""
+
+    concurrency: int = 8
+    retry: RetryPolicy = RetryPolicy()
+    max_cost_usd: float | None = None
+    progress: bool = True
+    limit: int | None = None
+    resume: bool = False
+    dry_run: bool = False

@@ -1,0 +1,109 @@
+"""What a collection shows: the progress bar's line while it runs, and the summary at the end."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from ccpo_jax.collect.meter import Meter
+from ccpo_jax.collect.settings import ROLES, Settings
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What :func:`ccpo_jax.collect.collector.collect` did."""
+
+    out: Path
+    complete: bool
+    done: int
+    total: int
+    stopped: str | None  # None, "budget", or an error message
+    meter: Meter
+    elapsed_s: float
+    sha256: str | None = None
+    removed: bool = False  # stopped before anything was paid or finished: the files were removed
+
+
+class Progress:
+    """A tqdm bar over questions with calls, tokens and dollars (None-safe: ``enabled=False`` shows nothing)."""
+
+    def __init__(self, enabled: bool, total: int, initial: int, meter: Meter):
+        self.meter, self.total, self.initial, self.done_now = meter, total, initial, 0
+        self._last = ""
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, unit="q", desc="questions", file=sys.stderr,
+                             dynamic_ncols=True)
+
+    def advance(self) -> None:
+        self.done_now += 1
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def refresh(self) -> None:
+        if self._bar is None:
+            return
+        post = postfix(self.meter, self.initial + self.done_now, self.total, self.done_now)
+        if post != self._last:  # (no redraw while nothing moves: quiet logs)
+            self._bar.set_postfix_str(post, refresh=True)
+            self._last = post
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def postfix(m: Meter, done: int, total: int, done_now: int) -> str:
+    """calls, tokens, dollars so far and, once a question finished in this run, the projected total
+    (this run's dollars per finished question x the questions left)."""
+    tok = sum(a + b for a, b in m.tokens.values())
+    s = f"calls {m.sent}"
+    if m.replayed:
+        s += f" (+{m.replayed} reused)"
+    s += f" | tokens {tok:,} | ${m.total_usd:.4f}"
+    if done_now > 0 and done < total:
+        s += f" (~${m.total_usd + m.spent / done_now * (total - done):.4f} at the end)"
+    if m.cap is not None:
+        s += f" | cap ${m.cap:.2f}"
+    return s
+
+
+def summary(o: Outcome, s: Settings) -> str:
+    m = o.meter
+    lines = []
+    state = "complete" if o.complete else "INCOMPLETE"
+    lines.append(f"collected {o.done}/{o.total} question(s) into {o.out} ({state})")
+    retries = sum(m.retries.values())
+    rdesc = ", ".join(f"{k} {v}" for k, v in sorted(m.retries.items()))
+    lines.append(f"calls: {m.sent} sent, {m.replayed} answered from the call log (the same request already "
+                 f"paid), {m.failed} failed; "
+                 f"retries: {retries}{' (' + rdesc + ')' if rdesc else ''}, waited {m.waited_s:.1f} s")
+    for r in ROLES:
+        t_in, t_out = m.tokens[r]
+        lines.append(f"tokens {r} ({s.endpoint(r).model}): {t_in:,} in, {t_out:,} out")
+    cost = f"cost: ${m.spent:.6f} this run, ${m.total_usd:.6f} in total"
+    if m.cap is not None:
+        cost += f" (cap ${m.cap:.4f})"
+    lines.append(cost)
+    if m.latencies:
+        lat = sorted(m.latencies)
+        p = lambda x: lat[min(len(lat) - 1, int(x * len(lat)))] * 1000  # noqa: E731
+        rate = m.sent / o.elapsed_s if o.elapsed_s > 0 else float("nan")
+        lines.append(f"latency: p50 {p(0.5):.1f} ms, p95 {p(0.95):.1f} ms; {rate:.1f} calls/s over {o.elapsed_s:.2f} s")
+    unread = ", ".join(f"{v} {k}(s)" for k, v in m.unreadable.items() if v)
+    if unread:
+        lines.append(f"unreadable (recorded as such): {unread}")
+    if m.truncated:
+        lines.append(f"note: {m.truncated} repl(ies) stopped at max_tokens (finish_reason 'length'); "
+                     "raise --base-max-tokens if base answers lack their 'Answer:' line")
+    if m.estimated_usage:
+        lines.append(f"warning: {m.estimated_usage} repl(ies) had no usage; their tokens are estimated and flagged")
+    if o.sha256:
+        lines.append(f"sha256 {o.sha256}")
+    if o.removed:
+        lines.append(f"nothing was paid or finished: {o.out} and its call log were removed")
+    else:
+        lines.append(f"call log: {o.out.with_name(o.out.name + '.calls')}")
+    return "\n".join(lines)
