@@ -158,3 +158,45 @@ def test_runnable_blocks(page, tmp_path):
 @pytest.mark.parametrize("page", [p for p in PAGES if _runnable(p, True)], ids=lambda p: p.name)
 def test_runnable_blocks_on_full_data(page, tmp_path):
     _run_page(page, True, tmp_path)
+
+
+OPTIONS = re.compile(r"<!-- options: ([\w.]+) -->\n(.*?)<!-- end options -->\n", re.S)
+
+
+def test_option_lists_are_generated_from_the_run_configurations():
+    """Each ``<!-- options: module.Class -->`` block of a page is ``options.markdown(Class)``:
+    the docs' option list comes from the same fields as the flags (rewrite a stale block with
+    ``CCPO_WRITE_OPTIONS=1 pytest tests/test_docs.py -k option_lists``)."""
+    import importlib
+    import os
+
+    from ccpo_jax.runtime.options import markdown
+
+    found = 0
+    for page in PAGES:
+        text = page.read_text()
+
+        def block(m):
+            mod, cls = m.group(1).rsplit(".", 1)
+            return f"<!-- options: {m.group(1)} -->\n{markdown(getattr(importlib.import_module(mod), cls))}<!-- end options -->\n"
+
+        want = OPTIONS.sub(block, text)
+        found += len(OPTIONS.findall(text))
+        if want != text and os.environ.get("CCPO_WRITE_OPTIONS"):
+            page.write_text(want)
+            continue
+        assert want == text, f"{page.name}: an option list differs from its run configuration"
+    assert found >= 1
+
+
+def test_reproduce_docs_name_the_trainer_keywords_it_is_called_with():
+    """docs/reproduce.md "For developers" lists the keywords of ``LearnedRowsFn`` (it drifted once)."""
+    import inspect
+
+    from ccpo_jax.ccpo.rows import LearnedRowsFn
+
+    text = (REPO / "docs" / "reproduce.md").read_text()
+    line = text.split("<!-- trainer keywords -->\n", 1)[1].split("\n", 1)[0]
+    documented = re.findall(r"(\w+)=", line)
+    wanted = [p for p in inspect.signature(LearnedRowsFn.__call__).parameters if p != "self"]
+    assert documented == wanted

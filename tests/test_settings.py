@@ -157,7 +157,7 @@ def test_every_question_used_when_sizes_fill_the_cache():
 
 
 def test_split_size_errors_name_the_field_and_the_cli_maps_it_to_the_flag():
-    from ccpo_jax.cli.reproduce import FLAGS
+    from ccpo_jax.ccpo.run_config import REPRODUCE_FLAGS as FLAGS
 
     assert parse_split_sizes("60,20,20") == (60, 20, 20)
     assert parse_split_sizes(" 6, 2 ,2") == (6, 2, 2)

@@ -1,8 +1,8 @@
 """``ccpo-jax reproduce``: one paper table, end to end.
 
-:func:`reproduce` reads top to bottom: resolve the run configuration (:func:`plan_run`,
-or the saved one of a killed run) -> load the cache -> replay env params -> splits ->
-the non-learned rows (Random, LLM policies, LLM-EXIT, UALA; ``ccpo_jax.ccpo.baselines``)
+:func:`reproduce` reads top to bottom: the run configuration (a new
+:class:`ccpo_jax.ccpo.run_config.ReproduceConfig`, or the saved one of a killed run) -> load
+the cache -> replay env params -> splits -> the non-learned rows (Random, LLM policies, LLM-EXIT, UALA; ``ccpo_jax.ccpo.baselines``)
 -> training and evaluation of the learned rows (CPO, CPO batch, CPO online, CCPO;
 ``ccpo_jax.ccpo.rows.learned_rows``) -> outputs (``results.json``, ``table.md``, box plots,
 ``run.json``; ``ccpo_jax.ccpo.report``). Row names and metrics: docs/reproduce.md "Outputs".
@@ -25,7 +25,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -33,23 +33,21 @@ import numpy as np
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
 from ccpo_jax.ccpo.baselines import non_learned_rows
-from ccpo_jax.ccpo.config import TrainConfig
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
-from ccpo_jax.ccpo.presets import apply_overrides, deviations, get_preset
+from ccpo_jax.ccpo.presets import deviations
 from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn
-from ccpo_jax.ccpo.settings import DEFAULT_SETTING, METRICS, Setting, get_setting
-from ccpo_jax.ccpo.splits import PROTOCOLS, check_split_sizes, parse_split_sizes, splits_for_protocol
+from ccpo_jax.ccpo.run_config import ReproduceConfig
+from ccpo_jax.ccpo.settings import METRICS, Setting, get_setting
+from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
 from ccpo_jax.core.conformal import calibration_size_warning
 from ccpo_jax.errors import UserError
-from ccpo_jax.runtime import sharding
+from ccpo_jax.runtime import options, sharding
 from envs.atomic import atomic_write_text
 from envs.cache import ResponseCache
 from envs.formats import load_cache
 from envs.orchestration import make_env_params
 from envs.synthetic import generate
 
-DEFAULT_SPLITS = 100
-DEFAULT_SEEDS = 5
 RUN_FILE = "run.json"
 TB_DIR = "tensorboard"
 CKPT_DIR = "checkpoints"
@@ -65,62 +63,7 @@ class ReproduceResult:
     notes: list[str]
 
 
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """The resolved configuration of a run (saved as ``run.json``; ``--resume`` reads it back)."""
-
-    setting: str
-    cache: str | None  # path of --cache (absolute), None = built-in synthetic cache of the setting
-    n_splits: int
-    protocol: str
-    alpha: float
-    iterations: int | None  # None = the trainer's default (paper: 1500)
-    split_sizes: tuple[int, int, int]
-    seed: int
-    lambdas: tuple[float, ...]  # nonzero CCPO lambdas; CCPO (lambda=0) always runs
-    seeds: int = 1  # training seeds of every learned row (runs saved before seeds existed: 1)
-    preset: str = "default"  # trainer preset (ccpo_jax.ccpo.presets)
-    overrides: tuple[str, ...] = ()  # trainer fields set with "field=value" on top of the preset
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["split_sizes"] = list(self.split_sizes)
-        d["lambdas"] = list(self.lambdas)
-        d["overrides"] = list(self.overrides)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
-        d = dict(d)
-        d["split_sizes"] = tuple(d["split_sizes"])
-        d["lambdas"] = tuple(d["lambdas"])
-        d["overrides"] = tuple(d.get("overrides", ()))
-        optional = {f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d or f.name not in optional})
-
-    def train_config(self) -> TrainConfig:
-        """The trainer configuration of this run: the preset, the overrides, alpha and iterations."""
-        cfg = apply_overrides(get_preset(self.preset), self.overrides).replace(alpha=float(self.alpha))
-        return cfg if self.iterations is None else cfg.replace(iterations=int(self.iterations))
-
-
-# -- validation at the boundary ----------------------------------------------------
-
-def _check_int(field: str, what: str, v: Any, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-        raise UserError(f"{field}: {what} must be an integer >= {lo}, got {v!r}", field=field)
-    return int(v)
-
-
-def _check_alpha(alpha: Any) -> float:
-    try:
-        a = float(alpha)
-    except (TypeError, ValueError):
-        raise UserError(f"alpha: must be a number in (0, 1), got {alpha!r}", field="alpha") from None
-    if not (0.0 < a < 1.0):
-        raise UserError(f"alpha: must be in (0, 1) (target coverage 1 - alpha), got {alpha!r}", field="alpha")
-    return a
-
+# -- the output directory ----------------------------------------------------------------
 
 def _work_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.partial"
@@ -151,71 +94,6 @@ def _default_out(setting: str) -> Path:
     return Path("runs") / f"{setting}-{stamp}"
 
 
-def _resolve_split_sizes(v: Any, setting: Setting) -> tuple[int, int, int]:
-    if v is None:
-        return setting.split_sizes
-    if isinstance(v, str):
-        return parse_split_sizes(v)
-    try:
-        sizes = tuple(v)
-    except TypeError:
-        raise UserError(f"split_sizes: expected n_train,n_cal,n_test, got {v!r}", field="split_sizes") from None
-    return parse_split_sizes(",".join(str(x) for x in sizes))
-
-
-def _resolve_trainer(seeds: int | None, preset: str | None, overrides: Any) -> tuple[int, str, tuple[str, ...]]:
-    """Validate the seeds, the preset and the ``field=value`` overrides of the trainer configuration."""
-    seeds = _check_int("seeds", "the number of seeds", DEFAULT_SEEDS if seeds is None else seeds, 1)
-    preset = "default" if preset is None else str(preset)
-    overrides = tuple(str(o) for o in ((overrides,) if isinstance(overrides, str) else (overrides or ())))
-    try:
-        base = get_preset(preset)
-    except UserError as e:
-        raise UserError(f"preset: {e}", field="preset") from None
-    for item in overrides:
-        if item.split("=", 1)[0].strip().replace("-", "_") == "alpha":
-            raise UserError(f"overrides: {item}: alpha is set separately (its own argument, or the setting), not as a trainer override",
-                            field="overrides")
-    try:
-        apply_overrides(base, overrides)
-    except UserError as e:
-        raise UserError(f"overrides: {e}", field="overrides") from None
-    return seeds, preset, overrides
-
-
-def _cache_spec(cache: Any) -> str | None:
-    """How run.json records the cache: None (built-in), an absolute path, or ``<ResponseCache NAME>``."""
-    if cache is None:
-        return None
-    if not isinstance(cache, (str, os.PathLike)):
-        return f"<{type(cache).__name__} {getattr(getattr(cache, 'manifest', None), 'name', '?')}>"
-    p = Path(cache)
-    if not p.exists():
-        raise UserError(f"cache: {cache}: no such file or directory", field="cache")
-    return str(p.absolute())
-
-
-def plan_run(setting: str | None = None, *, cache: Any = None, n_splits: int | None = None,
-             protocol: str | None = None, alpha: float | None = None, iterations: int | None = None,
-             split_sizes: Any = None, seed: int | None = None, seeds: int | None = None, preset: str | None = None,
-             overrides: Any = None) -> RunConfig:
-    """The validated :class:`RunConfig` of a new run (None = the default of each argument)."""
-    st = get_setting(setting if setting is not None else DEFAULT_SETTING)
-    protocol = "recalibrate" if protocol is None else protocol
-    if protocol not in PROTOCOLS:
-        raise UserError(f"protocol: unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}", field="protocol")
-    seeds, preset, overrides = _resolve_trainer(seeds, preset, overrides)
-    return RunConfig(
-        setting=st.name, cache=_cache_spec(cache),
-        n_splits=_check_int("n_splits", "the number of splits", DEFAULT_SPLITS if n_splits is None else n_splits, 1),
-        protocol=protocol, alpha=_check_alpha(st.alpha if alpha is None else alpha),
-        iterations=None if iterations is None else _check_int("iterations", "the number of iterations", iterations, 1),
-        split_sizes=_resolve_split_sizes(split_sizes, st),
-        seed=_check_int("seed", "the seed", 0 if seed is None else seed, 0),
-        lambdas=tuple(st.lambdas), seeds=seeds, preset=preset, overrides=overrides,
-    )
-
-
 def resolve_mesh(devices: int | str | None):
     """``devices``: None/1 -> no mesh; N or "all" -> a 1-D mesh over the first N devices."""
     if devices is None:
@@ -243,12 +121,13 @@ def resolve_mesh(devices: int | str | None):
     return None if n == 1 else sharding.make_mesh(n)
 
 
-def _resume_config(resume: Path, given: Mapping[str, Any]) -> tuple[Path, RunConfig]:
+def _resume_config(resume: Path, given: Mapping[str, Any]) -> tuple[Path, ReproduceConfig]:
     """Find the work dir of a killed run at ``resume`` (its out_dir) and read its run.json.
 
-    ``given`` holds the arguments of this call; each must be None or equal to the saved value.
+    ``given`` holds the options of this call: the saved ones must be None or equal to the
+    saved values (:func:`ccpo_jax.runtime.options.resume_mismatch`); the execution options
+    (devices, member block, progress) are this call's.
     """
-    resume = Path(resume)
     if resume.name.startswith(".") and resume.name.endswith(".partial"):
         out = resume.parent / resume.name[1:-len(".partial")]
     else:
@@ -258,44 +137,39 @@ def _resume_config(resume: Path, given: Mapping[str, Any]) -> tuple[Path, RunCon
         raise UserError(f"resume: {out} holds a finished run (results.json exists); nothing to resume", field="resume")
     if not (work / RUN_FILE).is_file():
         raise UserError(f"resume: no interrupted run for {out} (expected {work / RUN_FILE})", field="resume")
+    unsaved = {k: given.get(k) for k in ("devices", "member_block", "progress")}
     try:
-        cfg = RunConfig.from_dict(json.loads((work / RUN_FILE).read_text()))
+        cfg = options.from_saved(ReproduceConfig, json.loads((work / RUN_FILE).read_text()),
+                                 out_dir=out, resume=resume, **unsaved)
+    except UserError:
+        raise
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"resume: {work / RUN_FILE} is damaged ({e})", field="resume") from None
-    for k, v in given.items():
-        if v is None:
-            continue
-        old, new = getattr(cfg, k), v
-        if k == "split_sizes":
-            new = _resolve_split_sizes(v, get_setting(cfg.setting))
-        if k == "cache" and isinstance(v, (str, os.PathLike)):
-            new = str(Path(v).absolute())
-        if k == "iterations" and old is None:  # saved as "the preset's default": an explicit default matches
-            old = get_preset(cfg.preset).iterations
-        if k == "overrides":
-            new = tuple([v] if isinstance(v, str) else v)
-        if new != old:
-            raise UserError(f"resume: the interrupted run used {k}={old!r}, not {new!r}; leave `{k}` out "
-                            "(resume takes the saved configuration)", field="resume")
+    mismatch = options.resume_mismatch(cfg, given)
+    if mismatch is not None:
+        k, old, new = mismatch
+        raise UserError(f"resume: the interrupted run used {k}={old!r}, not {new!r}; leave `{k}` out "
+                        "(resume takes the saved configuration)", field="resume")
+    if given.get("cache") is not None:  # the same cache again (equal by the check above), e.g. an in-memory one
+        cfg = dataclasses.replace(cfg, cache=given["cache"])
+    if isinstance(cfg.cache, str) and cfg.cache.startswith("<"):
+        raise UserError("resume: the interrupted run used an in-memory cache; pass the same cache object",
+                        field="resume")
     return out, cfg
 
 
-def _open_run(given: dict[str, Any], out_dir, resume) -> tuple[Path, RunConfig, Any]:
-    """(out_dir, configuration, cache argument) of a new run, or of the killed run at ``resume``."""
-    if resume is None:
-        cfg = plan_run(**given)
-        out = Path(out_dir) if out_dir is not None else _default_out(cfg.setting)
+def _open_run(given: Mapping[str, Any]) -> tuple[Path, ReproduceConfig]:
+    """(out_dir, configuration) of a new run, or of the killed run at ``given["resume"]``."""
+    if given.get("resume") is None:
+        cfg = ReproduceConfig(**given)
+        out = cfg.out_dir if cfg.out_dir is not None else _default_out(cfg.setting)
         _check_out(out)
-        return out, cfg, given["cache"]
-    if out_dir is not None and Path(out_dir) != Path(resume):
+        return out, cfg
+    resume, out_dir = Path(given["resume"]), given.get("out_dir")
+    if out_dir is not None and Path(out_dir) != resume:
         raise UserError("resume: do not combine with a different out_dir (the run resumes into its own)",
                         field="resume")
-    out, cfg = _resume_config(Path(resume), given)
-    cache_arg = cfg.cache if given["cache"] is None else given["cache"]
-    if cache_arg is not None and str(cache_arg).startswith("<"):
-        raise UserError("resume: the interrupted run used an in-memory cache; pass the same cache object",
-                        field="resume")
-    return out, cfg, cache_arg
+    return _resume_config(resume, given)
 
 
 # -- the cache -------------------------------------------------------------------------
@@ -350,8 +224,8 @@ def _as_rows(rows: Mapping[str, Mapping[str, Any]], n_splits: int, source: str) 
 
 # -- the pipeline -------------------------------------------------------------------------
 
-def _announce(say: Callable[[str], Any], st: Setting, cfg: RunConfig, cache: ResponseCache, trains: bool,
-              small: str | None, mesh, member_block: int | None) -> None:
+def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cache: ResponseCache, trains: bool,
+              small: str | None, mesh) -> None:
     say(f"reproduce {st.name} ({st.run_title(cache.manifest.name, is_setting_profile(st, cache), cfg.alpha)})")
     say(f"  {describe_cache(cache)}")
     say(f"  protocol {cfg.protocol}, {cfg.n_splits} splits of {'/'.join(map(str, cfg.split_sizes))} "
@@ -364,13 +238,13 @@ def _announce(say: Callable[[str], Any], st: Setting, cfg: RunConfig, cache: Res
                                  "; the paper's published setting"))
     if small:
         say(f"  warning: {small}")
-    if mesh is not None or member_block is not None:
+    if mesh is not None or cfg.member_block is not None:
         n_dev = 1 if mesh is None else mesh.devices.size
         say(f"  training sharded over {n_dev} {jax.default_backend()} device(s)"
-            + (f", {member_block} member(s) per block" if member_block is not None else ""))
+            + (f", {cfg.member_block} member(s) per block" if cfg.member_block is not None else ""))
 
 
-def _write_outputs(work: Path, st: Setting, cfg: RunConfig, cache: ResponseCache, rows: dict, timing: dict,
+def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: ResponseCache, rows: dict, timing: dict,
                    trains: bool) -> tuple[dict, str]:
     """results.json, table.md and the box plots of a finished run, in its work directory."""
     results = report.build_results(
@@ -387,63 +261,36 @@ def _write_outputs(work: Path, st: Setting, cfg: RunConfig, cache: ResponseCache
 
 def reproduce(
     setting: str | None = None,
+    /,
     *,
-    cache: str | os.PathLike | ResponseCache | None = None,
-    n_splits: int | None = None,
-    protocol: str | None = None,
-    alpha: float | None = None,
-    iterations: int | None = None,
-    split_sizes: str | Sequence[int] | None = None,
-    out_dir: str | os.PathLike | None = None,
-    seed: int | None = None,
-    resume: str | os.PathLike | None = None,
-    progress: bool = True,
     echo: Callable[[str], Any] | None = print,
     trainer: LearnedRowsFn | None = None,
     train: bool = True,
-    devices: int | str | None = None,
-    member_block: int | None = None,
-    seeds: int | None = None,
-    preset: str | None = None,
-    overrides: str | Sequence[str] | None = None,
+    **given: Any,
 ) -> ReproduceResult:
     """Reproduce one paper table and write its outputs to ``out_dir``.
 
-    Arguments (None = the default):
-      setting      name in ``ccpo_jax.ccpo.settings.SETTINGS`` (default Table 2's);
-      cache        path of a cache (either format), a ResponseCache, or None for
-                   the setting's SYNTHETIC profile with its n_questions and seed 0;
-      n_splits     evaluation splits (default 100);
-      protocol     ``recalibrate`` (default) or ``retrain`` (``ccpo_jax.ccpo.splits``);
-      alpha        miscoverage in (0, 1) (default: the setting's);
-      iterations   training iterations (default: the preset's);
-      split_sizes  (n_train, n_cal, n_test) or "a,b,c" (default: the setting's);
-      out_dir      final directory, must not exist (default runs/<setting>-<timestamp>);
-      seed         PRNG seed of splits, baselines and training (default 0);
-      resume       out_dir of a killed run: continue it with its saved configuration
-                   (other arguments must be None or equal to the saved ones);
+    ``given``: the options, the fields of :class:`ccpo_jax.ccpo.run_config.ReproduceConfig`
+    (``cache``, ``n_splits``, ``split_sizes``, ``out_dir``, ``resume``, ...; None or left out =
+    the default; ``setting`` may also come first). With ``resume`` (the out_dir of a killed
+    run) the run continues with its saved configuration: the saved options must be left out
+    or equal to the saved ones. Python-only arguments:
+      echo         where the progress lines go (None: nowhere);
       trainer      the learned rows' trainer (default ``ccpo_jax.ccpo.rows.learned_rows``);
-      train        False: the non-learned rows only;
-      devices      shard the training's members over this many devices (an int or
-                   "all"; default 1). Execution option: not saved, a resumed run may differ;
-      member_block train the members this many at a time, one single-device program per
-                   device: bit-identical to a one-device run with the same block
-                   (docs/performance.md); default None: one SPMD program;
-      seeds        training seeds of every learned row (default 5);
-      preset       trainer preset, ``default`` or ``paper`` (``ccpo_jax.ccpo.presets``);
-      overrides    trainer fields ``["field=value", ...]`` on top of the preset.
+      train        False: the non-learned rows only.
     Raises UserError / CacheError for bad input before anything is written.
     """
     t_start = time.perf_counter()
     say = echo if echo is not None else (lambda s: None)
+    if setting is not None:
+        given = dict(given, setting=setting)
+    unknown = sorted(set(given) - set(options.inputs(ReproduceConfig)))
+    if unknown:
+        raise TypeError(f"reproduce() got unknown option(s) {', '.join(unknown)}; "
+                        f"the options: {', '.join(options.inputs(ReproduceConfig))}")
     # 1. the run configuration: a new one, or the saved one of a killed run
-    given = dict(setting=setting, cache=cache, n_splits=n_splits, protocol=protocol, alpha=alpha,
-                 iterations=iterations, split_sizes=split_sizes, seed=seed, seeds=seeds, preset=preset,
-                 overrides=overrides)
-    out, cfg, cache_arg = _open_run(given, out_dir, resume)
-    resuming = resume is not None
-    if member_block is not None:
-        member_block = _check_int("member_block", "the member block", member_block, 1)
+    out, cfg = _open_run(given)
+    resuming = cfg.resume is not None
     st = get_setting(cfg.setting)
     work = _work_dir(out)
     if jax.process_count() > 1:
@@ -451,11 +298,11 @@ def reproduce(
             f"reproduce runs on one host (this is process {jax.process_index()} of {jax.process_count()}); "
             "for multi-host training run `python -m experiments.multihost` on every host (docs/performance.md)"
         )
-    mesh = resolve_mesh(devices)
+    mesh = resolve_mesh(cfg.devices)
     trainer = (trainer or learned.learned_rows) if train else None
 
     # 2. the cache
-    cache_obj = load_run_cache(st, cache_arg)
+    cache_obj = load_run_cache(st, cfg.cache)
     check_split_sizes(cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache '{cache_obj.manifest.name}'")
     if resuming:
         old_sum = json.loads((work / RUN_FILE).read_text()).get("cache_checksum")
@@ -471,9 +318,9 @@ def reproduce(
         if not resuming:
             work.mkdir(parents=True)
             created = True
-            atomic_write_text(work / RUN_FILE,
-                              json.dumps(dict(cfg.to_dict(), cache_checksum=cache_obj.manifest.checksum), indent=2) + "\n")
-        _announce(say, st, cfg, cache_obj, trainer is not None, small, mesh, member_block)
+            atomic_write_text(work / RUN_FILE, json.dumps(dict(options.saved(cfg), cache_checksum=cache_obj.manifest.checksum),
+                                                          indent=2) + "\n")
+        _announce(say, st, cfg, cache_obj, trainer is not None, small, mesh)
         # 3. env params and 4. splits
         k_split, k_base, k_train = jax.random.split(jax.random.PRNGKey(cfg.seed), 3)
         splits = splits_for_protocol(cfg.protocol, k_split, cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits)
@@ -488,7 +335,7 @@ def reproduce(
             got: LearnedRows = trainer(
                 cache=cache_obj, params=params, splits=splits, key=k_train, config=cfg.train_config(),
                 lambdas=cfg.lambdas, protocol=cfg.protocol, seeds=cfg.seeds, ckpt_dir=work / CKPT_DIR,
-                tb_dir=work / TB_DIR, progress=progress, mesh=mesh, member_block=member_block,
+                tb_dir=work / TB_DIR, progress=cfg.progress, mesh=mesh, member_block=cfg.member_block,
             )
             rows.update(_as_rows(got.rows, cfg.n_splits, "the trainer"))
             for k in ("compile_s", "train_s", "eval_s"):

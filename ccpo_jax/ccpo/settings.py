@@ -37,6 +37,10 @@ import numpy as np
 from ccpo_jax.errors import UserError
 from envs import published
 
+#: The evaluation protocols (``ccpo_jax.ccpo.splits``): recalibrate (the paper's box plots: one
+#: training set, calibration/test redrawn per split) and retrain (every split trains its own policy).
+PROTOCOLS = ("recalibrate", "retrain")
+
 #: Per-split metrics, in the paper's column order (Cost (cents) / Coverage / Avg. Len. / Set Size).
 METRICS = ("cost_cents", "coverage", "avg_len", "set_size")
 

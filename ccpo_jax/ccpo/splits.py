@@ -30,10 +30,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from ccpo_jax.ccpo.settings import PROTOCOLS
 from ccpo_jax.errors import UserError
-
-PROTOCOLS = ("recalibrate", "retrain")
-DEFAULT_PROTOCOL = "recalibrate"
 
 
 @flax.struct.dataclass

@@ -1,0 +1,192 @@
+"""The typed run configuration of ``ccpo-jax reproduce``: one field per option.
+
+:class:`RunOptions` holds the options every CCPO run command shares (the cache, the
+setting, the splits, the trainer preset, the execution options); :class:`ReproduceConfig`
+adds reproduce's own. Each field is declared once, with :func:`ccpo_jax.runtime.options.option`,
+and from it come the ``ccpo-jax reproduce`` flag, the check and default, the flag name in
+error messages, its place in ``run.json``, the ``--resume`` comparison and the option list
+of docs/reproduce.md. A configuration is checked when it is built (``__post_init__``):
+``ReproduceConfig(n_splits=0)`` raises ``UserError("n_splits: ...", field="n_splits")``.
+Every field accepts None for "the default". Nothing here imports jax at module level, so
+``ccpo-jax --help`` stays fast.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from ccpo_jax.ccpo.config import TrainConfig
+from ccpo_jax.ccpo.presets import apply_overrides, get_preset
+from ccpo_jax.ccpo.settings import DEFAULT_SETTING, PROTOCOLS, get_setting
+from ccpo_jax.errors import UserError
+from ccpo_jax.runtime import options
+from ccpo_jax.runtime.options import check_int, option
+
+# -- the checks (each: (field name, value or None, the configuration so far) -> value) ----
+
+
+def _setting(name: str, v: Any, cfg: Any) -> str:
+    return get_setting(DEFAULT_SETTING if v is None else v).name
+
+
+def _cache(name: str, v: Any, cfg: Any) -> Any:
+    """A path becomes absolute (and must exist); a ResponseCache object is kept as it is (and a
+    resumed run's record of one, ``<ResponseCache NAME>``, too)."""
+    if v is None or not isinstance(v, (str, os.PathLike)) or str(v).startswith("<"):
+        return v
+    p = Path(v)
+    if not p.exists():
+        raise UserError(f"cache: {v}: no such file or directory", field="cache")
+    return str(p.absolute())
+
+
+def _cache_json(v: Any) -> str | None:
+    """How run.json records the cache: None (built-in), an absolute path, or ``<ResponseCache NAME>``."""
+    if v is None or isinstance(v, str):
+        return v
+    return f"<{type(v).__name__} {getattr(getattr(v, 'manifest', None), 'name', '?')}>"
+
+
+def _protocol(name: str, v: Any, cfg: Any) -> str:
+    if v not in PROTOCOLS:
+        raise UserError(f"protocol: unknown protocol {v!r}; valid: {', '.join(PROTOCOLS)}", field="protocol")
+    return v
+
+
+def _split_sizes(name: str, v: Any, cfg: Any) -> tuple[int, int, int]:
+    from ccpo_jax.ccpo.splits import parse_split_sizes  # imports jax: not at `ccpo-jax --help`
+
+    if v is None:
+        return get_setting(cfg.setting).split_sizes
+    if isinstance(v, str):
+        return parse_split_sizes(v)
+    try:
+        sizes = tuple(v)
+    except TypeError:
+        raise UserError(f"split_sizes: expected n_train,n_cal,n_test, got {v!r}", field="split_sizes") from None
+    return parse_split_sizes(",".join(str(x) for x in sizes))
+
+
+def _preset(name: str, v: Any, cfg: Any) -> str:
+    try:
+        get_preset(str(v))
+    except UserError as e:
+        raise UserError(f"preset: {e}", field="preset") from None
+    return str(v)
+
+
+def _overrides(name: str, v: Any, cfg: Any) -> tuple[str, ...]:
+    overrides = tuple(str(o) for o in v)
+    for item in overrides:
+        if item.split("=", 1)[0].strip().replace("-", "_") == "alpha":
+            raise UserError(f"overrides: {item}: alpha is set separately (its own argument, or the setting), "
+                            "not as a trainer override", field="overrides")
+    try:
+        apply_overrides(get_preset(cfg.preset), overrides)
+    except UserError as e:
+        raise UserError(f"overrides: {e}", field="overrides") from None
+    return overrides
+
+
+def _path(name: str, v: Any, cfg: Any) -> Path | None:
+    return None if v is None else Path(v)
+
+
+def _alpha(name: str, v: Any, cfg: Any) -> float:
+    if v is None:
+        v = get_setting(cfg.setting).alpha
+    try:
+        a = float(v)
+    except (TypeError, ValueError):
+        raise UserError(f"alpha: must be a number in (0, 1), got {v!r}", field="alpha") from None
+    if not (0.0 < a < 1.0):
+        raise UserError(f"alpha: must be in (0, 1) (target coverage 1 - alpha), got {v!r}", field="alpha")
+    return a
+
+
+def _setting_lambdas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
+    return tuple(get_setting(cfg.setting).lambdas) if v is None else tuple(float(x) for x in v)
+
+
+def _preset_iterations(cfg: Any) -> int:
+    return get_preset(cfg.preset).iterations
+
+
+# -- the configurations --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """The options of every CCPO run command: data, splits, trainer, execution (None = default)."""
+
+    setting: str = option("--setting", help="setting name (see --list-settings)", metavar="NAME", default_doc=DEFAULT_SETTING,
+                          check=_setting)
+    cache: Any = option("--cache", metavar="PATH", help="response cache: a human-format .jsonl file or a fast-format directory "
+                        "(from Python also a ResponseCache)", default_doc="the setting's built-in SYNTHETIC cache",
+                        check=_cache, dump=_cache_json)
+    n_splits: int = option("--splits", help="number of evaluation splits", metavar="N", type=int, default=100,
+                           check=check_int("the number of splits", 1))
+    protocol: str = option("--protocol", help="recalibrate: one policy per row, calibration/test redrawn per "
+                           "split; retrain: every split trains its own policy", choices=PROTOCOLS,
+                           default="recalibrate", check=_protocol)
+    iterations: int | None = option("--iterations", help="training iterations", metavar="K", type=int,
+                                    default_doc="the preset's: 100 default, 1500 paper",
+                                    check=check_int("the number of iterations", 1), unset_means=_preset_iterations)
+    split_sizes: tuple[int, int, int] = option(
+        "--split-sizes", help="questions per split part, e.g. 60,20,20", metavar="TRAIN,CAL,TEST",
+        default_doc="the setting's, 1000,200,200 HotpotQA / 560,200,200 MMLU", check=_split_sizes)
+    seed: int = option("--seed", help="PRNG seed of splits, baselines and training", metavar="S", type=int,
+                       default=0, check=check_int("the seed", 0))
+    seeds: int = option("--seeds", help="training seeds of every learned row, trained in one vmapped program; "
+                        "table.md shows the mean over seeds x splits and the spread over seeds", metavar="N",
+                        type=int, default=5, check=check_int("the number of seeds", 1), if_missing=1)
+    preset: str = option("--preset", help="trainer preset: default (the configuration that learns) or paper "
+                         "(the paper's published values: batch 10, 1500 iterations, the J-bar estimator of Eq. 8); "
+                         "see --list-presets", metavar="NAME", default="default", check=_preset,
+                         if_missing="default")
+    overrides: tuple[str, ...] = option(
+        "--set", help="set one trainer field on top of the preset, e.g. --set batch_size=100 --set "
+        "estimator=vtrace (fields and values: --list-presets)", metavar="FIELD=VALUE", repeat=True, default=(),
+        check=_overrides, if_missing=())
+    # execution options: not saved; a resumed run may use others
+    out_dir: Path | None = option("--out", help="output directory, must not exist", metavar="DIR",
+                                  default_doc="runs/<setting>-<timestamp>", saved=False, check=_path)
+    resume: Path | None = option("--resume", help="continue the killed run whose --out was DIR, with its saved "
+                                 "configuration (options given with it must equal the saved ones)", metavar="DIR",
+                                 saved=False, check=_path)
+    devices: int | str | None = option("--devices", help="shard the training's members over N devices; on a CPU "
+                                       "host N devices are forced with "
+                                       "XLA_FLAGS=--xla_force_host_platform_device_count=N", metavar="N|all",
+                                       default_doc="1", saved=False)
+    member_block: int | None = option("--member-block", help="train members B at a time, one single-device program "
+                                      "per device: bit-identical to a one-device run with the same B", metavar="B",
+                                      type=int, default_doc="one SPMD program, a vmap per device, fastest",
+                                      saved=False, check=check_int("the member block", 1))
+    progress: bool = option("--no-progress", help="no progress bar", switch=False, default=True, saved=False)
+
+    def __post_init__(self) -> None:
+        options.resolve(self)
+
+    def train_config(self, alpha: float) -> TrainConfig:
+        """The trainer configuration of this run: the preset, the overrides, ``alpha``, the iterations."""
+        cfg = apply_overrides(get_preset(self.preset), self.overrides).replace(alpha=float(alpha))
+        return cfg if self.iterations is None else cfg.replace(iterations=int(self.iterations))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReproduceConfig(RunOptions):
+    """``ccpo-jax reproduce``: one paper table at the setting's (or a given) alpha."""
+
+    alpha: float = option("--alpha", help="miscoverage in (0, 1)", metavar="A", type=float,
+                          default_doc="the setting's", check=_alpha)
+    lambdas: tuple[float, ...] = option(None, help="the table's nonzero CCPO lambdas (CCPO (lambda=0) always "
+                                        "runs)", derived=True, check=_setting_lambdas)
+
+    def train_config(self, alpha: float | None = None) -> TrainConfig:
+        return super().train_config(self.alpha if alpha is None else alpha)
+
+
+#: reproduce's fields -> its flags (error messages name the flag).
+REPRODUCE_FLAGS = options.flag_names(ReproduceConfig)

@@ -1,0 +1,111 @@
+"""The typed run configuration (ccpo_jax.runtime.options, ccpo_jax.ccpo.run_config): the flags,
+checks, error flag names, run.json and the resume check all come from the dataclass fields."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+
+from ccpo_jax.ccpo.run_config import REPRODUCE_FLAGS, ReproduceConfig, RunOptions
+from ccpo_jax.errors import UserError
+from ccpo_jax.runtime import options
+from ccpo_jax.runtime.options import option
+
+
+def _parse(cls, argv):
+    p = argparse.ArgumentParser()
+    options.add_flags(p, cls)
+    return options.given(cls, p.parse_args(argv))
+
+
+def test_the_flags_are_the_fields():
+    # the flag of every field, as the hand-written flag map before the typed configuration had it
+    assert REPRODUCE_FLAGS == {
+        "setting": "--setting", "cache": "--cache", "n_splits": "--splits", "protocol": "--protocol",
+        "alpha": "--alpha", "iterations": "--iterations", "split_sizes": "--split-sizes", "out_dir": "--out",
+        "seed": "--seed", "resume": "--resume", "devices": "--devices", "member_block": "--member-block",
+        "seeds": "--seeds", "preset": "--preset", "overrides": "--set", "progress": "--no-progress"}
+    assert _parse(ReproduceConfig, []) == {}  # flags left out are not passed (the fields' defaults apply)
+    got = _parse(ReproduceConfig, ["--splits", "3", "--set", "batch_size=20", "--set", "lr=0.01", "--no-progress",
+                                   "--alpha", "0.2", "--split-sizes", "60,20,20", "--devices", "all"])
+    assert got == {"n_splits": 3, "overrides": ["batch_size=20", "lr=0.01"], "progress": False, "alpha": 0.2,
+                   "split_sizes": "60,20,20", "devices": "all"}
+    with pytest.raises(SystemExit):  # choices come from the field
+        _parse(ReproduceConfig, ["--protocol", "sometimes"])
+
+
+def test_a_configuration_is_checked_and_resolved_when_built():
+    cfg = ReproduceConfig()
+    assert (cfg.setting, cfg.n_splits, cfg.protocol, cfg.seed, cfg.seeds, cfg.preset) == \
+        ("hotpotqa-llama2-a0.1", 100, "recalibrate", 0, 5, "default")
+    assert cfg.alpha == 0.1 and cfg.split_sizes == (1000, 200, 200) and cfg.lambdas == (2e-4,)  # the setting's
+    mmlu = ReproduceConfig(setting="mmlu-llama3-a0.2", split_sizes="60, 20,20", overrides="batch_size=20")
+    assert mmlu.alpha == 0.2 and mmlu.split_sizes == (60, 20, 20) and mmlu.overrides == ("batch_size=20",)
+    assert ReproduceConfig(n_splits=None).n_splits == 100  # None = the default
+    assert dataclasses.replace(mmlu, seed=3) == ReproduceConfig(setting="mmlu-llama3-a0.2", split_sizes=(60, 20, 20),
+                                                                 overrides=["batch_size=20"], seed=3)
+    for kw, field in [({"n_splits": 0}, "n_splits"), ({"alpha": 1.5}, "alpha"), ({"seed": -1}, "seed"),
+                      ({"split_sizes": "60,20"}, "split_sizes"), ({"protocol": "x"}, "protocol"),
+                      ({"preset": "fast"}, "preset"), ({"overrides": ["nope=1"]}, "overrides"),
+                      ({"overrides": ["alpha=0.2"]}, "overrides"), ({"setting": "gpt5"}, "setting"),
+                      ({"cache": "does/not/exist"}, "cache"), ({"member_block": 0}, "member_block"),
+                      ({"iterations": True}, "iterations")]:
+        with pytest.raises(UserError) as e:
+            ReproduceConfig(**kw)
+        assert e.value.field == field and str(e.value).startswith(field), (kw, e.value)
+        assert str(e.value.for_cli(REPRODUCE_FLAGS)).startswith(REPRODUCE_FLAGS[field])
+
+
+def test_run_json_round_trip_and_the_resume_check(tmp_path):
+    cache = tmp_path / "c.jsonl"
+    cache.write_text("")
+    cfg = ReproduceConfig(cache=str(cache), n_splits=2, split_sizes="60,20,20", seeds=2, overrides=["batch_size=20"],
+                          out_dir=tmp_path / "o", devices=2)
+    saved = json.loads(json.dumps(options.saved(cfg)))
+    assert set(saved) == {"setting", "cache", "n_splits", "protocol", "alpha", "iterations", "split_sizes", "seed",
+                          "lambdas", "seeds", "preset", "overrides"}  # execution options are not saved
+    assert saved["split_sizes"] == [60, 20, 20] and saved["cache"] == str(cache.absolute())
+    back = options.from_saved(ReproduceConfig, saved, out_dir=tmp_path / "o", devices=2)
+    assert back == cfg
+    # a run.json written before `seeds`, `preset` and `overrides` existed
+    old = options.from_saved(ReproduceConfig, {k: v for k, v in saved.items() if k not in ("seeds", "preset", "overrides")})
+    assert (old.seeds, old.preset, old.overrides) == (1, "default", ())
+    assert options.resume_mismatch(back, {}) is None
+    # given again: equal once checked (a relative path, "a,b,c", the preset's iterations for a saved None)
+    same = {"split_sizes": "60,20,20", "seeds": 2, "iterations": back.train_config().iterations,
+            "overrides": "batch_size=20", "progress": False, "devices": 4, "member_block": 1}
+    assert options.resume_mismatch(back, same) is None
+    assert options.resume_mismatch(back, {"n_splits": 5}) == ("n_splits", 2, 5)
+    assert options.resume_mismatch(back, {"iterations": back.train_config().iterations + 1})[0] == "iterations"
+    assert options.resume_mismatch(back, {"overrides": []}) == ("overrides", ("batch_size=20",), ())
+
+
+def test_adding_an_option_is_adding_a_field():
+    """What a new command or option needs: a field; here a sweep-like command on the shared options
+    (issue 23's `sweep`) and an evaluation option with a choice (issue 24's `--calibration`)."""
+
+    def _alphas(name, v, cfg):
+        alphas = tuple(float(a) for a in (v.split(",") if isinstance(v, str) else v or (0.1,)))
+        if not all(0 < a < 1 for a in alphas):
+            raise UserError(f"{name}: every alpha must be in (0, 1), got {v!r}", field=name)
+        return alphas
+
+    @dataclasses.dataclass(frozen=True)
+    class Sweep(RunOptions):
+        alphas: tuple[float, ...] = option("--alphas", help="miscoverages, comma-separated", metavar="A,B",
+                                           check=_alphas)
+        calibration: str = option("--calibration", help="conformal calibration", choices=("marginal", "mondrian"),
+                                  default="marginal")
+
+    flags = options.flag_names(Sweep)
+    assert set(flags) == set(options.flag_names(RunOptions)) | {"alphas", "calibration"}
+    got = _parse(Sweep, ["--alphas", "0.1,0.2", "--calibration", "mondrian", "--splits", "4"])
+    cfg = Sweep(**got)
+    assert cfg.alphas == (0.1, 0.2) and cfg.calibration == "mondrian" and cfg.n_splits == 4
+    assert options.saved(cfg)["alphas"] == [0.1, 0.2] and "--calibration marginal|mondrian" in options.markdown(Sweep)
+    assert options.resume_mismatch(cfg, {"alphas": "0.1,0.3"})[0] == "alphas"
+    with pytest.raises(UserError) as e:
+        Sweep(alphas="0.1,2")
+    assert str(e.value.for_cli(flags)).startswith("--alphas: ")
