@@ -7,7 +7,8 @@ the same replies: a deterministic endpoint. It returns ``usage`` (prompt tokens
 asked, ``logprobs`` (one token per word with its leading whitespace). Faults are
 injected by request content: ``server.fault(match, kind, times)`` makes the
 next ``times`` requests whose last message contains ``match`` fail with
-``kind`` (``timeout``, ``429``, ``500``, ``503``, ``malformed``, ``no_usage``).
+``kind`` (``timeout``, ``429``, ``500``, ``503``, ``malformed``, ``no_usage``, ``verbose``: 40 words
+appended to the reply). A reply longer than ``max_tokens`` words is cut there (``finish_reason: length``).
 """
 from __future__ import annotations
 
@@ -133,13 +134,19 @@ class FakeChatServer:
             return f"Let me think step by step. The item is {ans} I believe."
         return f"Let me think step by step. Item {q.split()[-1]} is listed.\nAnswer: {ans}"
 
-    def completion(self, body: dict, with_usage: bool = True) -> dict:
+    def completion(self, body: dict, with_usage: bool = True, verbose: bool = False) -> dict:
         text = self.reply(body["model"], body["messages"])
+        if verbose:  # a model that explains itself after the reply
+            text += " because " + " ".join(f"reason{i}" for i in range(40))
+        finish = "stop"
+        words = re.findall(r"\s*\S+", text)
+        if len(words) > int(body.get("max_tokens") or 10**9):  # one token per word: cut at max_tokens
+            text, finish = "".join(words[: int(body["max_tokens"])]), "length"
         out = {
             "id": "chatcmpl-fake",
             "object": "chat.completion",
             "model": body["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
         }
         if body.get("logprobs"):
             toks = re.findall(r"\s*\S+", text)
@@ -212,6 +219,8 @@ class FakeChatServer:
                         return self._send(200, b'{"choices": [{"message": {"content": "Ye')
                     elif kind == "no_usage":
                         return self._send(200, json.dumps(server.completion(body, with_usage=False)).encode())
+                    elif kind == "verbose":
+                        return self._send(200, json.dumps(server.completion(body, verbose=True)).encode())
                 self._send(200, json.dumps(server.completion(body)).encode())
 
         return Handler

@@ -433,3 +433,55 @@ def test_retry_after_forms():
     assert retry_after_s(httpx.Headers({"retry-after-ms": "250"})) == 0.25
     assert retry_after_s(httpx.Headers({"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}), now=1792567670.0) == pytest.approx(10.0)
     assert retry_after_s(httpx.Headers({"Retry-After": "soon"})) is None
+
+
+# -- replies cut at max_tokens, sampled requests ------------------------------------------------------
+
+
+def test_cut_replies_are_counted_per_kind_of_call(server, questions_file, reference, tmp_path, capsys):
+    """EXIT decisions cut at --decision-max-tokens (they stay readable) are not reported as base
+    answers; base answers cut before their 'Answer:' line are, with how many lost it."""
+    import re
+
+    server.fault("rounds and must decide", "verbose", times=2)  # two EXIT decisions ramble past 8 tokens
+    out = tmp_path / "cut.jsonl"
+    assert main(_args(server, questions_file, out, "--limit", "2", "--concurrency", "1")) == 0
+    shown = capsys.readouterr().out
+    assert "note: 2 EXIT / policy decision(s) stopped at --decision-max-tokens 8 (read from their start: " \
+           "2 readable, 0 unreadable)" in shown
+    assert "base answer(s) stopped" not in shown
+    # the cut decisions read as the uncut ones did: the reference run's rounds and EXIT outcomes (only
+    # the EXIT cost differs: 8 tokens per cut decision instead of 1)
+    got = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    ref = [json.loads(x) for x in reference[0].read_text().splitlines()[1:3]]
+    strip = lambda e: {m: {k: v for k, v in r.items() if k != "cost_cents"} for m, r in e.items()}  # noqa: E731
+    assert [q["rounds"] for q in got] == [q["rounds"] for q in ref]
+    assert [strip(q["baselines"]["exit"]) for q in got] == [strip(q["baselines"]["exit"]) for q in ref]
+
+    out2 = tmp_path / "cut-base.jsonl"
+    assert main(_args(server, questions_file, out2, "--limit", "1", "--base-max-tokens", "5")) == 0
+    m = re.search(r"note: (\d+) base answer\(s\) stopped at --base-max-tokens 5 \(finish_reason 'length'\), "
+                  r"(\d+) of them without an 'Answer:' line; raise --base-max-tokens", capsys.readouterr().out)
+    assert m and int(m.group(1)) == int(m.group(2)) >= 4  # every base answer of q0 was cut before its last line
+
+
+def test_sampled_guide_calls_are_not_reused_but_resume_replays_them(server, questions_file, tmp_path):
+    """--seed none --guide-temperature 1: each guide call is its own sample (no reuse of an identical
+    earlier request); a --resume still answers every paid call from the call log."""
+    out = tmp_path / "sampled.jsonl"
+    args = _args(server, questions_file, out, "--limit", "5", "--seed", "none", "--guide-temperature", "1")
+    assert main(args) == 0
+    calls = _calls(out)
+    guide_sent = [c for c in calls if "text" in c and c["call"].endswith(".guide")]
+    assert len(guide_sent) == 5 * 4  # every round's guide call was sent
+    assert not any(c.get("replayed") and c["call"].endswith(".guide") for c in calls)
+    # the same collection at guide temperature 0 sends fewer: identical verdict requests are sent once
+    out0 = tmp_path / "greedy.jsonl"
+    assert main(_args(server, questions_file, out0, "--limit", "5", "--seed", "none")) == 0
+    assert sum(1 for c in _calls(out0) if "text" in c and c["call"].endswith(".guide")) < 5 * 4
+    # resume after the question lines are lost: nothing is sent again
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text(lines[0])
+    before = server.requests
+    assert main(args[:] + ["--resume"]) == 0
+    assert server.requests == before

@@ -29,6 +29,7 @@ class Answer:
     tokens_out: int
     logprobs: tuple[tuple[str, float], ...] | None
     estimated: bool
+    finish_reason: str | None = None
 
 
 def now_iso() -> str:
@@ -67,8 +68,7 @@ class Caller:
              temperature: float) -> Answer:
         ep = self.s.endpoint(role)
         body = self.body(role, messages, max_tokens, temperature)
-        key = hashlib.sha256(json.dumps({"url": ep.public_url, "body": body}, sort_keys=True,
-                                        ensure_ascii=False).encode("utf-8")).hexdigest()
+        key = request_key(ep.public_url, body, qid, name)
         hit = self.log.replies.get(key)
         if hit is not None:
             self.meter.count("replayed")
@@ -115,10 +115,28 @@ class Caller:
         return _answer(rec)
 
 
+def is_sampled(body: dict) -> bool:
+    """A request whose reply is a fresh sample each time: temperature > 0 and no seed sent."""
+    return float(body.get("temperature", 1.0)) > 0.0 and body.get("seed") is None
+
+
+def request_key(url: str, body: dict, qid: str, name: str) -> str:
+    """The call log's key of a request: its URL and body, so that an identical request is sent once
+    (its reply is the same: temperature 0, or a seed sent); for a sampled request (:func:`is_sampled`)
+    also the question and the call's name, so that each call site gets its own sample, and a
+    ``--resume`` still replays what that call site was paid for."""
+    what: dict[str, Any] = {"url": url, "body": body}
+    if is_sampled(body):
+        what["at"] = [qid, name]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
 def _answer(rec: dict) -> Answer:
     lps = rec.get("logprobs")
+    fin = rec.get("finish_reason")
     return Answer(
         text=rec["text"], tokens_in=int(rec["tokens_in"]), tokens_out=int(rec["tokens_out"]),
         logprobs=tuple((str(t), float(v)) for t, v in lps) if lps else None,
         estimated=bool(rec.get("tokens_estimated", False)),
+        finish_reason=fin if isinstance(fin, str) else None,
     )

@@ -7,6 +7,10 @@ from ccpo_jax.collect.client import CallStats, Reply
 from ccpo_jax.collect.settings import ROLES
 
 
+#: Kinds of call whose cut replies are counted apart: each has its own max_tokens flag.
+CUT_KINDS = ("base answer", "guide verdict", "decision")
+
+
 class BudgetStop(Exception):
     """The next call's worst-case cost would cross --max-cost-usd."""
 
@@ -29,7 +33,9 @@ class Meter:
         self.latencies: list[float] = []
         self.unreadable = {"guide verdict": 0, "base answer": 0, "EXIT decision": 0, "policy reply": 0}
         self.estimated_usage = 0
-        self.truncated = 0  # replies cut at max_tokens (finish_reason "length")
+        # replies used that stopped at max_tokens (finish_reason "length"), per kind of call:
+        # [how many, how many of them could not be read]
+        self.cut = {k: [0, 0] for k in CUT_KINDS}
 
     @property
     def total_usd(self) -> float:
@@ -52,7 +58,6 @@ class Meter:
             if reply is None:
                 return
             self.sent += 1
-            self.truncated += reply.finish_reason == "length"
             self.spent += usd
             self.latencies.append(stats.latency_s)
 
@@ -65,6 +70,14 @@ class Meter:
         with self.lock:
             self.tokens[role][0] += t_in
             self.tokens[role][1] += t_out
+
+    def cut_reply(self, kind: str, finish_reason: str | None, unreadable: bool) -> None:
+        """Count a reply of ``kind`` (:data:`CUT_KINDS`) that stopped at its max_tokens."""
+        if finish_reason != "length":
+            return
+        with self.lock:
+            self.cut[kind][0] += 1
+            self.cut[kind][1] += bool(unreadable)
 
     def bump(self, what: str) -> None:
         with self.lock:

@@ -31,6 +31,7 @@ def collect_question(q: Question, s: Settings, c: Caller) -> dict:
         temp = s.base_temperature[0] if t == 0 else s.base_temperature[1]
         b = c.call(q.id, f"r{t}.base", "base", P.base_messages(q.question, history), s.base_max_tokens, temp)
         parsed = P.parse_base_answer(b.text)
+        c.meter.cut_reply("base answer", b.finish_reason, parsed is None)
         ans = parsed[0] if parsed else ""
         base = {"answer": ans, "correct": correct(ans)}
         _tokens(base, b)
@@ -44,6 +45,7 @@ def collect_question(q: Question, s: Settings, c: Caller) -> dict:
         g = c.call(q.id, f"r{t}.guide", "guide", P.guide_messages(q.question, shown), s.guide_max_tokens,
                    s.guide_temperature)
         v = P.parse_verdict(g.text)
+        c.meter.cut_reply("guide verdict", g.finish_reason, v.correct is None)
         g_ans = ans if v.correct is True else (v.correction or "")
         guide = {"verdict": v.correct is True, "answer": g_ans, "correct": correct(g_ans)}
         _tokens(guide, g)
@@ -113,6 +115,7 @@ def _exit_run(q: Question, s: Settings, c: Caller, role: str, correct: Callable[
                    s.base_max_tokens, temp)
         cents += _cents(c, role, a)
         parsed = P.parse_base_answer(a.text)
+        c.meter.cut_reply("base answer", a.finish_reason, parsed is None)
         answers.append(parsed[0] if parsed else "")
         history.append((a.text, ""))
         if t == s.T - 1:
@@ -120,6 +123,7 @@ def _exit_run(q: Question, s: Settings, c: Caller, role: str, correct: Callable[
         d = c.call(q.id, f"exit.{role}.d{t}", role, P.exit_messages(q.question, answers), s.decision_max_tokens, 0.0)
         cents += _cents(c, role, d)
         dec = P.parse_exit(d.text)
+        c.meter.cut_reply("decision", d.finish_reason, dec is None)
         if dec is None:
             unreadable += 1  # not an exit request: the run goes on (recorded)
             c.meter.bump("EXIT decision")
@@ -142,6 +146,7 @@ def _policy_run(q: Question, s: Settings, c: Caller, role: str, seen: list[dict]
         a = c.call(q.id, f"policy.{role}.r{t}", role, msgs, s.decision_max_tokens, 0.0)
         cents += _cents(c, role, a)
         act = P.parse_policy_action(a.text, last_round=t == s.T - 1)
+        c.meter.cut_reply("decision", a.finish_reason, act is None)
         if act is None:
             info["unreadable"] = {"round": t, "reply": a.text}
             c.meter.bump("policy reply")

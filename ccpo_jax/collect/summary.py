@@ -70,6 +70,25 @@ def postfix(m: Meter, done: int, total: int, done_now: int) -> str:
     return s
 
 
+def cut_notes(m: Meter, s: Settings) -> list[str]:
+    """One note per kind of call with replies stopped at max_tokens (finish_reason 'length'): each
+    kind has its own flag, and only a cut base answer can lose its 'Answer:' line."""
+    out = []
+    n, bad = m.cut["base answer"]
+    if n:
+        out.append(f"note: {n} base answer(s) stopped at --base-max-tokens {s.base_max_tokens} (finish_reason "
+                   f"'length'), {bad} of them without an 'Answer:' line"
+                   + ("; raise --base-max-tokens" if bad else ""))
+    for kind, flag, v in (("guide verdict", "--guide-max-tokens", s.guide_max_tokens),
+                          ("decision", "--decision-max-tokens", s.decision_max_tokens)):
+        n, bad = m.cut[kind]
+        if n:
+            what = "guide verdict(s)" if kind == "guide verdict" else "EXIT / policy decision(s)"
+            out.append(f"note: {n} {what} stopped at {flag} {v} (read from their start: {n - bad} readable, "
+                       f"{bad} unreadable)" + (f"; raise {flag}" if bad else ""))
+    return out
+
+
 def summary(o: Outcome, s: Settings) -> str:
     m = o.meter
     lines = []
@@ -95,9 +114,7 @@ def summary(o: Outcome, s: Settings) -> str:
     unread = ", ".join(f"{v} {k}(s)" for k, v in m.unreadable.items() if v)
     if unread:
         lines.append(f"unreadable (recorded as such): {unread}")
-    if m.truncated:
-        lines.append(f"note: {m.truncated} repl(ies) stopped at max_tokens (finish_reason 'length'); "
-                     "raise --base-max-tokens if base answers lack their 'Answer:' line")
+    lines += cut_notes(m, s)
     if m.estimated_usage:
         lines.append(f"warning: {m.estimated_usage} repl(ies) had no usage; their tokens are estimated and flagged")
     if o.sha256:
