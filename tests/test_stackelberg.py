@@ -307,3 +307,42 @@ def test_evaluation_compiles_one_rollout_per_env_kind(monkeypatch, small_grid, s
         want = rollout(env, act, jax.random.fold_in(sizes[1][1], list(plan).index(name)), session_params, pp, 5)
         for k, v in want.items():
             np.testing.assert_allclose(large[name][k], np.asarray(v), rtol=1e-5, atol=1e-5, err_msg=f"{name} {k}")
+
+
+# -- leader oracles -------------------------------------------------------------------------
+
+def test_best_table_is_the_exhaustive_best_table():
+    """Oracle: enumerate every table (candidate per group) and take the best total value."""
+    import itertools
+
+    from ccpo_jax.stackelberg.oracle import best_table
+
+    rng = np.random.default_rng(4)
+    C, G, N = 4, 3, 60
+    u = rng.normal(size=(C, N))
+    group = rng.integers(0, G, N)
+    best, best_val = None, -np.inf
+    for tab in itertools.product(range(C), repeat=G):
+        val = u[np.asarray(tab)[group], np.arange(N)].mean()
+        if val > best_val:
+            best, best_val = tab, val
+    np.testing.assert_array_equal(best_table(u, group, G), best)
+
+
+def test_constant_oracle_finds_the_hand_derived_optimum(session_params):
+    """A follower that ignores the commitment makes U_L = const - 0.1 sum_t alpha_t, so the best raw
+    alpha is 0. By hand, from l_-1 = (0.8, 0.5), rho = 0.5, delta = 0.2, the committed alphas are
+    0.7, 0.85, 0.925 under raw alpha = 1 and 0.3, 0.15, 0.075 under raw alpha = 0: their U_L differ by
+    0.1 x (2.475 - 0.525) = 0.195 per session, on every session (common random numbers)."""
+    from ccpo_jax.stackelberg.oracle import candidate_values, leader_candidates, oracle_search
+
+    env = SessionEnv(SessionConfig(horizon=3))
+    follower = lambda pp, obs, st: (jnp.array([0.2, 0.5, 0.2]), jnp.array([0.2, 0.5, 0.2]))
+    cand = leader_candidates(3)  # q, alpha in {0, 0.5, 1}
+    keys = jax.random.split(jax.random.PRNGKey(0), 50)
+    v = candidate_values(env, session_params, follower, {}, cand, keys, chunk=4)  # chunks of 4 with padding
+    i1, i0 = 2, 0  # (q=0, alpha=1), (q=0, alpha=0)
+    np.testing.assert_allclose(v["u_leader"][i0] - v["u_leader"][i1], 0.195, atol=1e-5)
+    res = oracle_search(env, session_params, follower, {}, cand, keys, jax.random.split(jax.random.PRNGKey(1), 50))
+    assert res["constant"]["action"][1] == 0.0
+    assert all(a[1] == 0.0 for row in res["table"]["actions"] for a in row)

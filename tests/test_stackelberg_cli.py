@@ -37,6 +37,15 @@ def test_quick_cli_writes_everything(quick_run):
         if name != "Conservative":
             assert 0.0 <= row["p_tokens_vs_conservative"] <= 1.0
     assert any((out / "tb").iterdir()) and any((out / "checkpoints").iterdir())
+    ref = ev["large"]["reference"]
+    assert set(ref) == {"Untrained+R", "Best constant+R", "Best table+R"}
+    assert all(r["trap_audit_executed"]["trap_rate"] == 0.0 and r["n_turns"] == 400 * 3 for r in ref.values())
+    for kind in ("scalar", "task"):
+        for mode in ("surrogate", "replay"):
+            o = res["leader_oracle"][kind][mode]
+            assert o["n_candidates"] == 11 * 11 and len(o["constant"]["action"]) == 2
+            assert {"learned", "untrained", "table"} <= set(o) and o["learned"]["u_leader_se"] > 0
+    assert "Leader oracles" in (out / "table.md").read_text()
 
 
 @pytest.mark.slow

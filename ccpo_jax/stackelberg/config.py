@@ -140,6 +140,20 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class OracleConfig:
+    """Brute-force leader oracles (:mod:`ccpo_jax.stackelberg.oracle`): the learned leader is read against them."""
+
+    levels: int = 21
+    """Grid levels per leader coordinate (q, alpha): levels^2 constant candidates."""
+    select_sessions: int = 1000
+    """Sessions on which the best constant / table is chosen."""
+    score_sessions: int = 1000
+    """Fresh sessions on which the chosen policies, the learned and the untrained leader are scored."""
+    seed: int = 7
+    """Seed of the selection and scoring sessions (folded with the run seed)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class StackelbergConfig:
     """The whole pipeline: grid -> surrogate -> GAIL follower -> PPO leader -> repair -> evaluation."""
 
@@ -151,6 +165,7 @@ class StackelbergConfig:
     leader: LeaderPPOConfig = LeaderPPOConfig()
     repair: RepairConfig = RepairConfig()
     eval: EvalConfig = EvalConfig()
+    oracle: OracleConfig = OracleConfig()
     seeds: int = 2
     """Training seeds, vmapped in one program; the seed with the best surrogate leader return is evaluated."""
     seed: int = 0
@@ -167,6 +182,7 @@ class StackelbergConfig:
             gail=r(self.gail, iterations=20, batch=128),
             leader=r(self.leader, iterations=10, n_envs=64),
             eval=r(self.eval, episodes=1000),
+            oracle=r(self.oracle, levels=11, select_sessions=300, score_sessions=300),
             seeds=2,
             chunks=2,
         )

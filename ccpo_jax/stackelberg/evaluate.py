@@ -47,7 +47,7 @@ def rollout_episodes(env: SessionEnv, act: Callable, keys, params: SessionParams
             t_sim, q_sim = surrogate_predict(params.surrogate, st.task, st.model, a, st.turn, env.n_models)
             nx, nst, r, _, info = env.step(kt, st, ell, a, params)
             out = {"tokens": info["tokens"], "quality": info["quality"], "task": st.task, "model": st.model,
-                   "a_raw": a_raw, "a_exec": a, "ell": ell, "t_sim": t_sim, "q_sim": q_sim}
+                   "a_raw": a_raw, "a_exec": a, "ell": ell, "t_sim": t_sim, "q_sim": q_sim, "u_leader": r}
             return (nx, nst), out
 
         _, out = jax.lax.scan(turn, (x, st), jax.random.split(kr, H))

@@ -26,12 +26,13 @@ from ccpo_jax.runtime import loop
 from ccpo_jax.runtime.scalars import ScalarWriter
 from envs.atomic import atomic_write_text
 from envs.governance.grid import ResponseGrid, load_grid
-from envs.governance.session import SessionEnv, make_session_params
+from envs.governance.session import N_TASKS, SessionEnv, make_session_params
 from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes
 
 from .config import StackelbergConfig
-from .evaluate import STRATEGIES, pareto_front, pareto_plot, rollout_episodes, sim_to_real, summarise
+from .evaluate import BASELINE, STRATEGIES, pareto_front, pareto_plot, rollout_episodes, sim_to_real, summarise
 from .gail import expert_demos, make_gail
+from .oracle import leader_candidates, oracle_search, paired_gap, score, session_summary
 from .ppo import make_ppo
 from .repair import fit_u_need, project_box, repair_action, trap_audit, u_need_labels
 from .surrogate import fit_surrogate
@@ -110,9 +111,11 @@ def train_controller(kind: str, cfg: StackelbergConfig, params, key, ckpt_root: 
     seed_returns = ret[:, -tail:].mean(1)
     best = int(np.argmax(seed_returns))
     demo_a = np.asarray(demos.action)
+    leader_init = jax.jit(l_init)(jax.random.split(k_lead, cfg.seeds)[best]).actor
     return {
         "env": env, "policy": policy, "leader": leader, "best_seed": best,
         "follower_params": _take(g_state.actor, best), "leader_params": _take(l_state.actor, best),
+        "leader_init_params": leader_init,
         "report": {
             "state_dim": env.obs_dim, "n_demos": int(demo_a.shape[0]),
             "demo_mean_action": [round(float(x), 4) for x in demo_a.mean(0)],
@@ -125,27 +128,102 @@ def train_controller(kind: str, cfg: StackelbergConfig, params, key, ckpt_root: 
     }
 
 
+def make_follower(policy, cfg: StackelbergConfig, u_head, mode: str):
+    """``follower(pp, obs, state) -> (a_raw, a_exec)``: the follower's mean action on ``obs`` = [x, l], then
+    nothing ('raw'), the projection onto A_real ('proj') or the projection and tool repair ('repair')."""
+    def follower(pp, obs, st):
+        a_raw = policy.mean(pp["fol"], obs)
+        if mode == "raw":
+            return a_raw, a_raw
+        if mode == "proj":
+            return a_raw, project_box(a_raw, cfg.repair.box_low, cfg.repair.box_high)
+        return a_raw, repair_action(a_raw, u_head(st.task, st.model), cfg.repair)
+
+    return follower
+
+
 def make_act(ctrl: dict | None, cfg: StackelbergConfig, u_head, mode: str, static=None):
-    """``act(pp, x, state) -> (ell, a_raw, a_exec)`` for a static action or a learned controller."""
+    """``act(pp, x, state) -> (ell, a_raw, a_exec)`` for a static action or a learned controller.
+
+    Mode 'table' plays the leader table ``pp["table"]`` [K, M, 2] (raw l~ per task and model
+    condition: the brute-force oracles of :mod:`ccpo_jax.stackelberg.oracle`) instead of the
+    learned leader, with the repaired follower."""
     ell0 = jnp.asarray(cfg.session.ell_init, jnp.float32)
     if static is not None:
         a = jnp.asarray(static, jnp.float32)
         return lambda pp, x, st: (ell0, a, a)
     env, policy, leader = ctrl["env"], ctrl["policy"], ctrl["leader"]
+    follower = make_follower(policy, cfg, u_head, "repair" if mode == "table" else mode)
 
     def act(pp, x, st):
-        ell = env.commit(st, leader.mean(pp["leader"], x))
-        a_raw = policy.mean(pp["fol"], jnp.concatenate([x, ell]))
-        if mode == "raw":
-            return ell, a_raw, a_raw
-        if mode == "proj":
-            return ell, a_raw, project_box(a_raw, cfg.repair.box_low, cfg.repair.box_high)
-        return ell, a_raw, repair_action(a_raw, u_head(st.task, st.model), cfg.repair)
+        raw = pp["table"][st.task, st.model] if mode == "table" else leader.mean(pp["leader"], x)
+        ell = env.commit(st, raw)
+        a_raw, a = follower(pp, jnp.concatenate([x, ell]), st)
+        return ell, a_raw, a
 
     return act
 
 
-MODES = ("static", "raw", "proj", "repair")
+def leader_oracles(cfg: StackelbergConfig, params, ctrls: dict, u_head, key) -> dict:
+    """Per controller kind and environment, the brute-force best constant and (task, model) table
+    (:func:`ccpo_jax.stackelberg.oracle.oracle_search`) next to the learned and the untrained leader,
+    all on the same fresh sessions. Environments: 'surrogate' (the follower's mean action, what the
+    leader's PPO maximises) and 'replay' (grid replay, repaired follower actions, as evaluated).
+    Each is chosen within its own environment; the Table 4 reference rows use the surrogate's."""
+    oc = cfg.oracle
+    cand = leader_candidates(oc.levels)
+    k_sel, k_score = jax.random.split(jax.random.fold_in(key, oc.seed))
+    sel_keys = jax.random.split(k_sel, oc.select_sessions)
+    score_keys = jax.random.split(k_score, oc.score_sessions)
+    out: dict[str, dict] = {}
+    for kind, c in ctrls.items():
+        out[kind] = {}
+        for mode, fmode, horizon in (("surrogate", "raw", cfg.session.horizon), ("replay", "repair", cfg.eval.turns)):
+            env = SessionEnv(dataclasses.replace(cfg.session, state=kind, mode=mode, horizon=horizon), c["env"].n_models)
+            follower = make_follower(c["policy"], cfg, u_head, fmode)
+            fol_pp = {"fol": c["follower_params"]}
+            res = oracle_search(env, params, follower, fol_pp, cand, sel_keys, score_keys)
+            act = make_act(dict(c, env=env), cfg, u_head, fmode)
+            run = jax.jit(jax.vmap(lambda lp: rollout_episodes(env, act, score_keys, params, dict(fol_pp, leader=lp))))
+            both = jax.tree.map(lambda a, b: jnp.stack([a, b]), c["leader_params"], c["leader_init_params"])
+            s2 = session_summary(jax.tree.map(np.asarray, run(both)))
+            for i, name in enumerate(("learned", "untrained")):
+                s = {k: v[i] for k, v in s2.items()}
+                res[name] = {**score(s), "per_session": s}
+            for name in ("learned", "untrained", "table"):
+                res[name]["gap_to_constant"] = paired_gap(res[name]["per_session"], res["constant"]["per_session"])
+            out[kind][mode] = res
+    return out
+
+
+def _oracles_and_reference_tables(cfg: StackelbergConfig, params, ctrls: dict, u_head, key, log: Callable) -> dict:
+    """:func:`leader_oracles`, logged; the surrogate's scalar choices become the leader tables of the
+    'Best constant+R' and 'Best table+R' reference rows (``ctrls["scalar"]["leader_tables"]``)."""
+    oracles = leader_oracles(cfg, params, ctrls, u_head, key)
+    so = oracles["scalar"]["surrogate"]
+    M = int(params.grid_tokens.shape[1])
+    ctrls["scalar"]["leader_tables"] = {
+        "Best constant+R": np.broadcast_to(np.asarray(so["constant"]["action"], np.float32), (N_TASKS, M, 2)),
+        "Best table+R": np.asarray(so["table"]["actions"], np.float32)}
+    for kind, r in oracles.items():
+        for mode, o in r.items():
+            log(f"leader oracle ({kind}, {mode}): U_L per session best constant {o['constant']['u_leader']:.3f} "
+                f"{o['constant']['action']}, best table {o['table']['u_leader']:.3f}, learned {o['learned']['u_leader']:.3f}, "
+                f"untrained {o['untrained']['u_leader']:.3f} (se {o['constant']['u_leader_se']:.3f})")
+    return oracles
+
+
+def _strip_sessions(x):
+    if isinstance(x, dict):
+        return {k: _strip_sessions(v) for k, v in x.items() if k != "per_session"}
+    return x
+
+
+REFERENCE_ROWS = ("Untrained+R", "Best constant+R", "Best table+R")
+"""Table 4 reference rows (not strategies of the paper): what repair alone gives under an untrained leader,
+and the brute-force leader oracles chosen in the surrogate (:func:`leader_oracles`)."""
+
+MODES = ("static", "raw", "proj", "repair", "table")
 """Strategy modes; in one env kind the mode is a traced index into this tuple (see :func:`make_strategy_act`)."""
 
 
@@ -161,6 +239,11 @@ def eval_plan(cfg: StackelbergConfig) -> dict[str, tuple[str, str | None, str, t
         "Scalar raw": ("scalar", "scalar", "raw", None),
         "Scalar+proj": ("scalar", "scalar", "proj", None),
         "Task-aware+proj": ("task", "task", "proj", None),
+        # reference rows (docs/stackelberg.md, "Leader oracles"): the same scalar follower and repair under
+        # an untrained leader, the best constant and the best (task, model) table found by brute force
+        "Untrained+R": ("scalar", "scalar", "repair", None),
+        "Best constant+R": ("scalar", "scalar", "table", None),
+        "Best table+R": ("scalar", "scalar", "table", None),
     }
 
 
@@ -191,12 +274,18 @@ def evaluate_sizes(cfg: StackelbergConfig, params, ctrls: dict, u_head, sizes: l
         names = [n for n, v in plan.items() if v[0] == kind]
         env = SessionEnv(dataclasses.replace(cfg.session, state=kind, mode="replay", horizon=cfg.eval.turns), n_models)
         ctrl = dict(ctrls[kind], env=env)  # commit() uses the same smoothing config in replay
-        pp = {"leader": ctrls[kind]["leader_params"], "fol": ctrls[kind]["follower_params"],
+        c = ctrls[kind]
+        tables = c.get("leader_tables", {})
+        no_table = jnp.zeros((N_TASKS, n_models, 2), jnp.float32)
+        leaders = [c.get("leader_init_params", c["leader_params"]) if n == "Untrained+R" else c["leader_params"]
+                   for n in names]
+        pp = {"leader": jax.tree.map(lambda *xs: jnp.stack(xs), *leaders), "fol": c["follower_params"],
               "mode": jnp.asarray([MODES.index(plan[n][2]) for n in names], jnp.int32),
-              "static": jnp.asarray([plan[n][3] or (0.0, 0.0, 0.0) for n in names], jnp.float32)}
+              "static": jnp.asarray([plan[n][3] or (0.0, 0.0, 0.0) for n in names], jnp.float32),
+              "table": jnp.stack([jnp.asarray(tables[n], jnp.float32) if n in tables else no_table for n in names])}
         keys = jnp.stack([jnp.concatenate([_episode_keys(k, index[n], e) for e, k in sizes]) for n in names])
         f = jax.jit(jax.vmap(lambda k, p, pp: rollout_episodes(env, make_strategy_act(ctrl, cfg, u_head), k, p, pp),
-                             in_axes=(0, None, {"leader": None, "fol": None, "mode": 0, "static": 0})))
+                             in_axes=(0, None, {"leader": 0, "fol": None, "mode": 0, "static": 0, "table": 0})))
         res = jax.tree.map(np.asarray, f(keys, params, pp))
         starts = np.cumsum([0] + [e for e, _ in sizes])
         for j, (e, _) in enumerate(sizes):
@@ -211,6 +300,23 @@ def _fmt_p(p) -> str:
     if p != p:
         return "n/a"
     return f"{p:.2e}" if p < 1e-3 else f"{p:.3f}"
+
+
+def _oracle_table(res: dict) -> str:
+    """The leader oracle section of table.md: U_L per session (se) and tokens per turn on fresh sessions."""
+    oc = res["config"]["oracle"]
+    L = [f"\n## Leader oracles (U_L per session and tokens per turn on {oc['score_sessions']} fresh sessions; "
+         f"best constant over a {oc['levels']}x{oc['levels']} grid of (q, alpha) and best (task, model) table, "
+         f"both chosen on {oc['select_sessions']} other sessions)\n",
+         "| Controller | Environment | Best constant (q, alpha) | Best constant | Best table | Learned (PPO) | Untrained | "
+         "PPO - best constant (paired se) |", "|---|---|---|---|---|---|---|---|"]
+    cell = lambda o: f"{o['u_leader']:.3f} ({o['u_leader_se']:.3f}) / {o['tokens_per_turn']:.1f}"
+    for kind, r in res.get("leader_oracle", {}).items():
+        for mode, o in r.items():
+            g = o["learned"]["gap_to_constant"]
+            L.append(f"| {kind} | {mode} | {o['constant']['action']} | {cell(o['constant'])} | {cell(o['table'])} | "
+                     f"{cell(o['learned'])} | {cell(o['untrained'])} | {g['mean']:+.3f} ({g['se']:.3f}) |")
+    return "\n".join(L)
 
 
 def write_table(path: Path, res: dict) -> None:
@@ -232,6 +338,11 @@ def write_table(path: Path, res: dict) -> None:
                      f"{100 * r['token_change_vs_conservative']:+.1f}% | {_fmt_p(r['p_tokens_vs_conservative'])} | "
                      f"{_fmt_p(r['p_quality_vs_conservative'])} | {'yes' if n in ev['pareto_front'] else 'no'} | "
                      f"{pt[0]} / {pt[1]} / {pt[2]} |")
+        for n, r in ev.get("reference", {}).items():
+            L.append(f"| *{n}* (reference) | {r['tokens_per_turn']:.1f} | {r['quality']:.3f} | {r['efficiency']:.3f} | "
+                     f"{100 * r['token_change_vs_conservative']:+.1f}% | {_fmt_p(r['p_tokens_vs_conservative'])} | "
+                     f"{_fmt_p(r['p_quality_vs_conservative'])} | - | - |")
+    L.append(_oracle_table(res))
     ev = res["evaluation"]["large"]
     L.append(f"\n## Table 5 (per task, tokens / quality, large run{', SYNTHETIC' if syn else ''})\n")
     L.append("| Task | " + " | ".join(STRATEGIES) + " |")
@@ -309,6 +420,9 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
         log(f"trained {kind} controller: leader surrogate return per seed {ctrls[kind]['report']['leader_return_per_seed']}")
     writer.close()
     train_s = time.time() - t_train
+    t_oracle = time.time()
+    oracles = _oracles_and_reference_tables(cfg, params, ctrls, u_head, key, log)
+    oracle_s = time.time() - t_oracle
     t_eval = time.time()
     ekey = jax.random.PRNGKey(cfg.eval.seed)
     evals, raw_runs = {}, {}
@@ -319,7 +433,9 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
         main = {k: runs[k] for k in STRATEGIES}
         summ = summarise(main, cfg.repair.trap)
         front = pareto_front({k: (v["tokens_per_turn"], v["quality"]) for k, v in summ.items()})
-        evals[size] = {"episodes": n, "turns": cfg.eval.turns, "strategies": summ, "pareto_front": front}
+        ref = summarise({BASELINE: runs[BASELINE], **{k: runs[k] for k in REFERENCE_ROWS}}, cfg.repair.trap)
+        evals[size] = {"episodes": n, "turns": cfg.eval.turns, "strategies": summ, "pareto_front": front,
+                       "reference": {k: ref[k] for k in REFERENCE_ROWS}}
         pareto_plot(summ, out / f"pareto_{size}.png",
                     f"{n} episodes x {cfg.eval.turns} turns, grid replay{' (SYNTHETIC grid)' if syn else ''}")
     large = raw_runs["large"]
@@ -355,12 +471,13 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
         "probes": {"measured": pr, "targets": PROBE_TARGETS},
         "surrogate": {**fit.metrics, "paper": PAPER_SURROGATE},
         "training": {k: v["report"] for k, v in ctrls.items()},
+        "leader_oracle": _strip_sessions(oracles),
         "evaluation": evals,
         "paper_table4": {k: {"tokens_per_turn": v[0], "quality": v[1], "efficiency": v[2]} for k, v in PAPER_TABLE4.items()},
         "trap_audit": audit,
         "tool_repair": tool,
         "sim_to_real": s2r,
-        "timing": {"total_s": time.time() - t_start, "train_s": train_s, "eval_s": eval_s},
+        "timing": {"total_s": time.time() - t_start, "train_s": train_s, "oracle_s": oracle_s, "eval_s": eval_s},
         "environment": {"jax": jax.__version__, "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]},
         "config": dataclasses.asdict(cfg),
     }
