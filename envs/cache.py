@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from envs.atomic import atomic_dir
+from envs.values import MAX_T, cache_problem, lone_surrogate, model_names_problem, price_problem
 
 SCHEMA_VERSION = 1
 
@@ -159,6 +160,9 @@ class Manifest:
                 raise CacheError(f"{ctx}.{key}: expected {typ.__name__}, got {type(val).__name__}")
             return val
 
+        bad_text = lone_surrogate(d)
+        if bad_text:
+            raise CacheError(f"{where}.{bad_text[0]}: {bad_text[1]}")
         models = need(d, "models", dict, where)
         infos = {}
         for role in ("base", "guide"):
@@ -168,18 +172,24 @@ class Manifest:
             prices = []
             for p in ("price_in", "price_out"):
                 v = m.get(p, 0.0)
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise CacheError(f"{ctx}.{p}: expected a number, got {type(v).__name__}")
-                if not np.isfinite(v) or v < 0:
-                    raise CacheError(f"{ctx}.{p}: price must be finite and >= 0, got {v}")
+                problem = price_problem(v)
+                if problem:
+                    raise CacheError(f"{ctx}.{p}: {problem}")
                 prices.append(float(v))
             infos[role] = ModelInfo(name, *prices)
         T = need(d, "T", int, where)
-        if not 1 <= T <= 64:
-            raise CacheError(f"{where}.T: must be between 1 and 64, got {T}")
+        if not 1 <= T <= MAX_T:
+            raise CacheError(f"{where}.T: must be between 1 and {MAX_T}, got {T}")
         prov = need(d, "provenance", dict, where)
         if prov.get("kind") not in ("synthetic", "real"):
             raise CacheError(f"{where}.provenance.kind: must be 'synthetic' or 'real', got {prov.get('kind')!r}")
+        model_lists = {}
+        for key in ("exit_models", "llm_policy_models"):
+            listed = d.get(key, [])
+            problem = model_names_problem(listed)
+            if problem:
+                raise CacheError(f"{where}.{key}: {problem}")
+            model_lists[key] = tuple(listed)
         version = d.get("schema_version", SCHEMA_VERSION)
         if version != SCHEMA_VERSION:
             raise CacheError(f"{where}.schema_version: unsupported version {version!r} (this build reads {SCHEMA_VERSION})")
@@ -191,8 +201,8 @@ class Manifest:
             guide=infos["guide"],
             provenance=dict(prov),
             normalisation=str(d.get("normalisation", "lower-strip-punct-articles")),
-            exit_models=tuple(d.get("exit_models", ())),
-            llm_policy_models=tuple(d.get("llm_policy_models", ())),
+            exit_models=model_lists["exit_models"],
+            llm_policy_models=model_lists["llm_policy_models"],
             checksum=str(d.get("checksum", "")),
             arrays_checksum=str(d.get("arrays_checksum", "")),
         )
@@ -340,8 +350,9 @@ def empty_arrays(Q: int, T: int, n_exit: int = 0, n_llm_policy: int = 0) -> dict
     return out
 
 
-def check_arrays(manifest: Manifest, arrays: dict[str, np.ndarray], where: str) -> None:
-    """Structural checks shared by every loader: names, dtypes, shapes, finiteness, ranges."""
+def check_arrays(manifest: Manifest, arrays: dict[str, np.ndarray], where: str, values: bool = True) -> None:
+    """The checks shared by every loader and writer: names, dtypes, shapes, and (``values``)
+    the value rules of :mod:`envs.values` (ranges, contradictions, baselines)."""
     missing = [k for k in ALL_FIELDS if k not in arrays]
     if missing:
         raise CacheError(f"{where}: missing array(s) {', '.join(missing)}")
@@ -367,34 +378,40 @@ def check_arrays(manifest: Manifest, arrays: dict[str, np.ndarray], where: str) 
     mask = arrays["round_mask"]
     if Q and not mask[:, 0].all():
         q = int(np.argmin(mask[:, 0]))
-        raise CacheError(f"{where}: question {arrays['question_ids'][q]!r} has no rounds")
+        raise CacheError(f"{where}: question {str(arrays['question_ids'][q])!r} has no rounds")
     if (mask[:, 1:] & ~mask[:, :-1]).any():
         raise CacheError(f"{where}: round_mask must be a prefix (rounds 1..n) for every question")
-    for k in ("base_tokens_in", "base_tokens_out", "guide_tokens_in", "guide_tokens_out"):
-        v = arrays[k]
-        bad = ~np.isfinite(v) | (v < 0) | (v > 1e7)
-        if bad.any():
-            q, t = map(int, np.argwhere(bad)[0])
-            raise CacheError(
-                f"{where}: question {arrays['question_ids'][q]!r} round {t + 1}: {k} = {v[q, t]} "
-                "(must be finite, >= 0 and <= 1e7)"
-            )
-    for k in ("base_confidence", "guide_uncertainty"):
-        v = arrays[k]
-        bad = np.isinf(v) | (v < 0) | (v > 1)
-        if bad.any():
-            q, t = map(int, np.argwhere(bad)[0])
-            raise CacheError(f"{where}: question {arrays['question_ids'][q]!r} round {t + 1}: {k} = {v[q, t]} (must be in [0, 1])")
-    for k in ("base_answer", "guide_answer"):
-        v = arrays[k]
-        if ((v < -1) | (v >= 2 * T)).any() or (mask & (v < 0)).any():
-            raise CacheError(f"{where}: array '{k}' holds answer ids outside [0, 2T) on existing rounds")
     ids = arrays["question_ids"]
     if len(np.unique(ids)) != len(ids):
         vals, counts = np.unique(ids, return_counts=True)
-        raise CacheError(f"{where}: duplicate question id {vals[counts > 1][0]!r}")
-    if not np.isfinite(arrays["exit_cost_cents"]).all():
-        raise CacheError(f"{where}: exit_cost_cents holds NaN or inf")
+        raise CacheError(f"{where}: duplicate question id {str(vals[counts > 1][0])!r}")
+    if values:
+        check_values(manifest, arrays, where)
+
+
+def check_values(manifest: Manifest, arrays: dict[str, np.ndarray], where: str) -> None:
+    """Raise the first value rule (:mod:`envs.values`) the arrays break as ``WHERE: question 'ID': FIELD: problem``."""
+    problem = values_problem(manifest, arrays)
+    if problem:
+        raise CacheError(problem_text(problem, where, arrays))
+
+
+def values_problem(manifest: Manifest, arrays: dict[str, np.ndarray]):
+    """The first value rule (:mod:`envs.values`) that ``arrays`` under ``manifest`` break, or None."""
+    from envs.normalise import normalise_answer
+
+    prices = {"base": (manifest.base.price_in, manifest.base.price_out),
+              "guide": (manifest.guide.price_in, manifest.guide.price_out)}
+    return cache_problem(manifest.T, prices, manifest.exit_models, manifest.llm_policy_models, arrays,
+                         normalise=normalise_answer)
+
+
+def problem_text(problem, where: str, arrays: dict[str, np.ndarray]) -> str:
+    """``WHERE: question 'ID': FIELD: problem`` (or ``WHERE: FIELD: problem`` for the manifest)."""
+    if problem.question is None:
+        return f"{where}: {problem.field}: {problem.message}"
+    qid = str(arrays["question_ids"][problem.question])
+    return f"{where}: question {qid!r}: {problem.field}: {problem.message}"
 
 
 # -- fast format ------------------------------------------------------------
@@ -412,7 +429,7 @@ def save_fast(cache: ResponseCache, path: str | os.PathLike) -> Path:
     """
     path = Path(path)
     cache = cache.with_checksum()
-    check_arrays(cache.manifest, cache.arrays, str(path))
+    check_arrays(cache.manifest, cache.arrays, f"{path} (not written)")
     return write_fast_dir(path, cache.manifest.to_dict(), cache.arrays)
 
 
@@ -535,7 +552,8 @@ def load_fast(path: str | os.PathLike) -> ResponseCache:
     """Read a fast-format directory and verify its checksum."""
     path = Path(path)
     mdict, arrays = read_fast_dir(path)
-    manifest = Manifest.from_dict(mdict, where=str(path / MANIFEST_FILE))
-    check_arrays(manifest, arrays, str(path / ARRAYS_FILE))
-    verify_checksum(path, mdict, arrays, manifest.hashed_fields())
+    manifest = Manifest.from_dict(mdict, where=f"{path / MANIFEST_FILE}: manifest")
+    check_arrays(manifest, arrays, str(path / ARRAYS_FILE), values=False)
+    verify_checksum(path, mdict, arrays, manifest.hashed_fields())  # damage first, then the value rules
+    check_values(manifest, arrays, str(path / ARRAYS_FILE))
     return ResponseCache(manifest, arrays)

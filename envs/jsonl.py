@@ -43,11 +43,13 @@ with ``FILE:LINE: FIELD: problem`` (round indices are 0-based, as in JSON).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -57,44 +59,18 @@ from envs.cache import (
     Manifest,
     ResponseCache,
     SCHEMA_VERSION,
+    check_arrays,
     empty_arrays,
+    values_problem,
 )
 from envs.normalise import NORMALISATION, normalise_answer
+from envs.values import (  # noqa: F401  (MAX_* and json_type_name are re-exported for older callers)
+    MAX_CENTS, MAX_T, MAX_TOKENS, actions_problem, cents_problem, exit_rounds_problem, json_type_name,
+    lone_surrogate, model_names_problem, number_problem, show, tokens_problem, unit_problem,
+)
 
-#: Largest token count accepted for one call (anything above is a data error).
-MAX_TOKENS = 1e7
-#: Largest cached EXIT cost of one question, in cents (float32-safe; anything above is a data error).
-MAX_CENTS = 1e9
-#: Largest T accepted (Manifest.from_dict enforces the same bound).
-MAX_T = 64
-
-
-def json_type_name(v: Any) -> str:
-    """The JSON name of a parsed value's type (for error messages): null, boolean, number, ..."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    if isinstance(v, dict):
-        return "object"
-    return type(v).__name__
-
-
-def _show(v: Any) -> str:
-    """A short rendering of a JSON value for error messages."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
-    if isinstance(v, (dict, list)):
-        return json_type_name(v)
-    text = json.dumps(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
+# The value rules and their bounds are envs.values (shared with the fast format and the writers).
+_show = show
 
 class _Line:
     """Field accessors for one JSONL line that raise CacheError naming FILE:LINE: FIELD."""
@@ -136,19 +112,22 @@ class _Line:
         v = self.get(obj, key, ctx, required)
         if v is None:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.fail(_join(ctx, key), f"expected {what}, got {json_type_name(v)} {_show(v)}")
-        # (ints are compared exactly: math.isfinite would overflow on 10**400)
-        if (isinstance(v, float) and not math.isfinite(v)) or not lo <= v <= hi:
-            raise self.fail(_join(ctx, key), f"expected {what}, got {_show(v)}")
+        self.check(_join(ctx, key), number_problem(v, lo, hi, what))
         return float(v)
 
+    def check(self, field: str, problem: str | None) -> None:
+        if problem:
+            raise self.fail(field, problem)
+
     def tokens(self, obj: dict, key: str, ctx: str) -> float:
-        return self.number(obj, key, ctx, 0.0, MAX_TOKENS, f"a number >= 0 and <= {MAX_TOKENS:.0e}")
+        v = self.get(obj, key, ctx)
+        self.check(_join(ctx, key), tokens_problem(v))
+        return float(v)
 
     def unit(self, obj: dict, key: str, ctx: str) -> float:
-        v = self.number(obj, key, ctx, 0.0, 1.0, "a number in [0, 1] or null", required=False)
-        return math.nan if v is None else v
+        v = self.get(obj, key, ctx, required=False)
+        self.check(_join(ctx, key), unit_problem(v))
+        return math.nan if v is None else float(v)
 
 
 def _join(ctx: str, key: str) -> str:
@@ -162,44 +141,70 @@ def _reject_constant(name: str) -> float:
     return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
 
 
-def _parse_lines(path: Path) -> list[tuple[int, Any]]:
-    """[(line number, parsed JSON value)] for the non-blank lines of ``path``."""
+#: Longest line read (one question; a real one is a few kB). Longer lines are refused before
+#: they are parsed, so a runaway line cannot take the machine's memory.
+MAX_LINE_BYTES = 16 << 20
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _open(path: Path):
     try:
-        raw = path.read_bytes()
+        return open(path, "rb")
     except IsADirectoryError:
         raise CacheError(f"{path}: is a directory (expected a .jsonl file)") from None
     except FileNotFoundError:
         raise CacheError(f"{path}: no such file or directory") from None
     except OSError as e:
         raise CacheError(f"{path}: cannot read ({e.strerror or e})") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise CacheError(f"{path}:{line}: not UTF-8 text (byte {e.start})") from None
+
+
+def _parse_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, parsed JSON object) for the non-blank lines of ``path``, one at a time:
+    the file is streamed, so memory holds one line and what the caller keeps of the others."""
     hint = "" if path.suffix.lower() in (".jsonl", ".json", ".ndjson") else (
         " (data commands read the human JSONL format or a fast-format directory; "
         "other formats go through 'ccpo-jax data import --format NAME')"
     )
-    out = []
-    for i, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            val = json.loads(line, parse_constant=_reject_constant)
-        except json.JSONDecodeError as e:
-            raise CacheError(
-                # e.msg may end in " at" ("Unterminated string starting at"): no "at at column"
-                f"{path}:{i}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno}; truncated line?){hint}"
-            ) from None
-        except RecursionError:
-            raise CacheError(f"{path}:{i}: JSON nested too deeply") from None
-        except ValueError as e:  # e.g. an integer with more than 4300 digits
-            raise CacheError(f"{path}:{i}: not valid JSON ({e})") from None
-        if not isinstance(val, dict):
-            raise CacheError(f"{path}:{i}: expected a JSON object, got {json_type_name(val)}{hint}")
-        out.append((i, val))
-    return out
+    offset = 0
+    with _open(path) as f:
+        for i in itertools.count(1):
+            try:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+            except OSError as e:
+                raise CacheError(f"{path}:{i}: cannot read ({e.strerror or e})") from None
+            if not raw:
+                return
+            if len(raw) > MAX_LINE_BYTES:
+                raise CacheError(f"{path}:{i}: line longer than {MAX_LINE_BYTES >> 20} MiB (one question per "
+                                 "line is a few kB; is this a JSON Lines cache?)")
+            start, offset = offset, offset + len(raw)
+            if i == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8").removesuffix("\n")
+            except UnicodeDecodeError as e:
+                raise CacheError(f"{path}:{i}: not UTF-8 text (byte {start + e.start})") from None
+            if not line.strip():
+                continue
+            try:
+                val = json.loads(line, parse_constant=_reject_constant)
+            except json.JSONDecodeError as e:
+                raise CacheError(
+                    # e.msg may end in " at" ("Unterminated string starting at"): no "at at column"
+                    f"{path}:{i}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno}; truncated line?){hint}"
+                ) from None
+            except RecursionError:
+                raise CacheError(f"{path}:{i}: JSON nested too deeply") from None
+            except ValueError as e:  # e.g. an integer with more than 4300 digits
+                raise CacheError(f"{path}:{i}: not valid JSON ({e})") from None
+            if not isinstance(val, dict):
+                raise CacheError(f"{path}:{i}: expected a JSON object, got {json_type_name(val)}{hint}")
+            if _SURROGATE_ESCAPE.search(raw):  # "\ud800" parses to a str that UTF-8 cannot write
+                bad = lone_surrogate(val)
+                if bad:
+                    raise CacheError(f"{path}:{i}: {bad[0]}: {bad[1]}")
+            yield i, val
 
 
 def _manifest(path: Path, line_no: int | None, mdict: dict | None, max_rounds: int,
@@ -236,10 +241,9 @@ def _manifest(path: Path, line_no: int | None, mdict: dict | None, max_rounds: i
     lists = {}
     for key, seen in (("exit_models", exit_seen), ("llm_policy_models", policy_seen)):
         listed = d.get(key, [])
-        if not isinstance(listed, list) or not all(isinstance(m, str) for m in listed):
-            raise CacheError(f"{where}: manifest.{key}: expected an array of model names")
-        if len(set(listed)) != len(listed):
-            raise CacheError(f"{where}: manifest.{key}: duplicate model name")
+        problem = model_names_problem(listed)
+        if problem:
+            raise CacheError(f"{where}: manifest.{key}: {problem}")
         lists[key] = listed + [m for m in seen if m not in listed]
     d["exit_models"], d["llm_policy_models"] = lists["exit_models"], lists["llm_policy_models"]
     d["checksum"] = d["arrays_checksum"] = ""
@@ -254,18 +258,18 @@ def read_jsonl(path: str | os.PathLike) -> ResponseCache:
     """Read and validate a human-format cache (module docstring); returns it with its checksum."""
     path = Path(path)
     lines = _parse_lines(path)
-    if not lines:
+    first = next(lines, None)
+    if first is None:
         raise CacheError(f"{path}: empty file (no manifest and no questions)")
     mline, mdict = None, None
-    if "manifest" in lines[0][1]:
-        mline, mobj = lines[0]
+    if "manifest" in first[1]:
+        mline, mobj = first
         mdict = mobj["manifest"]
         if not isinstance(mdict, dict):
             raise CacheError(f"{path}:{mline}: manifest: expected an object, got {json_type_name(mdict)}")
-        lines = lines[1:]
         _manifest(path, mline, mdict, 0, [], [])  # report manifest errors before question errors
-    if not lines:
-        raise CacheError(f"{path}: no questions (the file holds only a manifest)")
+    else:
+        lines = itertools.chain([first], lines)
     T_limit = mdict.get("T") if mdict is not None else None
     if not (isinstance(T_limit, int) and not isinstance(T_limit, bool)):
         T_limit = None  # a bad or missing T is reported by the manifest check below
@@ -291,6 +295,8 @@ def read_jsonl(path: str | os.PathLike) -> ResponseCache:
         q["line"] = line_no
         questions.append(q)
 
+    if not questions:
+        raise CacheError(f"{path}: no questions (the file holds only a manifest)")
     max_rounds = max(len(q["rounds"]) for q in questions)
     man = _manifest(path, mline, mdict, max_rounds, exit_seen, policy_seen)
     T = man.T
@@ -302,7 +308,12 @@ def read_jsonl(path: str | os.PathLike) -> ResponseCache:
                 raise CacheError(
                     f"{path}:{q['line']}: baselines.exit.{m}.rounds: expected an integer in [1, {T}], got {ex['rounds']}"
                 )
-    return ResponseCache(man, _to_arrays(questions, man)).with_checksum()
+    arrays = _to_arrays(questions, man)
+    problem = values_problem(man, arrays)  # the rules every format shares (envs.values), as the last word
+    if problem:
+        line = mline if problem.question is None else questions[problem.question]["line"]
+        raise CacheError(f"{path}:{line}: {problem.field}: {problem.message}")
+    return ResponseCache(man, arrays).with_checksum()
 
 
 def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
@@ -375,29 +386,17 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
             if not isinstance(rec, dict):
                 raise L.fail(ctx, f"expected an object, got {json_type_name(rec)}")
             n = L.get(rec, "rounds", ctx)
-            hi = T_limit if T_limit is not None and T_limit >= 1 else MAX_T
-            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= hi:
-                raise L.fail(f"{ctx}.rounds", f"expected an integer in [1, {hi}], got {_show(n)}")
-            exits[m] = {
-                "correct": L.boolean(rec, "correct", ctx),
-                "rounds": n,
-                "cost_cents": L.number(rec, "cost_cents", ctx, 0.0, MAX_CENTS, f"a number >= 0 and <= {MAX_CENTS:.0e}"),
-            }
+            L.check(f"{ctx}.rounds", exit_rounds_problem(n, T_limit if T_limit is not None and T_limit >= 1 else MAX_T))
+            correct = L.boolean(rec, "correct", ctx)
+            cost = L.get(rec, "cost_cents", ctx)
+            L.check(f"{ctx}.cost_cents", cents_problem(cost))
+            exits[m] = {"correct": correct, "rounds": n, "cost_cents": float(cost)}
         pol = L.obj(base, "llm_policy", "baselines", required=False) or {}
         for m, acts in pol.items():
             ctx = f"baselines.llm_policy.{m}"
-            if not isinstance(acts, list) or not acts:
-                raise L.fail(ctx, f"expected a non-empty array of actions, got {_show(acts)}")
-            if len(acts) > len(rounds):
-                raise L.fail(ctx, f"{len(acts)} actions, but the question has {len(rounds)} rounds")
-            for t, a in enumerate(acts):
-                if isinstance(a, bool) or a not in (0, 1, 2) or not isinstance(a, int):
-                    raise L.fail(f"{ctx}[{t}]", f"expected an action 0 (base), 1 (guide) or 2 (next), got {_show(a)}")
-                last = t == len(acts) - 1
-                if not last and a != 2:
-                    raise L.fail(f"{ctx}[{t}]", f"action {a} answers and ends the episode, but more actions follow")
-                if last and a == 2:
-                    raise L.fail(f"{ctx}[{t}]", "the last action must answer (0 or 1), got 2 (next)")
+            problem = actions_problem(acts, len(rounds))
+            if problem:
+                raise L.fail(ctx + problem[0], problem[1])
             policies[m] = list(acts)
     return {"id": qid, "gold": gold or "", "rounds": out_rounds, "texts": texts,
             "exit": exits, "llm_policy": policies}
@@ -507,6 +506,8 @@ def write_jsonl(cache: ResponseCache, path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_dir():
         raise CacheError(f"{path}: is a directory; give a file name ending in .jsonl")
+    # The rules every reader applies (envs.values): never write a file the reader would refuse.
+    check_arrays(cache.manifest, cache.arrays, f"{path} (not written)")
     cache = cache.with_checksum()
     lines = [json.dumps({"manifest": cache.manifest.to_dict()}, allow_nan=False)]
     lines += [json.dumps(r, ensure_ascii=False, allow_nan=False) for r in cache_to_records(cache)]
