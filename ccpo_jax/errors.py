@@ -39,6 +39,21 @@ class UserError(ValueError):
 USER_ERRORS = (UserError, CacheError)
 
 
+def add_hint(exc: BaseException, hint: str) -> None:
+    """Attach what the user can do next to ``exc`` (e.g. the ``--resume`` command of a failed run).
+
+    The CLI appends the hints to its one ``error:`` line (:func:`hints`); a Python caller sees
+    them as notes under the traceback (``add_note``).
+    """
+    exc.add_note(hint)
+    exc.ccpo_hints = [*getattr(exc, "ccpo_hints", []), hint]
+
+
+def hints(exc: BaseException) -> str:
+    """``"; HINT; HINT"`` for the hints :func:`add_hint` attached, else ``""``."""
+    return "".join(f"; {h}" for h in getattr(exc, "ccpo_hints", []))
+
+
 #: errno values of a full disk or quota.
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded")

@@ -26,7 +26,8 @@ def test_the_flags_are_the_fields():
         "setting": "--setting", "cache": "--cache", "n_splits": "--splits", "protocol": "--protocol",
         "alpha": "--alpha", "iterations": "--iterations", "split_sizes": "--split-sizes", "out_dir": "--out",
         "seed": "--seed", "resume": "--resume", "devices": "--devices", "member_block": "--member-block",
-        "seeds": "--seeds", "preset": "--preset", "overrides": "--set", "progress": "--no-progress"}
+        "seeds": "--seeds", "preset": "--preset", "overrides": "--set", "progress": "--no-progress",
+        "discard_failed": "--discard-failed"}
     assert _parse(ReproduceConfig, []) == {}  # flags left out are not passed (the fields' defaults apply)
     got = _parse(ReproduceConfig, ["--splits", "3", "--set", "batch_size=20", "--set", "lr=0.01", "--no-progress",
                                    "--alpha", "0.2", "--split-sizes", "60,20,20", "--devices", "all"])

@@ -40,7 +40,7 @@ from ccpo_jax.ccpo.run_config import ReproduceConfig
 from ccpo_jax.ccpo.settings import METRICS, Setting, get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
 from ccpo_jax.core.conformal import calibration_size_warning
-from ccpo_jax.errors import UserError
+from ccpo_jax.errors import UserError, add_hint
 from ccpo_jax.runtime import options, sharding
 from envs.atomic import atomic_write_text
 from envs.cache import ResponseCache
@@ -87,6 +87,12 @@ def _check_out(out: Path) -> None:
     if work.exists():
         raise UserError(f"out_dir: an interrupted run for {out} exists ({work}); resume that run, "
                         f"or delete {work}", field="out_dir")
+
+
+def _has_checkpoints(work: Path) -> bool:
+    """Whether the work directory holds at least one saved training checkpoint."""
+    ckpt = work / CKPT_DIR
+    return ckpt.is_dir() and any(ckpt.iterdir())
 
 
 def _default_out(setting: str) -> Path:
@@ -137,7 +143,7 @@ def _resume_config(resume: Path, given: Mapping[str, Any]) -> tuple[Path, Reprod
         raise UserError(f"resume: {out} holds a finished run (results.json exists); nothing to resume", field="resume")
     if not (work / RUN_FILE).is_file():
         raise UserError(f"resume: no interrupted run for {out} (expected {work / RUN_FILE})", field="resume")
-    unsaved = {k: given.get(k) for k in ("devices", "member_block", "progress")}
+    unsaved = {k: given.get(k) for k in ("devices", "member_block", "progress", "discard_failed")}
     try:
         cfg = options.from_saved(ReproduceConfig, json.loads((work / RUN_FILE).read_text()),
                                  out_dir=out, resume=resume, **unsaved)
@@ -349,13 +355,18 @@ def reproduce(
         out.parent.mkdir(parents=True, exist_ok=True)
         os.replace(work, out)
     except KeyboardInterrupt:
-        if (work / CKPT_DIR).exists():
+        if (work / CKPT_DIR).exists() and not cfg.discard_failed:
             say(f"interrupted; continue with: ccpo-jax reproduce --resume {out}")
-        elif work.exists() and created:
+        elif work.exists() and (created or cfg.discard_failed):
             shutil.rmtree(work, ignore_errors=True)
         raise
-    except BaseException:
-        if created or not (work / CKPT_DIR).exists():
+    except BaseException as e:
+        # A failure after training started (a full disk while writing outputs, a bug in the
+        # report) must not cost the training: the checkpoints stay, and the error says how to go on.
+        if _has_checkpoints(work) and not cfg.discard_failed:
+            add_hint(e, f"the training checkpoints are kept in {work}; after fixing the cause, continue with "
+                        f"`ccpo-jax reproduce --resume {out}` (or delete {work})")
+        elif created or cfg.discard_failed:
             shutil.rmtree(work, ignore_errors=True)
         raise
     say("")

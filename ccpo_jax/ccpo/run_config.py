@@ -165,6 +165,9 @@ class RunOptions:
                                       type=int, default_doc="one SPMD program, a vmap per device, fastest",
                                       saved=False, check=check_int("the member block", 1))
     progress: bool = option("--no-progress", help="no progress bar", switch=False, default=True, saved=False)
+    discard_failed: bool = option("--discard-failed", help="when the run fails, remove its work directory and "
+                                  "checkpoints too (by default a failed run keeps them for --resume)", switch=True,
+                                  default=False, saved=False)
 
     def __post_init__(self) -> None:
         options.resolve(self)

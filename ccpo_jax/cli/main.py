@@ -63,7 +63,7 @@ def force_host_devices(devices) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ccpo_jax.errors import USER_ERRORS
+    from ccpo_jax.errors import USER_ERRORS, hints
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, the status a shell reports for a command killed by it
     except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}{hints(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         msg = disk_full_message(e)
         if msg is None:
             raise
-        print(f"error: {msg}", file=sys.stderr)
+        print(f"error: {msg}{hints(e)}", file=sys.stderr)
         return 2
     return int(rc or 0)
 

@@ -1,0 +1,165 @@
+"""A ``reproduce`` run that fails after training keeps its checkpoints and says how to resume
+(issue 27 item 2): any exception, not only Ctrl-C; only a successful run or ``--discard-failed``
+removes them. The slow test fills a real tmpfs after real training."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ccpo_jax.ccpo.reproduce import CKPT_DIR
+from ccpo_jax.ccpo.rows import LearnedRows
+from ccpo_jax.ccpo.settings import METRICS
+from conftest import run_cli
+
+ROWS = ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)")
+
+
+@pytest.fixture(scope="module")
+def cache100(tmp_path_factory) -> Path:
+    from envs.cache import save_fast
+    from envs.synthetic import generate
+
+    return save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), tmp_path_factory.mktemp("c") / "c100")
+
+
+class Trainer:
+    """Stands in for learned_rows: writes one checkpoint file, returns fixed rows, counts calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, **kw):
+        self.calls += 1
+        (kw["ckpt_dir"] / "1").mkdir(parents=True, exist_ok=True)
+        (kw["ckpt_dir"] / "1" / "state").write_bytes(b"x")
+        S = kw["splits"].test.shape[0]
+        return LearnedRows(rows={r: {m: np.full(S, 0.5) for m in METRICS} for r in ROWS}, timing={})
+
+
+def _one_error_line(r) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (r.returncode, r.stderr[-3000:])
+    return lines[0]
+
+
+ARGS = ["--splits", "2", "--split-sizes", "60,20,20", "--no-progress"]
+
+
+@pytest.mark.parametrize("failure", ["full disk", "a bug in the report"])
+def test_a_failure_after_training_keeps_the_checkpoints_and_prints_resume(tmp_path, cache100, monkeypatch, failure):
+    import ccpo_jax.ccpo.rows as rows_module
+    from ccpo_jax.ccpo import report
+
+    def enospc(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.png"))
+
+    def bug(*a, **k):
+        raise RuntimeError("boom")
+
+    fake = Trainer()
+    monkeypatch.setattr(rows_module, "learned_rows", fake)
+    real_plots = report.write_boxplots
+    monkeypatch.setattr(report, "write_boxplots", enospc if failure == "full disk" else bug)
+    out = tmp_path / "run"
+    work = tmp_path / ".run.partial"
+    hint = f"the training checkpoints are kept in {work}; after fixing the cause, continue with " \
+           f"`ccpo-jax reproduce --resume {out}` (or delete {work})"
+    if failure == "full disk":
+        line = _one_error_line(run_cli(["reproduce", "--cache", str(cache100), *ARGS, "--out", str(out)]))
+        assert line.startswith("error: no space left on device writing ") and line.endswith("; " + hint)
+    else:  # not a user error: a traceback, with the hint as a note
+        with pytest.raises(RuntimeError, match="boom") as e:
+            run_cli(["reproduce", "--cache", str(cache100), *ARGS, "--out", str(out)])
+        assert e.value.__notes__ == [hint]
+    assert not out.exists() and (work / CKPT_DIR / "1" / "state").is_file() and (work / "run.json").is_file()
+    monkeypatch.setattr(report, "write_boxplots", real_plots)
+    r = run_cli(["reproduce", "--resume", str(out), "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    assert (out / "results.json").is_file() and not work.exists() and fake.calls == 2
+
+
+def test_discard_failed_removes_the_work_directory(tmp_path, cache100, monkeypatch):
+    import ccpo_jax.ccpo.rows as rows_module
+    from ccpo_jax.ccpo import report
+
+    monkeypatch.setattr(rows_module, "learned_rows", Trainer())
+    monkeypatch.setattr(report, "write_table", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    out = tmp_path / "run"
+    line = _one_error_line(run_cli(["reproduce", "--cache", str(cache100), *ARGS, "--discard-failed", "--out", str(out)]))
+    assert "no space left on device" in line and "--resume" not in line
+    assert os.listdir(tmp_path) == []
+
+
+def _tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_real_full_disk_after_real_training_then_resume_without_retraining(tmp_path, cache100, monkeypatch):
+    """A 64 MiB tmpfs holds the run; right after the real trainer returns, a file fills the
+    tmpfs, so writing the outputs hits a real ENOSPC. The run exits 2 with one line naming
+    ``--resume``, its checkpoints stay; after freeing the space, ``--resume`` compiles and runs no
+    training chunk and writes the rows the trainer had computed, bit for bit."""
+    import ccpo_jax.ccpo.rows as rows_module
+    from ccpo_jax.runtime import loop
+
+    mnt = tmp_path / "disk"
+    if not _tmpfs(mnt, "64m"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        real, trained = rows_module.learned_rows, {}
+        filler = mnt / "filler"
+
+        def train_then_fill_the_disk(**kw):
+            got = real(**kw)
+            trained.update(got.rows)
+            with open(filler, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * (1 << 20))
+                        f.flush()
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC
+            return got
+
+        chunks: list[int] = []
+        real_run = loop.run_chunks
+
+        def counting_run_chunks(compile_chunk, *a, **k):
+            def counted(n, state):
+                chunks.append(n)
+                return compile_chunk(n, state)
+            return real_run(counted, *a, **k)
+
+        monkeypatch.setattr(loop, "run_chunks", counting_run_chunks)
+        monkeypatch.setattr(rows_module, "learned_rows", train_then_fill_the_disk)
+        out = mnt / "run"
+        work = mnt / ".run.partial"
+        argv = ["reproduce", "--cache", str(cache100), *ARGS, "--iterations", "4", "--seeds", "1", "--out", str(out)]
+        line = _one_error_line(run_cli(argv))
+        assert line.startswith("error: no space left on device") and f"--resume {out}`" in line, line
+        assert chunks, "the first run trained"
+        ckpts = sorted(p.name for p in (work / CKPT_DIR).rglob("*") if p.is_dir() and p.name.isdigit())
+        assert ckpts and not out.exists()
+        filler.unlink()
+        chunks.clear()
+        monkeypatch.setattr(rows_module, "learned_rows", real)
+        r = run_cli(["reproduce", "--resume", str(out), "--no-progress"])
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert chunks == [], "the resumed run compiled and ran no training chunk"
+        res = json.loads((out / "results.json").read_text())
+        for row, metrics in trained.items():
+            for m, v in metrics.items():
+                got = np.array([np.nan if x is None else x for x in res["policies"][row]["per_split"][m]], float)
+                np.testing.assert_array_equal(got, np.asarray(v, float).reshape(-1), err_msg=f"{row} {m}")
+        assert not work.exists()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
