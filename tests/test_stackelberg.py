@@ -346,3 +346,45 @@ def test_constant_oracle_finds_the_hand_derived_optimum(session_params):
     res = oracle_search(env, session_params, follower, {}, cand, keys, jax.random.split(jax.random.PRNGKey(1), 50))
     assert res["constant"]["action"][1] == 0.0
     assert all(a[1] == 0.0 for row in res["table"]["actions"] for a in row)
+
+
+def test_ppo_reaches_a_corner_through_the_output_margin():
+    """Bandit with reward l~_1 - l~_2 on the raw leader output l~ = leader_raw(a): its optimum is the corner
+    (1, 0), which the squashed policy reaches exactly with the default output margin (0.05) and the default
+    leader learning rate."""
+    import dataclasses
+
+    from ccpo_jax.stackelberg.config import StackelbergConfig
+    from ccpo_jax.stackelberg.pipeline import leader_raw
+
+    cfg = StackelbergConfig()
+    np.testing.assert_allclose(leader_raw(cfg, jnp.array([0.5, 0.96, 0.03])), [0.5, 1.0, 0.0], atol=1e-6)  # 1.1 a - 0.05
+
+    def reset(key, p):
+        return jnp.zeros((2,)), jnp.int32(0)
+
+    def step(key, s, a, p):
+        raw = leader_raw(cfg, a)
+        return jnp.zeros((2,)), s, raw[0] - raw[1], jnp.bool_(True), {}
+
+    lc = dataclasses.replace(cfg.leader, n_envs=128, minibatches=2)
+    policy, init, run = make_ppo(reset, step, 2, 2, 1, lc, "squashed")
+    st, _ = jax.jit(run, static_argnums=2)(init(jax.random.PRNGKey(0)), None, 100)
+    np.testing.assert_allclose(np.asarray(leader_raw(cfg, policy.mean(st.actor, jnp.zeros((2,))))), [1.0, 0.0], atol=1e-3)
+
+
+def test_bc_recovers_a_known_follower():
+    """Oracle: demonstrations from a known smooth policy a = sigmoid(W o) without noise; BC's mean action
+    matches it on held-out observations (mean absolute error < 0.02)."""
+    from ccpo_jax.stackelberg.config import GAILConfig
+    from ccpo_jax.stackelberg.gail import Demos, imitation_error, make_bc
+
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+    W = jax.random.normal(k1, (5, 3))
+    obs, obs_h = jax.random.uniform(k2, (2048, 5)), jax.random.uniform(k3, (1024, 5))
+    mk = lambda o: Demos(o, jax.nn.sigmoid(o @ W - 1.0), jnp.zeros(len(o)), jnp.zeros(len(o), jnp.int32),
+                         jax.nn.sigmoid(o @ W - 1.0))
+    policy, init, run = make_bc(5, 3, GAILConfig(hidden=(32, 32)))
+    st, m = jax.jit(run, static_argnums=2)(init(jax.random.PRNGKey(1)), mk(obs), 1500)
+    assert float(imitation_error(policy, st[0], mk(obs_h))) < 0.02
+    assert float(m["bc_loss"][-50:].mean()) < float(m["bc_loss"][:50].mean())

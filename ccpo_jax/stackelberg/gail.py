@@ -40,9 +40,10 @@ class Demos:
     """Expert tuples (s, q, alpha, T_ratio, a) (paper §6.1). ``obs`` = [x, q, alpha]."""
 
     obs: jax.Array  # [N, D + 2]
-    action: jax.Array  # [N, 3]
+    action: jax.Array  # [N, 3] the expert's action (arg max plus jitter): what the learners see
     t_ratio: jax.Array  # [N] T_t / T_0(x_t)
     task: jax.Array  # [N]
+    clean_action: jax.Array  # [N, 3] the noise-free arg max (imitation errors are measured against it)
 
 
 def action_candidates(levels: int) -> jax.Array:
@@ -63,13 +64,13 @@ def candidate_table(env: SessionEnv, params: SessionParams, cand: jax.Array):
 
 
 def expert_action(env: SessionEnv, state, ell, params: SessionParams, cand: jax.Array, table, key, noise: float):
-    """argmax_a U_F(x, l, a) over ``cand`` [A, 3] with surrogate means, plus clipped Gaussian jitter."""
+    """argmax_a U_F(x, l, a) over ``cand`` [A, 3] with surrogate means: (with clipped Gaussian jitter, noise-free)."""
     h = jnp.minimum(state.turn, 1)
     tok, q = table[0][state.task, state.model, h], table[1][state.task, state.model, h]
     t0 = env.reference_tokens(state, params)
     _, u_f = env.utilities(tok, q, t0, ell[None, :])
     a = cand[jnp.argmax(u_f)]
-    return jnp.clip(a + noise * jax.random.normal(key, (3,)), 0.0, 1.0)
+    return jnp.clip(a + noise * jax.random.normal(key, (3,)), 0.0, 1.0), a
 
 
 def expert_demos(key, env: SessionEnv, params: SessionParams, cfg: ExpertConfig) -> Demos:
@@ -88,16 +89,51 @@ def expert_demos(key, env: SessionEnv, params: SessionParams, cfg: ExpertConfig)
             k1, k1b, k2, k3 = jax.random.split(kt, 4)
             raw = jnp.stack([jax.random.uniform(k1, minval=0.5, maxval=1.0), jax.random.uniform(k1b)])
             ell = env.commit(st, raw)
-            a = expert_action(env, st, ell, params, cand, table, k2, cfg.noise)
+            a, clean = expert_action(env, st, ell, params, cand, table, k2, cfg.noise)
             nx, nst, _, _, info = env.step(k3, st, ell, a, params)
-            return (nx, nst), (jnp.concatenate([x, ell]), a, info["tokens"] / info["t0"], st.task)
+            return (nx, nst), (jnp.concatenate([x, ell]), a, info["tokens"] / info["t0"], st.task, clean)
 
         _, out = jax.lax.scan(turn, (x, st), jax.random.split(kr, H))
         return out
 
-    obs, act, ratio, task = jax.vmap(session)(jax.random.split(key, n_sessions))
+    obs, act, ratio, task, clean = jax.vmap(session)(jax.random.split(key, n_sessions))
     flat = lambda v: v.reshape((-1,) + v.shape[2:])[: cfg.n_demos]
-    return Demos(flat(obs), flat(act), flat(ratio), flat(task))
+    return Demos(flat(obs), flat(act), flat(ratio), flat(task), flat(clean))
+
+
+def imitation_error(policy: BoxPolicy, params, demos: Demos) -> jax.Array:
+    """Mean absolute error of the policy's mean action against the noise-free expert action on ``demos``."""
+    return jnp.abs(policy.mean(params, demos.obs) - demos.clean_action).mean()
+
+
+def make_bc(obs_dim: int, act_dim: int, cfg: GAILConfig):
+    """Behaviour cloning of the follower: ``(policy, init, run)``, ``run(params_opt_key, demos, n)`` takes ``n``
+    Adam steps (``cfg.bc_lr``) on minibatches of ``cfg.bc_batch`` demonstrations, minimising the squared error
+    of the policy's mean action, sigmoid(mu), against the expert's action. The same :class:`BoxPolicy` as GAIL,
+    so its parameters can start GAIL (``GAILConfig.bc_init``)."""
+    policy = BoxPolicy(act_dim, cfg.hidden, cfg.policy)
+    tx = optax.adam(cfg.bc_lr)
+
+    def init(key):
+        k1, k2 = jax.random.split(key)
+        p = policy.init(k1, obs_dim)
+        return p, tx.init(p), k2
+
+    def loss(p, obs, act):
+        return jnp.mean((policy.mean(p, obs) - act) ** 2)
+
+    def run(st, demos: Demos, n_iters: int):
+        def body(carry, _):
+            p, opt, key = carry
+            key, k = jax.random.split(key)
+            idx = jax.random.randint(k, (cfg.bc_batch,), 0, demos.obs.shape[0])
+            l, g = jax.value_and_grad(loss)(p, demos.obs[idx], demos.action[idx])
+            upd, opt = tx.update(g, opt, p)
+            return (optax.apply_updates(p, upd), opt, key), {"bc_loss": l}
+
+        return jax.lax.scan(body, st, None, length=n_iters)
+
+    return policy, init, run
 
 
 class Discriminator:
