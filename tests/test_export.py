@@ -7,6 +7,7 @@ jitted JAX on the raw flax params; the router sees only the artefact.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -340,3 +341,42 @@ def test_calibration_diagnostics_by_hand(run):
     assert d["full_set_fraction"] == 0.0 and not d["degenerate"]
     assert d["coverage"] == pytest.approx(float(np.mean(run.cache.unsolvable[cal])))
     assert d["set_size_counts"] == {"0": 50}
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m["module"].update(block_rows="x"), "module.block_rows: expected an integer in [1, 65536], got 'x'"),
+    (lambda m: m["module"].update(block_rows=0), "module.block_rows: expected an integer in [1, 65536], got 0"),
+    (lambda m: m.update(module=5), "module: expected an object, got int 5"),
+    (lambda m: m.update(kappa=2.0), "kappa: expected a number in [0, 1], got 2.0"),
+    (lambda m: m.update(alpha=0), "alpha: expected a number in (0, 1), got 0"),
+])
+def test_rehashed_manifest_values_are_one_error_line_in_route_and_serve(run, tmp_path, edit, message):
+    """Issue 27 item 5: a manifest edited and rehashed (it passes its checksum) with a bad value
+    was a traceback from ``route`` and ``serve``; now both print one line and exit 2."""
+    from ccpo_jax.serving.artifact import manifest_checksum
+    from conftest import run_cli
+
+    art = _copy(run, tmp_path)
+    mp = art / "manifest.json"
+    man = json.loads(mp.read_text())
+    edit(man)
+    man["manifest_sha256"] = manifest_checksum(man)
+    mp.write_text(json.dumps(man))
+    (tmp_path / "in.jsonl").write_text("")
+    for argv in (["route", str(art), "--input", str(tmp_path / "in.jsonl")], ["serve", str(art), "--port", "0"]):
+        r = run_cli(argv)
+        assert r.returncode == 2 and r.stderr.strip() == f"error: {mp}: {message}", r.stderr
+
+
+def test_out_of_range_number_in_a_manifest_is_a_checksum_mismatch(run, tmp_path):
+    """Issue 27 item 4: ``kappa`` edited to 1e400 (no rehash) raised ValueError while hashing."""
+    from conftest import run_cli
+
+    art = _copy(run, tmp_path)
+    mp = art / "manifest.json"
+    text = mp.read_text()
+    mp.write_text(re.sub(r'"kappa": [^,}]+', '"kappa": 1e400', text, count=1))
+    (tmp_path / "in.jsonl").write_text("")
+    r = run_cli(["route", str(art), "--input", str(tmp_path / "in.jsonl")], in_subprocess=True)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: {mp}: manifest checksum mismatch (manifest_sha256); the manifest was edited or damaged"), r.stderr

@@ -489,3 +489,60 @@ def test_http_batch_sizes_compile_bounded_shapes(setup, strict_server):
         st, _, body = _request(strict_server, "POST", "/v1/route", {"batch": batch})
         assert st == 200 and body["decisions"] == r.decide_many(batch)
     assert r._call._cache_size() == before  # the server compiled its buckets before listening
+
+
+# -- issue 27 items 12, 13: framing and methods ---------------------------------------------
+
+def _status_and_headers(reply: bytes) -> tuple[str, dict[str, str], bytes]:
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    return lines[0], {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}, body
+
+
+def test_http_refuses_duplicate_and_non_digit_content_length(setup, strict_server):
+    """The first of two Content-Length headers framed the body and the rest ran as a pipelined
+    request: a smuggled ``GET /healthz`` got 200. Now 400, connection closed, nothing else answered."""
+    smuggled = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    body = b'{"rounds": []}'
+    req = (b"POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (len(body), len(body) + len(smuggled)) + body + smuggled)
+    out = _raw(strict_server, req)
+    assert out.count(b"HTTP/1.") == 1, out
+    status, headers, reply = _status_and_headers(out)
+    assert status == "HTTP/1.0 400 Bad Request" or status.endswith(" 400 Bad Request"), status
+    assert headers["connection"] == "close"
+    assert _strict_json(reply)["error"]["message"] == "2 Content-Length headers; send exactly one"
+    for bad in ("1_0", "+2", " 12a", "-1", "0x10"):
+        out = _raw(strict_server, _post_head(0).replace(b"Content-Length: 0", f"Content-Length: {bad}".encode()))
+        status, _, reply = _status_and_headers(out)
+        assert status.endswith(" 400 Bad Request"), (bad, out)
+        assert "expected decimal digits" in _strict_json(reply)["error"]["message"], bad
+
+
+@pytest.mark.parametrize("line", [b"garbage\r\n\r\n", b"\x16\x03\x01\x02\x00\r\n\r\n", b"GET /healthz\r\n\r\n",
+                                  b"G@T / HTTP/1.1\r\n\r\n", b"GET / HTTP/9.9.9\r\n\r\n"])
+def test_http_bad_request_line_gets_a_status_line(setup, strict_server, line):
+    out = _raw(strict_server, line)
+    status, headers, reply = _status_and_headers(out)
+    assert status.startswith("HTTP/1.") and status.split()[1] in ("400", "505"), out
+    assert headers["content-type"] == "application/json" and int(headers["content-length"]) == len(reply)
+    assert _strict_json(reply)["error"]["status"] == int(status.split()[1])
+
+
+@pytest.mark.parametrize("method", ["HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "BREW"])
+def test_http_other_methods_get_405_with_allow(setup, strict_server, method):
+    for path, allow in (("/healthz", "GET"), ("/v1/route", "POST")):
+        out = _raw(strict_server, f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        status, headers, reply = _status_and_headers(out)
+        assert status == "HTTP/1.0 405 Method Not Allowed" or status.endswith(" 405 Method Not Allowed"), out
+        assert headers["allow"] == allow and headers["connection"] == "close"
+        if method == "HEAD":
+            assert reply == b"" and int(headers["content-length"]) > 0  # GET's length, no body
+        else:
+            assert _strict_json(reply)["error"] == {
+                "status": 405, "message": f"method {method} not allowed on {path}; use {allow}"}
+    status, _, _ = _status_and_headers(_raw(strict_server, f"{method} /nope HTTP/1.1\r\nHost: x\r\n\r\n".encode()))
+    assert status.endswith(" 404 Not Found")
+    # the two methods that exist still say which one the path takes
+    status, headers, _ = _status_and_headers(_raw(strict_server, b"GET /v1/route HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+    assert status.endswith(" 405 Method Not Allowed") and headers["allow"] == "POST"

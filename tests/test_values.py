@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -209,3 +210,28 @@ def test_the_good_cache_passes_every_path(tmp_path, good):
     again = read_jsonl(out)
     assert again.manifest.checksum == good.manifest.checksum
     assert load_fast(save_fast(again, tmp_path / "g")).manifest.checksum == good.manifest.checksum
+
+
+def test_the_largest_allowed_values_stay_finite_without_warnings(tmp_path, good):
+    """At every bound at once (1e7 tokens per call, 1e5 USD per million tokens, 1e9 cents per EXIT
+    run), ``data check`` computes finite costs with no NumPy overflow warning (a guide price of
+    1e300 used to print overflow warnings and 'inf cents'). Hand oracle: a round costs
+    4 x 1e7 x 1e5 / 1e6 x 100 = 4e8 cents."""
+    import warnings
+
+    from envs.report import describe
+
+    mdict = copy.deepcopy(good.manifest.to_dict())
+    for role in ("base", "guide"):
+        mdict["models"][role].update(price_in=1e5, price_out=1e5)
+    arrays = {k: v.copy() for k, v in good.arrays.items()}
+    for k in ("base_tokens_in", "base_tokens_out", "guide_tokens_in", "guide_tokens_out"):
+        arrays[k][arrays["round_mask"]] = 1e7
+    arrays["exit_cost_cents"][arrays["exit_mask"]] = 1e9
+    fast = _write_fast_rehashed(tmp_path / "max", mdict, arrays)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cache = load_fast(fast)
+        np.testing.assert_array_equal(cache.round_cost_cents()[cache.round_mask], np.float32(4e8))
+        text = describe(cache, source=str(fast))
+    assert not re.search(r"\b(inf|nan)\b", text.lower()), text

@@ -8,8 +8,11 @@ Endpoints:
   (``id`` echoed), or ``{"batch": [request, ...]}`` (at most ``max_batch``) ->
   200 ``{"decisions": [...]}``.
 
-Errors are JSON ``{"error": {"status": int, "message": str}}``: 400 invalid JSON
-or not an object, 404 unknown path, 405 wrong method, 408 a request not
+Errors are JSON ``{"error": {"status": int, "message": str}}``, always after a
+status line: 400 invalid JSON or not an object, a request line that is not
+``METHOD PATH HTTP/1.x`` (HTTP/0.9 is not served), two ``Content-Length`` headers or one
+that is not decimal digits; 404 unknown path, 405 a method the path does not take
+(HEAD, PUT, DELETE, ...; with ``Allow``; a HEAD reply has no body), 408 a request not
 complete within ``request_timeout_s`` of its first byte (slow or trickling
 client; one log line, connection closed), 411 no Content-Length, 413 body over
 ``max_bytes`` (not read; no ``100 Continue`` is sent before a refusal) or
@@ -30,11 +33,12 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Mapping
 
 from ccpo_jax.serving.artifact import RouterInputError
 from ccpo_jax.serving.router import Router
@@ -100,6 +104,12 @@ class _HTTPError(Exception):
         self.close = close  # the body was not read: the connection cannot be reused
 
 
+_DIGITS = re.compile(r"[0-9]+")
+_METHOD = re.compile(r"[A-Z]{1,20}")  # the methods of RFC 9110 and the like; anything else is not a request
+#: The method each path answers (the ``Allow`` header of a 405).
+_ALLOW = {"/healthz": "GET", "/v1/route": "POST"}
+
+
 def _no_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
@@ -149,9 +159,14 @@ class RouterHandler(BaseHTTPRequestHandler):
                 return
             if not self.parse_request():
                 return
+            if self.request_version == "HTTP/0.9" or not _METHOD.fullmatch(self.command):
+                # (a 0.9 reply has no status line; a garbage line is not a request)
+                self.request_version = "HTTP/1.1"
+                self.send_error(400, f"bad request line {self.requestline[:200]!r}; expected 'METHOD PATH HTTP/1.1'")
+                return
             method = getattr(self, "do_" + self.command, None)
             if method is None:
-                self.send_error(501, f"unsupported method {self.command!r}")
+                self._wrong_method()
                 return
             method()
             self.wfile.flush()
@@ -176,27 +191,42 @@ class RouterHandler(BaseHTTPRequestHandler):
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Protocol errors of the stdlib parser (bad request line, headers) as JSON, connection closed."""
+        if self.request_version == "HTTP/0.9":  # the parser gave up before the version: still a status line
+            self.request_version = "HTTP/1.1"
         try:
             phrase = self.responses[code][0]
         except KeyError:
             phrase = "error"
         self._error(code, message or phrase, close=True)
 
+    def _wrong_method(self) -> None:
+        """Any method but GET and POST: 405 with ``Allow`` on a known path, 404 elsewhere. The body
+        (if any) is not read, so the connection is closed; a HEAD reply has no body."""
+        allow = _ALLOW.get(self.path)
+        if allow is None:
+            self._error(404, f"no such endpoint: {self.path} (GET /healthz, POST /v1/route)", close=True)
+            return
+        self._error(405, f"method {self.command} not allowed on {self.path}; use {allow}", close=True,
+                    headers={"Allow": allow})
+
     # -- helpers ---------------------------------------------------------------
-    def _send(self, status: int, body: dict, close: bool = False) -> None:
+    def _send(self, status: int, body: dict, close: bool = False, headers: Mapping[str, str] | None = None) -> None:
         data = json.dumps(body, allow_nan=False).encode()
         self.connection.settimeout(self.server.idle_timeout_s)  # a write may wait for a slow reader
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":  # HEAD: the headers GET would get, no body (RFC 9110 9.3.2)
+            self.wfile.write(data)
 
-    def _error(self, status: int, message: str, close: bool = False) -> None:
-        self._send(status, {"error": {"status": status, "message": message}}, close=close)
+    def _error(self, status: int, message: str, close: bool = False, headers: Mapping[str, str] | None = None) -> None:
+        self._send(status, {"error": {"status": status, "message": message}}, close=close, headers=headers)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         if self.server.verbose:
@@ -207,7 +237,7 @@ class RouterHandler(BaseHTTPRequestHandler):
         if self.path == "/healthz":
             self._send(200, self.server.router.describe())
         elif self.path == "/v1/route":
-            self._error(405, "use POST for /v1/route")
+            self._error(405, "use POST for /v1/route", headers={"Allow": "POST"})
         else:
             self._error(404, f"no such endpoint: {self.path} (GET /healthz, POST /v1/route)")
 
@@ -215,15 +245,15 @@ class RouterHandler(BaseHTTPRequestHandler):
     def _read_json(self) -> Any:
         if self.headers.get("Transfer-Encoding"):
             raise _HTTPError(411, "chunked bodies are not accepted; send Content-Length", close=True)
-        length = self.headers.get("Content-Length")
-        if length is None:
+        lengths = self.headers.get_all("Content-Length") or []
+        if not lengths:
             raise _HTTPError(411, "Content-Length required", close=True)
-        try:
-            n = int(length)
-            if n < 0:
-                raise ValueError
-        except ValueError:
-            raise _HTTPError(400, f"bad Content-Length: {length!r}", close=True) from None
+        if len(lengths) > 1:  # which one frames the body is ambiguous (request smuggling): refuse
+            raise _HTTPError(400, f"{len(lengths)} Content-Length headers; send exactly one", close=True)
+        length = lengths[0].strip()
+        if not _DIGITS.fullmatch(length) or len(length) > 18:  # RFC 9110 8.6: 1*DIGIT (int() takes "1_0", "+2")
+            raise _HTTPError(400, f"bad Content-Length: {lengths[0][:40]!r} (expected decimal digits)", close=True)
+        n = int(length)
         if n > self.server.max_bytes:
             raise _HTTPError(413, f"request body of {n} bytes exceeds the limit of {self.server.max_bytes} bytes",
                              close=True)
@@ -247,7 +277,8 @@ class RouterHandler(BaseHTTPRequestHandler):
         if self.path != "/v1/route":
             # The body is not read: close so that it is not taken for the next request.
             status = 405 if self.path == "/healthz" else 404
-            self._error(status, f"no POST endpoint {self.path} (POST /v1/route)", close=True)
+            self._error(status, f"no POST endpoint {self.path} (POST /v1/route)", close=True,
+                        headers={"Allow": "GET"} if status == 405 else None)
             return
         try:
             req = self._read_json()

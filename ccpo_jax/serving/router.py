@@ -5,6 +5,8 @@ tensorboardX, flax or ``ccpo_jax.ccpo.train``.
 """
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -28,6 +30,33 @@ def bucket_sizes(max_rows: int = BLOCK_ROWS) -> tuple[int, ...]:
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
     """The smallest bucket holding ``n`` rows (``n`` <= the largest bucket)."""
     return next(b for b in buckets if b >= n)
+
+
+#: Largest ``module.block_rows`` accepted (export writes BLOCK_ROWS; a bucket is at most this many rows).
+MAX_BLOCK_ROWS = 1 << 16
+
+
+def _check_manifest_values(manifest: dict, where: str) -> None:
+    """The values a verified manifest must hold before a router is built from it: a rehashed
+    manifest passes the checksum, so the types and ranges are checked here (one line each)."""
+    module = manifest.get("module", {})
+    if not isinstance(module, dict):
+        raise ArtifactError(f"{where}: module: expected an object, got {type(module).__name__} {module!r}")
+    rows = module.get("block_rows", BLOCK_ROWS)
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_BLOCK_ROWS:
+        raise ArtifactError(f"{where}: module.block_rows: expected an integer in [1, {MAX_BLOCK_ROWS}], got {rows!r}")
+    for key, lo, hi, closed in (("kappa", 0.0, 1.0, True), ("alpha", 0.0, 1.0, False)):
+        v = manifest[key]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
+            lo <= v <= hi if closed else lo < v < hi)
+        if not ok:
+            interval = f"[{lo:g}, {hi:g}]" if closed else f"({lo:g}, {hi:g})"
+            raise ArtifactError(f"{where}: {key}: expected a number in {interval}, got {v!r}")
+    for role in ("base", "guide"):
+        for key in ("price_in", "price_out"):
+            v = manifest["models"][role][key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+                raise ArtifactError(f"{where}: models.{role}.{key}: expected a finite number >= 0, got {v!r}")
 
 
 class Router:
@@ -80,6 +109,7 @@ class Router:
                 float(manifest["models"][role]["price_in"]), float(manifest["models"][role]["price_out"])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ArtifactError(f"{where}: missing or malformed field ({e!r})") from None
+        _check_manifest_values(manifest, where)
         if names != list(feature_names(T)) or fs.get("count") != len(names):
             # The featuriser of this build differs from the one the policy was trained with.
             raise ArtifactError(
