@@ -257,7 +257,20 @@ def _manifest(path: Path, line_no: int | None, mdict: dict | None, max_rounds: i
 def read_jsonl(path: str | os.PathLike) -> ResponseCache:
     """Read and validate a human-format cache (module docstring); returns it with its checksum."""
     path = Path(path)
-    lines = _parse_lines(path)
+    return _read(path, _parse_lines(path))
+
+
+def check_question(manifest: dict, record: dict, where: str) -> None:
+    """Refuse (CacheError) a question line that :func:`read_jsonl` would refuse under ``manifest``,
+    before it is written (``data collect`` appends lines as questions finish). Messages read
+    ``WHERE:2: FIELD: problem`` (line 2: the line after the manifest)."""
+    bad = lone_surrogate(record)
+    if bad:
+        raise CacheError(f"{where}:2: {bad[0]}: {bad[1]}")
+    _read(Path(where), iter([(1, {"manifest": manifest}), (2, record)]))
+
+
+def _read(path: Path, lines: Iterator[tuple[int, dict]]) -> ResponseCache:
     first = next(lines, None)
     if first is None:
         raise CacheError(f"{path}: empty file (no manifest and no questions)")

@@ -146,7 +146,11 @@ class CacheFile:
         self._f.close()
 
     def append(self, qid: str, rec: dict) -> None:
-        """Question ``qid``'s line, on disk (fsync-ed) when this returns."""
+        """Question ``qid``'s line, on disk (fsync-ed) when this returns; a line the cache reader
+        would refuse (envs.values: e.g. 10^12 tokens) is refused before it is written."""
+        from envs.jsonl import check_question
+
+        check_question(self.man, rec, str(self.path))
         line = json.dumps(rec, ensure_ascii=False, allow_nan=False)
         self._f.write(line + "\n")
         self._f.flush()

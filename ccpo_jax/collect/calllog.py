@@ -65,6 +65,10 @@ class CallLog:
 
     def append(self, rec: dict) -> None:
         line = json.dumps(rec, ensure_ascii=False, allow_nan=False) + "\n"
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: escaped (\\udXXX), so the paid record is still written
+            line = json.dumps(rec, ensure_ascii=True, allow_nan=False) + "\n"
         with self.lock:
             self._f.write(line)
             self._f.flush()  # in the OS from here: survives a kill of this process

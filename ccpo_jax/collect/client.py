@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import re
 import threading
 import time
 from typing import Any, Callable
@@ -37,6 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from ccpo_jax.errors import UserError
+from envs.values import MAX_TOKENS
 
 #: HTTP statuses that are retried (besides every 5xx).
 RETRY_STATUS = frozenset({408, 409, 429})
@@ -113,6 +115,11 @@ class RetryPolicy:
     max_backoff_s: float = 60.0
     max_retry_after_s: float = 600.0
     timeout_s: float = 120.0
+    #: The whole attempt (headers and body): a server trickling bytes cannot hold a call longer
+    #: (checked after every chunk read, so at worst one more ``timeout_s`` of silence).
+    attempt_timeout_s: float = 600.0
+    #: Largest reply body read (decoded); a larger one fails the call, not retried.
+    max_reply_bytes: int = 8 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +188,31 @@ def _finite_logprob(v: Any) -> float | None:
     return v if math.isfinite(v) and v <= 0.0 else None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # (a valid pair is one code point after json.loads)
+
+
+class ImplausibleReply(ValueError):
+    """A well-formed reply that cannot be true (10^12 tokens of usage): retrying cannot help."""
+
+
+class _AttemptOver(Exception):
+    """The attempt passed RetryPolicy.attempt_timeout_s (retried like a timeout)."""
+
+
+class _TooLarge(Exception):
+    """The reply body passed RetryPolicy.max_reply_bytes (not retried)."""
+
+
+def _text(s: str) -> str:
+    """A reply's string as Unicode text: a lone surrogate (JSON's "\\ud800", which UTF-8 cannot
+    write to the call log or the cache) becomes U+FFFD, as a decoder does with a bad byte."""
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", s)
+
+
 def parse_completion(body: Any) -> Reply:
     """A parsed response body -> :class:`Reply`; ValueError when it is not a chat completion."""
     if not isinstance(body, dict):
@@ -210,6 +242,10 @@ def parse_completion(body: Any) -> Reply:
             t_out = co
         if t_in is None or t_out is None:
             t_in = t_out = None  # half a usage record is no usage record
+        for key, v in (("prompt_tokens", t_in), ("completion_tokens", t_out)):
+            if v is not None and v > MAX_TOKENS:  # a cache cannot hold it (envs.values): refuse the reply
+                raise ImplausibleReply(f"usage.{key} = {v}, more than the {MAX_TOKENS:.0e} tokens a call "
+                                       "can have in a cache")
     lps = None
     lp = ch.get("logprobs")
     if isinstance(lp, dict) and isinstance(lp.get("content"), list):
@@ -220,11 +256,11 @@ def parse_completion(body: Any) -> Reply:
             if not isinstance(tok, str) or v is None:
                 out = None  # one bad entry: do not trust the rest
                 break
-            out.append((tok, v))
+            out.append((_text(tok), v))
         if out:
             lps = tuple(out)
     finish = ch.get("finish_reason")
-    return Reply(text=text, tokens_in=t_in, tokens_out=t_out, logprobs=lps,
+    return Reply(text=_text(text), tokens_in=t_in, tokens_out=t_out, logprobs=lps,
                  finish_reason=finish if isinstance(finish, str) else None)
 
 
@@ -268,6 +304,27 @@ class ChatClient:
     def _fail(self, msg: str, stats: CallStats) -> EndpointError:
         return EndpointError(redact(f"{self.endpoint.model} at {self.endpoint.public_url}: {msg}", self._secrets), stats)
 
+    def _post(self, url: str, payload: bytes) -> tuple[httpx.Response, bytes]:
+        """One attempt: the response and its body, read chunk by chunk against the attempt's
+        deadline and the body cap (``resp.content`` would read any size, however slowly sent)."""
+        pol = self.retry
+        deadline = time.monotonic() + pol.attempt_timeout_s
+        with self._http.stream("POST", url, content=payload) as resp:
+            if time.monotonic() > deadline:
+                raise _AttemptOver()
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > pol.max_reply_bytes:
+                raise _TooLarge(f"Content-Length {declared}")
+            chunks, size = [], 0
+            for chunk in resp.iter_bytes():
+                size += len(chunk)
+                if size > pol.max_reply_bytes:
+                    raise _TooLarge(f"more than {pol.max_reply_bytes} bytes read")
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise _AttemptOver()
+            return resp, b"".join(chunks)
+
     def chat(self, body: dict) -> tuple[Reply, CallStats]:
         """POST ``body``; the reply, or EndpointError once retrying is pointless or exhausted."""
         stats = CallStats()
@@ -282,8 +339,12 @@ class ChatClient:
             asked: float | None = None
             t0 = time.perf_counter()
             try:
-                resp = self._http.post(url, content=payload)
-                raw = resp.content
+                resp, raw = self._post(url, payload)
+            except _TooLarge as e:
+                raise self._fail(f"reply body over {pol.max_reply_bytes} bytes ({e}; --max-reply-bytes; "
+                                 "not retried)", stats) from None
+            except _AttemptOver:
+                reason = f"attempt not complete within {pol.attempt_timeout_s:g} s (--attempt-timeout)"
             except httpx.TimeoutException:
                 reason = f"timeout after {pol.timeout_s:g} s"
             except httpx.TransportError as e:
@@ -294,6 +355,8 @@ class ChatClient:
                 if st == 200:
                     try:
                         reply = parse_completion(json.loads(raw.decode("utf-8")))
+                    except ImplausibleReply as e:
+                        raise self._fail(f"{e} (not retried)", stats) from None
                     except (ValueError, UnicodeDecodeError) as e:
                         reason = f"malformed body ({e})" if not isinstance(e, json.JSONDecodeError) else "malformed JSON body"
                     else:

@@ -52,7 +52,11 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
     e = c.add_argument_group("execution")
     e.add_argument("--concurrency", type=int, default=8, help="questions in flight at once (default: 8)")
-    e.add_argument("--timeout", type=float, default=120.0, help="seconds per HTTP attempt (default: 120)")
+    e.add_argument("--timeout", type=float, default=120.0, help="seconds of silence per read of an HTTP attempt (default: 120)")
+    e.add_argument("--attempt-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds for a whole HTTP attempt, headers and body; a trickling server is cut off (default: 600)")
+    e.add_argument("--max-reply-bytes", type=int, default=8 << 20, metavar="N",
+                   help="largest reply body; a larger one fails the call, not retried (default: 8388608, 8 MiB)")
     e.add_argument("--retries", type=int, default=6, help="retries per call on timeouts, 429, 5xx, malformed bodies (default: 6)")
     e.add_argument("--backoff", type=float, default=1.0, help="first retry wait in seconds, doubled each retry, with jitter (default: 1)")
     e.add_argument("--max-retry-after", type=float, default=600.0,
@@ -196,7 +200,10 @@ def execution_from_args(args):
         raise UserError(f"--concurrency {args.concurrency}: must be >= 1")
     if args.retries < 0:
         raise UserError(f"--retries {args.retries}: must be >= 0")
-    for flag, v in (("--timeout", args.timeout), ("--backoff", args.backoff), ("--max-retry-after", args.max_retry_after)):
+    if args.max_reply_bytes < 1:
+        raise UserError(f"--max-reply-bytes {args.max_reply_bytes}: must be >= 1")
+    for flag, v in (("--timeout", args.timeout), ("--attempt-timeout", args.attempt_timeout),
+                    ("--backoff", args.backoff), ("--max-retry-after", args.max_retry_after)):
         if not (math.isfinite(v) and v > 0):
             raise UserError(f"{flag} {v}: must be > 0")
     if args.max_cost_usd is not None and not (math.isfinite(args.max_cost_usd) and args.max_cost_usd >= 0):
@@ -204,7 +211,8 @@ def execution_from_args(args):
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit {args.limit}: must be >= 1")
     retry = RetryPolicy(retries=args.retries, backoff_s=args.backoff, max_backoff_s=max(60.0, args.backoff),
-                        max_retry_after_s=args.max_retry_after, timeout_s=args.timeout)
+                        max_retry_after_s=args.max_retry_after, timeout_s=args.timeout,
+                        attempt_timeout_s=args.attempt_timeout, max_reply_bytes=args.max_reply_bytes)
     return Execution(concurrency=args.concurrency, retry=retry, max_cost_usd=args.max_cost_usd,
                      progress=not args.no_progress, limit=args.limit, resume=args.resume, dry_run=args.dry_run)
 

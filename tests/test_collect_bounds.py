@@ -1,0 +1,203 @@
+"""``data collect``'s bounds (issue 27 items 7, 8, 9, 11): a whole-attempt deadline, a reply body
+cap, a bound on reported token counts, and replies holding a lone surrogate.
+
+The client tests talk to a raw socket server on 127.0.0.1 that misbehaves on purpose (trickles,
+sends too much); the end-to-end tests run ``data collect`` against ``tests/chat_server.py`` with
+one reply altered.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts, write_questions
+from ccpo_jax.cli.main import main
+from ccpo_jax.collect.client import ChatClient, EndpointError, RetryPolicy, parse_completion
+from ccpo_jax.collect.calllog import CallLog
+from ccpo_jax.collect.client import Endpoint
+
+GOOD = {"choices": [{"message": {"role": "assistant", "content": "Yes"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+
+
+class RawServer:
+    """Accepts connections on 127.0.0.1 and answers each request with ``respond(sock)``."""
+
+    def __init__(self, respond):
+        self.respond = respond
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.requests = 0
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        with conn:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                buf += chunk
+            head, _, body = buf.partition(b"\r\n\r\n")
+            n = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")))
+            while len(body) < n:
+                body += conn.recv(65536)
+            self.requests += 1
+            try:
+                self.respond(conn)
+            except OSError:
+                pass
+
+    def close(self):
+        self.sock.close()
+
+
+def _client(url: str, **policy) -> ChatClient:
+    return ChatClient(Endpoint(url=url, model="m"), RetryPolicy(**{"retries": 0, "backoff_s": 0.01, **policy}))
+
+
+def _head(n: int | None) -> bytes:
+    length = f"Content-Length: {n}\r\n" if n is not None else "Connection: close\r\n"
+    return f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{length}\r\n".encode()
+
+
+def test_a_trickling_reply_is_cut_at_the_attempt_deadline():
+    """A byte every 0.2 s never trips the 5 s read timeout; the 1 s attempt deadline ends it.
+    (Before: ``--timeout`` bounded each read only; a byte every 3 s held one attempt 97 s.)"""
+    body = json.dumps(GOOD).encode()
+
+    def trickle(conn):
+        conn.sendall(_head(len(body)))
+        for b in body:
+            conn.sendall(bytes([b]))
+            time.sleep(0.2)
+
+    srv = RawServer(trickle)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(EndpointError) as e:
+            _client(srv.url, timeout_s=5.0, attempt_timeout_s=1.0).chat({"model": "m", "messages": []})
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+    assert "gave up after 1 attempts (last: attempt not complete within 1 s (--attempt-timeout))" in str(e.value)
+    assert 1.0 <= took < 1.6, took
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_reply_body_over_the_cap_fails_without_being_read_whole(declared):
+    """A 64 MiB body against a 1 MiB cap: refused on the declared length, or after reading just
+    past the cap when no length is declared; not retried (retries=3 makes one attempt)."""
+    size = 64 << 20
+    sent = []
+
+    def big(conn):
+        conn.sendall(_head(size if declared else None))
+        chunk = b" " * (1 << 16)
+        for _ in range(size // len(chunk)):
+            conn.sendall(chunk)
+            sent.append(len(chunk))
+
+    srv = RawServer(big)
+    try:
+        with pytest.raises(EndpointError) as e:
+            _client(srv.url, max_reply_bytes=1 << 20, retries=3).chat({"model": "m", "messages": []})
+    finally:
+        srv.close()
+    msg = str(e.value)
+    assert "reply body over 1048576 bytes" in msg and "--max-reply-bytes; not retried" in msg, msg
+    assert ("Content-Length 67108864" in msg) == declared
+    assert e.value.stats.attempts == 1 and srv.requests == 1
+
+
+def test_token_counts_a_cache_cannot_hold_are_refused_and_not_retried():
+    body = json.dumps(dict(GOOD, usage={"prompt_tokens": 10**12, "completion_tokens": 1})).encode()
+    srv = RawServer(lambda conn: conn.sendall(_head(len(body)) + body))
+    try:
+        with pytest.raises(EndpointError) as e:
+            _client(srv.url, retries=3).chat({"model": "m", "messages": []})
+    finally:
+        srv.close()
+    assert "usage.prompt_tokens = 1000000000000, more than the 1e+07 tokens a call can have in a cache " \
+           "(not retried)" in str(e.value)
+    assert srv.requests == 1
+    # the bound itself is allowed
+    ok = parse_completion(dict(GOOD, usage={"prompt_tokens": 10**7, "completion_tokens": 10**7}))
+    assert (ok.tokens_in, ok.tokens_out) == (10**7, 10**7)
+
+
+def test_a_lone_surrogate_in_a_reply_becomes_u_fffd_and_the_log_takes_any_record(tmp_path):
+    r = parse_completion(json.loads('{"choices": [{"message": {"content": "Ans\\ud800wer"}}]}'))
+    assert r.text == "Ans\ufffdwer"
+    log = CallLog(tmp_path / "x.calls")
+    log.append({"key": "k", "text": "raw \udfff kept", "q": "q0"})  # escaped, not a UnicodeEncodeError
+    log.close()
+    assert json.loads((tmp_path / "x.calls").read_text())["text"] == "raw \udfff kept"
+
+
+# -- end to end --------------------------------------------------------------------------------
+
+def _args(url, questions, out, *extra):
+    return ["data", "collect", "--questions", str(questions), "--base", f"{url},{BASE_MODEL}",
+            "--guide", f"{url},{GUIDE_MODEL}", "--out", str(out), "--base-price", "0.5,1.5",
+            "--guide-price", "2.5,10", "--no-progress", "--concurrency", "1", *extra]
+
+
+def test_collect_records_a_reply_with_a_lone_surrogate(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796083200")
+    questions = tmp_path / "q.jsonl"
+    write_questions(questions, 3)
+    with FakeChatServer(make_scripts(3)) as srv:
+        real = srv.completion
+
+        def with_surrogate(body, **kw):
+            out = real(body, **kw)
+            if body["model"] == BASE_MODEL:
+                out["choices"][0]["message"]["content"] += " \ud800"
+            return out
+
+        srv.completion = with_surrogate
+        out = tmp_path / "c.jsonl"
+        assert main(_args(srv.url, questions, out)) == 0, capsys.readouterr().err
+    calls = [json.loads(x) for x in (tmp_path / "c.jsonl.calls").read_text().splitlines()]
+    assert any(c.get("text", "").endswith(" \ufffd") for c in calls)
+    from envs.jsonl import read_jsonl, write_jsonl
+
+    write_jsonl(read_jsonl(out), tmp_path / "e.jsonl")  # data check and export both take it
+
+
+def test_collect_refuses_an_impossible_token_count_and_keeps_a_valid_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796083200")
+    questions = tmp_path / "q.jsonl"
+    write_questions(questions, 3)
+    with FakeChatServer(make_scripts(3)) as srv:
+        real = srv.completion
+
+        def huge(body, **kw):
+            out = real(body, **kw)
+            if "item number 2?" in json.dumps(body["messages"]):
+                out["usage"]["completion_tokens"] = 10**12
+            return out
+
+        srv.completion = huge
+        out = tmp_path / "c.jsonl"
+        rc = main(_args(srv.url, questions, out))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    assert "usage.completion_tokens = 1000000000000" in err[0] and "--resume" in err[0], err
+    from envs.jsonl import read_jsonl
+
+    assert read_jsonl(out).n_questions == 2  # the questions before it; the file is a valid cache
