@@ -388,3 +388,25 @@ def test_bc_recovers_a_known_follower():
     st, m = jax.jit(run, static_argnums=2)(init(jax.random.PRNGKey(1)), mk(obs), 1500)
     assert float(imitation_error(policy, st[0], mk(obs_h))) < 0.02
     assert float(m["bc_loss"][-50:].mean()) < float(m["bc_loss"][:50].mean())
+
+
+def test_seed_spread_against_numpy(tmp_path):
+    """Oracle: numpy mean/min/max/sd over hand-built runs; the sign check per strategy."""
+    from ccpo_jax.stackelberg.spread import seed_spread, write_spread_table
+
+    rng = np.random.default_rng(0)
+    tok = {"Conservative": [300.0, 310.0, 305.0], "Scalar+R": [250.0, 330.0, 260.0], "Task-aware+R": [240.0, 250.0, 245.0]}
+    runs = []
+    for i in range(3):
+        row = lambda n: {"tokens_per_turn": tok[n][i], "quality": float(rng.uniform(0.8, 0.9)), "p_tokens_vs_conservative": 0.01,
+                         "token_change_vs_conservative": tok[n][i] / tok["Conservative"][i] - 1}
+        runs.append({"evaluation": {"large": {"strategies": {n: row(n) for n in ("Conservative", "Scalar+R")},
+                                              "reference": {"Task-aware+R": row("Task-aware+R")}}}})
+    sp = seed_spread(runs)
+    t = np.array(tok["Scalar+R"])
+    assert sp["Scalar+R"]["tokens_per_turn"] == pytest.approx({"mean": t.mean(), "min": t.min(), "max": t.max(), "sd": t.std(ddof=1)})
+    assert sp["Scalar+R"]["sign_stable"] is False and sp["Task-aware+R"]["sign_stable"] is True
+    assert sp["Conservative"]["sign_stable"] is None and sp["Task-aware+R"]["reference_row"]
+    write_spread_table(tmp_path / "s.md", sp, [0, 1, 2], 10, True)
+    text = (tmp_path / "s.md").read_text()
+    assert "SYNTHETIC" in text and "-19.4%" in text and "| no |" in text

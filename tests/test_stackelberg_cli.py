@@ -64,3 +64,27 @@ def test_bad_flag_is_a_one_line_user_error(tmp_path):
                            "--grid", str(tmp_path / "missing.jsonl")], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no such file" in proc.stderr
+
+
+def test_bad_seed_list_is_a_one_line_user_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "stackelberg", "--out", str(tmp_path / "x"),
+                           "--seed-list", "0,a"], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--seed-list" in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_seed_list_writes_the_spread(tmp_path):
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "ccpo_jax.cli", "stackelberg", "--out", str(out), "--quick", "--episodes", "200",
+           "--no-progress", "--seed-list", "0,1"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=FAST_COMPILE_XLA_FLAGS)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sp = json.loads((out / "spread.json").read_text())
+    assert sp["seeds"] == [0, 1] and {"Scalar+R", "Untrained+R", "Best constant+R"} <= set(sp["large"])
+    for s in (0, 1):
+        r = json.loads((out / f"seed_{s}" / "results.json").read_text())
+        assert sp["large"]["Scalar+R"]["token_change_per_seed"][s] == r["evaluation"]["large"]["strategies"]["Scalar+R"]["token_change_vs_conservative"]
+    assert "SYNTHETIC" in (out / "spread.md").read_text()

@@ -17,6 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--episodes", type=int, default=None, help="episodes of the large evaluation (default 10000; --quick: 1000)")
     p.add_argument("--turns", type=int, default=None, help="turns per evaluated session (default 3, as in the paper)")
     p.add_argument("--seed", type=int, default=0, help="PRNG seed of training and evaluation")
+    p.add_argument("--seed-list", default=None, metavar="S,S,...",
+                   help="run once per seed into OUT/seed_S and write the seed spread to OUT/spread.md and spread.json")
     p.add_argument("--seeds", type=int, default=None, help="training seeds vmapped in one program (default 2)")
     p.add_argument("--grid", default=None, help="a response grid (.jsonl human format or fast-format directory); default: SYNTHETIC")
     p.add_argument("--write-grid", default=None, metavar="PATH", help="also write the grid used to PATH (.jsonl or directory)")
@@ -46,14 +48,57 @@ def _run(args) -> int:
             raise UserError(f"--seeds: must be >= 1, got {args.seeds}")
         cfg = r(cfg, seeds=args.seeds)
     cfg = r(cfg, seed=args.seed, eval=r(cfg.eval, seed=args.seed), grid=r(cfg.grid, path=args.grid))
+    if args.seed_list is not None:
+        _parse_seed_list(args.seed_list)  # refuse a bad list before any work
 
-    from ccpo_jax.stackelberg.pipeline import load_or_generate_grid, run_pipeline
+    from ccpo_jax.stackelberg.pipeline import load_or_generate_grid
 
     if args.write_grid:
         from envs.governance.grid import save_grid
 
         print(f"wrote grid to {save_grid(load_or_generate_grid(cfg), args.write_grid)}")
+    if args.seed_list is not None:
+        return _run_seed_list(args, cfg)
+    return _run_one(args, cfg, Path(args.out))
+
+
+def _parse_seed_list(text: str) -> list[int]:
+    from ccpo_jax.errors import UserError
+
+    try:
+        seeds = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UserError(f"--seed-list: expected integers separated by commas, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise UserError(f"--seed-list: expected distinct non-negative seeds, got {text!r}")
+    return seeds
+
+
+def _run_seed_list(args, cfg) -> int:
+    import json
+
+    from ccpo_jax.stackelberg.spread import seed_spread, write_spread_table
+    from envs.atomic import atomic_write_text
+
+    seeds = _parse_seed_list(args.seed_list)
+    r = dataclasses.replace
     out = Path(args.out)
+    results = []
+    for s in seeds:
+        c = r(cfg, seed=s, eval=r(cfg.eval, seed=s))
+        _run_one(args, c, out / f"seed_{s}")
+        results.append(json.loads((out / f"seed_{s}" / "results.json").read_text()))
+    spread = {size: seed_spread(results, size) for size in ("large", "paper_size")}
+    atomic_write_text(out / "spread.json", json.dumps({"seeds": seeds, **spread}, indent=2) + "\n")
+    syn = results[0]["data"]["synthetic"]
+    write_spread_table(out / "spread.md", spread["large"], seeds, results[0]["evaluation"]["large"]["episodes"], syn)
+    print(f"wrote {out}/spread.md and spread.json (seeds {seeds})")
+    return 0
+
+
+def _run_one(args, cfg, out: Path) -> int:
+    from ccpo_jax.stackelberg.pipeline import run_pipeline
+
     existed = out.exists()
     try:
         res = run_pipeline(cfg, out, progress=not args.no_progress)
@@ -74,5 +119,5 @@ def _run(args) -> int:
         print(f"  {name:16s} {row['tokens_per_turn']:9.1f} {row['quality']:6.3f} {row['efficiency']:6.3f} "
               f"{fmt(row['p_tokens_vs_conservative']):>9s} {fmt(row['p_quality_vs_conservative']):>9s} "
               f"{100 * row['trap_audit_executed']['trap_rate']:5.1f}%")
-    print(f"wall time {res['timing']['total_s']:.1f} s; wrote {args.out}/results.json, table.md, pareto_*.png")
+    print(f"wall time {res['timing']['total_s']:.1f} s; wrote {out}/results.json, table.md, pareto_*.png")
     return 0
