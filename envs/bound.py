@@ -45,8 +45,8 @@ def cover_costs(cost: np.ndarray, base_correct: np.ndarray, guide_correct: np.nd
 
 
 def clairvoyant(cost, base_correct, guide_correct, round_mask, idx, alpha: float) -> dict[str, np.ndarray]:
-    """The bound on each question set ``idx`` ([n] or [S, n] indices): ``cost_cents`` (mean per
-    question, like the rows' metric) and ``coverage``, each [S] (or scalar for one set)."""
+    """The bound on each question set ``idx`` ([n] or [S, n] indices): ``cost_cents`` (summed over
+    the set's questions, like the rows' metric) and ``coverage``, each [S] (or scalar for one set)."""
     first, extra, solvable = cover_costs(cost, base_correct, guide_correct, round_mask)
     idx = np.asarray(idx)
     one = idx.ndim == 1
@@ -60,7 +60,7 @@ def clairvoyant(cost, base_correct, guide_correct, round_mask, idx, alpha: float
     if np.any(k > n - n_unsolvable):  # cannot happen: unsolvable count as covered
         raise AssertionError("bound: more questions needed than exist")
     total = first[idx].sum(axis=1) + csum[np.arange(idx.shape[0]), k]
-    out = {"cost_cents": total / n, "coverage": (n_unsolvable + k) / n}
+    out = {"cost_cents": total, "coverage": (n_unsolvable + k) / n}
     return {key: (v[0] if one else v) for key, v in out.items()}
 
 

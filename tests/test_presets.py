@@ -25,7 +25,7 @@ def test_paper_preset_is_the_published_setting():
         10, 1500, 1e-3, 0.01, 0.01, (64, 64, 64), 0.1)
     assert p.estimator == "jbar" and p.constraint_z == 0.0
     assert TrainConfig() == DEFAULT
-    assert set(deviations(DEFAULT)) == {"estimator", "iterations", "constraint_z", "cg_iters", "backtrack_steps",
+    assert set(deviations(DEFAULT)) == {"estimator", "iterations", "pointwise_z", "cg_iters", "backtrack_steps",
                                        "ccpo_target"}
     assert deviations(PAPER) == {}
 

@@ -97,16 +97,18 @@ def evaluate_trained(config: TrainConfig, params: EnvParams, variants: list[Vari
         return {k: np.asarray(x[v]) for k, x in m.items()}
 
     for v, var in enumerate(variants):
-        if var.conformal:
-            rows[var.name] = take(batch_m, v)
-            kappas[var.name] = np.asarray(khat[v])
-        else:
-            rows["CPO"] = take(point_m, v)
-            rows["CPO batch"] = take(batch_m, v)
-            rows["CPO online"] = take(online_m, v)
-            kappas["CPO batch"] = np.asarray(khat[v])
-            online = np.asarray(kap[v])  # [N] or [N, S]
-            kappas["CPO online"] = np.broadcast_to(online.reshape(N, -1), (N, S)).copy()
+        for row in var.table_rows():
+            if var.conformal or row == "CPO batch":
+                rows[row] = take(batch_m, v)
+                kappas[row] = np.asarray(khat[v])
+            elif row == "CPO":
+                rows[row] = take(point_m, v)
+            elif row == "CPO online":
+                rows[row] = take(online_m, v)
+                online = np.asarray(kap[v])  # [N] or [N, S]
+                kappas[row] = np.broadcast_to(online.reshape(N, -1), (N, S)).copy()
+            else:
+                raise ValueError(f"variant {var.name}: unknown row {row!r}")
     return rows, kappas
 
 

@@ -136,7 +136,7 @@ def train_many(
     keys = jax.random.split(key, V * S).reshape(V, S, -1) if key.ndim == 1 else key
 
     # One flat batch axis of V * S members (variant-major): simpler to shard than nested vmaps.
-    flat_var = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), variant_arrays(variants))
+    flat_var = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), variant_arrays(variants, config))
     flat_idx = jnp.tile(jnp.asarray(train_idx, jnp.int32), (V, 1))
     # One compiled program: run eagerly, the initialisers' random draws and reshapes are
     # compiled one operation at a time. Jitted, the state was the same bit for bit (checked on

@@ -33,9 +33,12 @@ def policy_slug(row: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", row.lower().replace("=", "-")).strip("-").replace(".", "p")
 
 
-def policy_row(var: Variant) -> str:
-    """The row a variant's saved policy serves: its own for CCPO, ``CPO batch`` for CPO."""
-    return var.name if var.conformal else "CPO batch"
+def policy_row(var: Variant) -> str | None:
+    """The row a variant's saved policy serves: its own for CCPO, ``CPO batch`` for CPO; None for a
+    CPO policy that serves only the pointwise row (nothing to export: a router is a calibrated set)."""
+    if var.conformal:
+        return var.name
+    return "CPO batch" if "CPO batch" in var.table_rows() else None
 
 
 def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, kappas, cache, protocol: str,
@@ -51,6 +54,8 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
     out.mkdir(parents=True, exist_ok=True)
     for v, var in enumerate(variants):
         row = policy_row(var)
+        if row is None:
+            continue
         pol = jax.tree.map(lambda x: np.asarray(x[v, 0, 0]), state.policy)  # split 0, seed 0
         d = out / policy_slug(row)
         d.mkdir(parents=True, exist_ok=True)
@@ -60,6 +65,7 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
             "row": row,
             "conformal_training": bool(var.conformal),
             "lambda": float(var.lam),
+            "constraint_z": var.margin(cfg),
             "alpha": float(cfg.alpha),
             "kappa": float(np.asarray(kappas[row])[0, 0]),
             "kappa_online": float(np.asarray(state.kappa[v, 0, 0])),

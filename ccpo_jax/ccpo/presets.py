@@ -16,8 +16,8 @@ import typing
 from ccpo_jax.ccpo.config import TrainConfig
 from ccpo_jax.errors import UserError
 
-PAPER = TrainConfig(estimator="jbar", batch_size=10, iterations=1500, chunk=100, constraint_z=0.0, cg_iters=10,
-                    backtrack_steps=15, ccpo_target="stochastic")
+PAPER = TrainConfig(estimator="jbar", batch_size=10, iterations=1500, chunk=100, constraint_z=0.0, pointwise_z=0.0,
+                    cg_iters=10, backtrack_steps=15, ccpo_target="stochastic")
 DEFAULT = TrainConfig()
 
 #: Fields that change how a run is executed (progress/checkpoint granularity), not what it learns.

@@ -6,7 +6,9 @@ The schema of ``results.json`` (documented in docs/reproduce.md, "Outputs"; scri
      "cache": {"name", "provenance", "checksum", "n_questions"},
      "policies": {"<row>": {"cost_cents": {"mean", "median", "q05", "q95"}, "coverage": {...},
                             "avg_len": {...}, "set_size": {...},
-                            "per_split": {"cost_cents": [...], ...}}},
+                            "per_split": {"cost_cents": [...], ...}, "per_seed": {...}, "seeds",
+                            "cost_vs_bound": {"mean", "per_seed": [...]}},
+                  "Clairvoyant bound": {..., "is_policy": false}},
      "timing": {"total_s", "compile_s", "train_s", "eval_s"},
      "environment": {"jax", "backend", "devices"}}
 
@@ -30,6 +32,7 @@ import numpy as np
 from ccpo_jax.ccpo.presets import PAPER, deviations_from_dict
 from ccpo_jax.ccpo.settings import METRICS, Setting, row_key, row_order_key
 from envs.atomic import atomic_path, atomic_write_json, atomic_write_text
+from envs.bound import BOUND_ROW
 
 METRIC_TITLES = {
     "cost_cents": "Cost (cents)",
@@ -110,6 +113,22 @@ def policy_entry(metrics: Mapping[str, Any], n_splits: int | None = None, row: s
     return entry
 
 
+def add_cost_vs_bound(policies: dict[str, dict[str, Any]]) -> None:
+    """Mark the clairvoyant bound's row (``is_policy: false``) and give every other row its
+    ``cost_vs_bound``: the row's mean cost over splits divided by the bound's mean over the same
+    splits, per training seed (``per_seed``) and their ``mean``. Nothing when there is no bound."""
+    if BOUND_ROW not in policies:
+        return
+    policies[BOUND_ROW]["is_policy"] = False
+    bound = policies[BOUND_ROW]["cost_cents"]["mean"]
+    for name, entry in policies.items():
+        if name == BOUND_ROW:
+            continue
+        per_seed = [None if (x is None or not bound) else x / bound for x in entry["per_seed"]["cost_cents"]]
+        finite = [x for x in per_seed if x is not None]
+        entry["cost_vs_bound"] = {"mean": float(np.mean(finite)) if finite else None, "per_seed": per_seed}
+
+
 def cache_info(cache) -> dict[str, Any]:
     """The ``cache`` block of results.json for an ``envs.cache.ResponseCache``."""
     return {
@@ -147,6 +166,7 @@ def build_results(
     policies = {
         name: policy_entry(rows[name], n_splits, name) for name in sorted(rows, key=row_order_key)
     }
+    add_cost_vs_bound(policies)
     return {
         "setting": str(setting),
         "alpha": float(alpha),
@@ -181,6 +201,17 @@ def _fmt(metric: str, x: float | None) -> str:
     if metric == "coverage":
         return f"{x:.3f}"
     return f"{x:.2f}"
+
+
+def _fmt_ratio(ratio: Mapping[str, Any] | None, n_seeds: int) -> str:
+    """``1.23x`` (``±`` the sd over seeds when there are several), ``-`` for the bound itself."""
+    if not ratio:
+        return "-"
+    if ratio["mean"] is None:
+        return "n/a"
+    vals = [x for x in ratio["per_seed"] if x is not None]
+    sd = f" ±{np.std(vals, ddof=1):.2f}" if len(vals) > 1 else ""
+    return f"{ratio['mean']:.2f}x{sd}"
 
 
 def run_title(results: Mapping[str, Any], setting: Setting | None = None, own_cache: bool = False) -> str:
@@ -247,12 +278,18 @@ def format_table(
     else:
         lines.append("- cells: mean [5%, 95%] over splits")
     lines.append("")
-    header = ["Policy"] + [METRIC_TITLES[m] for m in METRICS]
+    with_bound = BOUND_ROW in results["policies"]
+    if with_bound:
+        lines.append(f"- {BOUND_ROW}: the cheapest cost at coverage >= {1 - results['alpha']:g} on each test split "
+                     "when every answer is known (not a policy; no router can beat it). Cost / bound: each row's "
+                     "mean cost over the bound's.")
+        lines.append("")
+    header = ["Policy"] + [METRIC_TITLES[m] for m in METRICS] + (["Cost / bound"] if with_bound else [])
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     for row, entry in results["policies"].items():
         paper = setting.paper_row(row) if (setting is not None and compare_paper) else None
-        cells = [row]
+        cells = [row + (" (not a policy)" if entry.get("is_policy") is False else "")]
         for m in METRICS:
             s = entry[m]
             cell = f"{_fmt(m, s['mean'])} [{_fmt(m, s['q05'])}, {_fmt(m, s['q95'])}]"
@@ -261,6 +298,8 @@ def format_table(
             if paper is not None:
                 cell += f" (paper {paper[m]:g})"
             cells.append(cell)
+        if with_bound:
+            cells.append(_fmt_ratio(entry.get("cost_vs_bound"), n_seeds))
         lines.append("| " + " | ".join(cells) + " |")
     if setting is not None and compare_paper:
         have = {row_key(x) for x in results["policies"]}
@@ -323,7 +362,8 @@ def write_boxplots(
 ) -> list[Path]:
     """Box plots of cost and coverage over splits, one box per row (as the paper's Figs 2-9).
 
-    The coverage plot has a dashed line at 1 - alpha. The cost plot puts the EXIT rows
+    The coverage plot has a dashed line at 1 - alpha; the cost plot draws the clairvoyant bound's
+    mean cost as a red dashed line (it is not a policy, so it gets no box). The cost plot puts the EXIT rows
     (single-LLM runs, ~100x the others' cost) in a panel of their own, so every other row
     gets a readable linear axis; both axes are linear. Titles name the run as
     :func:`run_title` does. Uses the Agg canvas directly (no global pyplot state).
@@ -333,7 +373,8 @@ def write_boxplots(
     from matplotlib.figure import Figure
 
     out_dir = Path(out_dir)
-    rows = list(results["policies"])
+    rows = [r for r in results["policies"] if results["policies"][r].get("is_policy", True)]
+    bound = results["policies"].get(BOUND_ROW)
     synth = " [SYNTHETIC cache]" if is_synthetic(results) else ""
     title = run_title(results, setting, own_cache)
     paths = []
@@ -359,6 +400,10 @@ def write_boxplots(
                 top = top if top > 0 else 1.0
                 # linear; start just below 0 so a row at 0 (a free model's EXIT run) shows as a box
                 ax.set_ylim(-0.04 * top, top * (1.15 if is_exit else 1.05))
+                if bound is not None and not is_exit and bound["cost_cents"]["mean"] is not None:
+                    ax.axhline(bound["cost_cents"]["mean"], color="tab:red", linestyle="--", linewidth=1,
+                               label=f"{BOUND_ROW} (mean {bound['cost_cents']['mean']:.4g}; not a policy)")
+                    ax.legend(loc="upper right", fontsize=7)
         if metric == "coverage":
             ax = axes[0]
             ax.axhline(1 - results["alpha"], color="k", linestyle="--", linewidth=1,

@@ -43,6 +43,7 @@ from ccpo_jax.core.conformal import calibration_size_warning
 from ccpo_jax.errors import UserError, add_hint
 from ccpo_jax.runtime import options, sharding
 from envs.atomic import atomic_write_text
+from envs.bound import BOUND_ROW, bound_of_params
 from envs.cache import ResponseCache
 from envs.formats import load_cache
 from envs.orchestration import make_env_params
@@ -230,6 +231,14 @@ def _as_rows(rows: Mapping[str, Mapping[str, Any]], n_splits: int, source: str) 
 
 # -- the pipeline -------------------------------------------------------------------------
 
+def bound_row(params, test_idx, alpha: float) -> dict[str, np.ndarray]:
+    """The clairvoyant bound on every test split (``envs.bound``) as a row: cost and coverage;
+    length and set size are not defined for it (NaN, written as null)."""
+    b = bound_of_params(params, np.asarray(test_idx), alpha)
+    nan = np.full_like(b["cost_cents"], np.nan)
+    return {"cost_cents": b["cost_cents"], "coverage": b["coverage"], "avg_len": nan, "set_size": nan}
+
+
 def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cache: ResponseCache, trains: bool,
               small: str | None, mesh) -> None:
     say(f"reproduce {st.name} ({st.run_title(cache.manifest.name, is_setting_profile(st, cache), cfg.alpha)})")
@@ -335,6 +344,7 @@ def reproduce(
         t0 = time.perf_counter()
         base = non_learned_rows(cache_obj, params, k_base, splits.cal, splits.test, cfg.alpha)
         rows = _as_rows(jax.device_get(base), cfg.n_splits, "baselines.non_learned_rows")
+        rows[BOUND_ROW] = bound_row(params, splits.test, cfg.alpha)  # not a policy: what none can beat
         timing = {"compile_s": 0.0, "train_s": 0.0, "eval_s": time.perf_counter() - t0}
         # 6. training and evaluation of the learned rows
         if trainer is not None:

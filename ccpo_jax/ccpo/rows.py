@@ -54,9 +54,22 @@ class LearnedRowsFn(Protocol):
                  tb_dir: Path | None, progress: bool, mesh: Any, member_block: int | None) -> LearnedRows: ...
 
 
-def row_variants(lambdas: tuple[float, ...]) -> list[Variant]:
-    """CPO (gives rows CPO, CPO batch, CPO online), CCPO (lambda=0) and CCPO (lambda=l) for each l."""
-    out = [Variant("CPO", conformal=False, lam=0.0), Variant(lambda_row_name(0.0), conformal=True, lam=0.0)]
+#: Name of the CPO variant that serves the calibrated CPO rows when the margins differ.
+CPO_CALIBRATED = "CPO (calibrated)"
+
+
+def row_variants(lambdas: tuple[float, ...], config: TrainConfig | None = None) -> list[Variant]:
+    """CPO (gives rows CPO, CPO batch, CPO online), CCPO (lambda=0) and CCPO (lambda=l) for each l.
+
+    When ``config.pointwise_z`` differs from ``config.constraint_z`` (the default preset), CPO
+    trains twice: ``CPO`` at the pointwise margin serves the row CPO, ``CPO (calibrated)`` at the
+    calibrated rows' margin serves CPO batch and CPO online."""
+    if config is None or config.pointwise_z == config.constraint_z:
+        out = [Variant("CPO", conformal=False, lam=0.0)]
+    else:
+        out = [Variant("CPO", conformal=False, lam=0.0, rows=("CPO",)),
+               Variant(CPO_CALIBRATED, conformal=False, lam=0.0, z=config.constraint_z, rows=("CPO batch", "CPO online"))]
+    out += [Variant(lambda_row_name(0.0), conformal=True, lam=0.0)]
     out += [Variant(lambda_row_name(lam), conformal=True, lam=float(lam)) for lam in lambdas if lam != 0.0]
     return out
 
@@ -105,7 +118,7 @@ def train_seeds(
     if int(seeds) < 1:
         raise UserError(f"seeds={seeds}: must be >= 1")
     N = int(seeds)
-    variants = row_variants(tuple(lambdas))
+    variants = row_variants(tuple(lambdas), config)
     retrain = protocol == "retrain"
     train_idx = np.asarray(splits.train) if retrain else np.asarray(splits.train)[:1]
     S_t = train_idx.shape[0]
@@ -145,6 +158,8 @@ def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key
     diagnostics = {}
     for v, var in enumerate(trained.variants):
         row = policy_row(var)
+        if row is None:
+            continue
         pol = jax.tree.map(lambda x: x[v, 0, 0], trained.state.policy)
         d = calibration_diagnostics(pol, params, float(np.asarray(trained.kappas[row])[0, 0]),
                                     np.asarray(splits.cal)[0], config.alpha, config.hidden)

@@ -56,12 +56,14 @@ class VariantArrays(struct.PyTreeNode):
 
     conformal: jax.Array  # bool []
     lam: jax.Array  # float []
+    z: jax.Array  # float [], coverage margin in standard errors (Variant.margin)
 
 
-def variant_arrays(variants: list[Variant]) -> VariantArrays:
+def variant_arrays(variants: list[Variant], config: TrainConfig) -> VariantArrays:
     return VariantArrays(
         conformal=jnp.asarray([v.conformal for v in variants]),
         lam=jnp.asarray([v.lam for v in variants], jnp.float32),
+        z=jnp.asarray([v.margin(config) for v in variants], jnp.float32),
     )
 
 
@@ -143,13 +145,12 @@ def target_fns(m: Model, conf, kappa, avail):
     return log_soft, hard
 
 
-def lower_bound(m: Model, mean, per_item):
-    """The coverage estimate minus ``constraint_z`` standard errors of the mean of ``per_item``."""
-    if m.cfg.constraint_z == 0.0:
-        return mean
+def lower_bound(mean, per_item, z):
+    """The coverage estimate minus ``z`` standard errors of the mean of ``per_item`` (the
+    variant's margin, ``Variant.margin``; ``z = 0`` gives ``mean`` exactly)."""
     n = per_item.shape[0]
     se = jnp.std(per_item) / jnp.sqrt(jnp.maximum(n - 1, 1))
-    return mean - m.cfg.constraint_z * jax.lax.stop_gradient(se)
+    return mean - z * jax.lax.stop_gradient(se)
 
 
 def _critic_update(m: Model, cp, opt, values, targets_of, valid):
@@ -275,7 +276,7 @@ def sampled_problem(m: Model, state: TrainState, q: jax.Array, k_a: jax.Array, v
     }
     return CPOProblem(
         objective=objective, constraint=lambda pol: -coverage(pol), kl=kl,
-        c=(1.0 - cfg.alpha) - lower_bound(m, j_c, per_episode), critics=(critic_r, critic_c, opt_r, opt_c),
+        c=(1.0 - cfg.alpha) - lower_bound(j_c, per_episode, var.z), critics=(critic_r, critic_c, opt_r, opt_c),
         metrics=metrics,
     )
 
@@ -329,7 +330,7 @@ def exact_problem(m: Model, state: TrainState, qx: jax.Array, var: VariantArrays
         "critic_loss_c": jnp.float32(0.0),
     }
     return CPOProblem(
-        objective=objective, constraint=constraint, kl=kl, c=(1.0 - cfg.alpha) - lower_bound(m, j_c, succ_old),
+        objective=objective, constraint=constraint, kl=kl, c=(1.0 - cfg.alpha) - lower_bound(j_c, succ_old, var.z),
         critics=(state.critic_r, state.critic_c, state.opt_r, state.opt_c), metrics=metrics,
     )
 
