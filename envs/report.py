@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from envs.bound import bound_of_cache
 from envs.cache import ResponseCache
 
 
@@ -79,6 +80,17 @@ def _f(x: float, spec: str = ".3f") -> str:
     return "-" if x != x else format(x, spec)
 
 
+def _bound_line(cache: ResponseCache, alpha: float = 0.1) -> str:
+    """The clairvoyant bound (``envs.bound``) with every question as one test set."""
+    n = cache.n_questions
+    if n == 0:
+        return "clairvoyant bound: n/a (no questions)"
+    b = bound_of_cache(cache, np.arange(n), alpha)
+    return (f"clairvoyant bound at alpha {alpha:g}, all {n} questions as one test set: "
+            f"{b['cost_cents']:.4g} cents ({b['cost_cents'] / n:.4g} per question, coverage {b['coverage']:.3f}); "
+            "no router can be cheaper at that coverage")
+
+
 def describe(cache: ResponseCache, source: str) -> str:
     """Human-readable summary of ``cache`` (loaded from ``source``); SYNTHETIC caches say so loudly."""
     man = cache.manifest
@@ -115,6 +127,7 @@ def describe(cache: ResponseCache, source: str) -> str:
         f"base tokens per call (mean):  in {_f(s['base_tokens_in_mean'], '.1f')}, out {_f(s['base_tokens_out_mean'], '.1f')}",
         f"cents per guide call (mean): {_f(s['guide_cents_per_call'], '.4f')}   per base call: {_f(s['base_cents_per_call'], '.4f')}",
         f"cost of every existing round, all questions: {_f(s['all_rounds_cents'], '.2f')} cents",
+        _bound_line(cache),
         f"base confidence given: {_f(s['confidence_given'], '.0%')} of rounds; "
         f"guide uncertainty given: {_f(s['uncertainty_given'], '.0%')} of rounds",
     ]

@@ -81,3 +81,12 @@ def test_bound_is_below_every_fixed_depth_policy_that_covers():
                 assert b["cost_cents"][s] <= float(np.sum(m.cost_cents)) + 1e-6
     # the bound is strictly cheaper than always going to the last round
     assert np.all(b["cost_cents"] < np.asarray(params.cost)[idx].sum((-1, -2)))
+
+
+def test_data_check_prints_the_bound():
+    from envs.report import describe
+
+    cache = generate("hotpotqa-llama2", n_questions=300, seed=1)
+    b = bound_of_cache(cache, np.arange(300), 0.1)
+    line = [x for x in describe(cache, "x").splitlines() if x.startswith("clairvoyant bound")]
+    assert len(line) == 1 and f"{b['cost_cents']:.4g} cents" in line[0] and "coverage 0.900" in line[0]
