@@ -136,3 +136,11 @@ def test_cli_rejects_bad_trainer_flags(tmp_path, args, fragment):
 def test_cli_lists_presets(tmp_path):
     r = run_cli(["reproduce", "--list-presets"], cwd=tmp_path)
     assert r.returncode == 0 and "constraint_z" in r.stdout and "paper" in r.stdout
+
+
+def test_a_direct_train_config_is_validated():
+    """TrainConfig.__post_init__ validates: a direct construction is checked, not only .replace()."""
+    with pytest.raises(UserError, match="iterations must be >= 1"):
+        TrainConfig(iterations=0)
+    with pytest.raises(UserError, match="pointwise_z must be >= 0"):
+        TrainConfig(pointwise_z=-1.0)

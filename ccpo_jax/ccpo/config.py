@@ -81,6 +81,9 @@ class TrainConfig:
     It needs one to meet its own constraint (0.876-0.893 success at 0; paper: 0). When it
     differs from ``constraint_z`` the CPO policy trains twice, once per margin (``CPO_ROWS``)."""
 
+    def __post_init__(self) -> None:
+        self.validate()  # a direct TrainConfig(...) is checked too, not only .replace()
+
     def validate(self) -> "TrainConfig":
         checks = [
             (self.iterations >= 1, f"iterations must be >= 1, got {self.iterations}"),

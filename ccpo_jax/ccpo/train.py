@@ -67,20 +67,41 @@ def variant_arrays(variants: list[Variant], config: TrainConfig) -> VariantArray
     )
 
 
+class Critics(NamedTuple):
+    """The two V-trace critics (reward, constraint) and their Adam states."""
+
+    critic_r: Any
+    critic_c: Any
+    opt_r: Any
+    opt_c: Any
+
+
+class ExactTerms(NamedTuple):
+    """What the replay-exact estimator computes for one policy over a batch of questions [N, ...]:
+    the target policy's log-probabilities and probabilities [N, T, 3], and per question the
+    expected cost, the success (or set coverage) and the expected set size [N]."""
+
+    log_target: jax.Array
+    probs: jax.Array
+    cost: jax.Array
+    success: jax.Array
+    size: jax.Array
+
+
 class CPOProblem(NamedTuple):
     """What an estimator hands to the CPO step (Eq. 7) for one iteration.
 
     ``objective(theta)`` is maximised; ``constraint(theta)`` is the coverage surrogate in
     CPO's "c + b'x <= 0" form (minus the coverage estimate); ``kl(theta)`` the mean KL of
     the target policy from theta_k; ``c = (1 - alpha) - coverage(theta_k)``. ``critics`` are
-    the updated (critic_r, critic_c, opt_r, opt_c); ``metrics`` scalars for the curves.
+    the updated :class:`Critics`; ``metrics`` scalars for the curves.
     """
 
     objective: Callable
     constraint: Callable
     kl: Callable
     c: jax.Array
-    critics: tuple
+    critics: Critics
     metrics: dict
 
 
@@ -276,7 +297,7 @@ def sampled_problem(m: Model, state: TrainState, q: jax.Array, k_a: jax.Array, v
     }
     return CPOProblem(
         objective=objective, constraint=lambda pol: -coverage(pol), kl=kl,
-        c=(1.0 - cfg.alpha) - lower_bound(j_c, per_episode, var.z), critics=(critic_r, critic_c, opt_r, opt_c),
+        c=(1.0 - cfg.alpha) - lower_bound(j_c, per_episode, var.z), critics=Critics(critic_r, critic_c, opt_r, opt_c),
         metrics=metrics,
     )
 
@@ -292,7 +313,7 @@ def exact_problem(m: Model, state: TrainState, qx: jax.Array, var: VariantArrays
     cost = params.cost[qx]
     log_soft_fn, _ = target_fns(m, var.conformal, state.kappa, avail)
 
-    def terms(pol):
+    def terms(pol) -> ExactTerms:
         pi = m.probs(pol, obs, avail)
         logs = log_soft_fn(pi)
         P = jnp.where(avail, jnp.exp(logs), 0.0)
@@ -300,21 +321,21 @@ def exact_problem(m: Model, state: TrainState, qx: jax.Array, var: VariantArrays
         if cfg.ccpo_target == "set":  # CCPO rows: the soft set rollout itself
             s_cost, s_cov, s_size = exact.soft_set_outcomes(pi, state.kappa, avail, bc, gc, unsolv, cost,
                                                             cfg.softmask_eps)
-            return (logs, P, jnp.where(var.conformal, s_cost, cst), jnp.where(var.conformal, s_cov, succ),
-                    jnp.where(var.conformal, s_size, 1.0))
+            return ExactTerms(logs, P, jnp.where(var.conformal, s_cost, cst), jnp.where(var.conformal, s_cov, succ),
+                              jnp.where(var.conformal, s_size, 1.0))
         size = jnp.where(var.conformal, exact.soft_set_size(pi, state.kappa, avail, cfg.softmask_eps), 1.0)
-        return logs, P, cst, succ, size
+        return ExactTerms(logs, P, cst, succ, size)
 
-    logs_old, P_old, cost_old, succ_old, _ = terms(state.policy)
-    logs_old = jax.lax.stop_gradient(logs_old)
+    old = terms(state.policy)
+    logs_old, P_old, cost_old, succ_old = jax.lax.stop_gradient(old.log_target), old.probs, old.cost, old.success
     w = exact.occupancy_weights(P_old, mask)
 
     def objective(pol):  # maximise -(E[cost] + lambda E|C|), scaled like the sampled rewards
-        _, _, cst, _, size = terms(pol)
-        return -jnp.mean(cst + var.lam * size) * m.reward_scale
+        t = terms(pol)
+        return -jnp.mean(t.cost + var.lam * t.size) * m.reward_scale
 
     def constraint(pol):  # "<= 0" form of Pr[success] >= 1 - alpha
-        return -jnp.mean(terms(pol)[3])
+        return -jnp.mean(terms(pol).success)
 
     def kl(pol):
         kl_t = conformal.soft_policy_kl(logs_old, log_soft_fn(m.probs(pol, obs, avail)))
@@ -331,7 +352,7 @@ def exact_problem(m: Model, state: TrainState, qx: jax.Array, var: VariantArrays
     }
     return CPOProblem(
         objective=objective, constraint=constraint, kl=kl, c=(1.0 - cfg.alpha) - lower_bound(j_c, succ_old, var.z),
-        critics=(state.critic_r, state.critic_c, state.opt_r, state.opt_c), metrics=metrics,
+        critics=Critics(state.critic_r, state.critic_c, state.opt_r, state.opt_c), metrics=metrics,
     )
 
 
