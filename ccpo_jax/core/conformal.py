@@ -14,9 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs.cache import A_BASE as BASE, A_GUIDE as GUIDE, A_NEXT as NEXT  # the one definition of the action ids
+
 Array = jax.Array
 
-BASE, GUIDE, NEXT = 0, 1, 2
 #: Score of an unsolvable question (covered at every kappa). Any value > 1 works
 #: because kappa lives in [0, 1]; +inf keeps the order exact.
 UNSOLVABLE_SCORE = jnp.inf
