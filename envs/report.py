@@ -91,6 +91,21 @@ def _bound_line(cache: ResponseCache, alpha: float = 0.1) -> str:
             "no router can be cheaper at that coverage")
 
 
+def _signal_warnings(s: dict, prov: dict) -> list[str]:
+    """What a cache without confidences or uncertainties cannot feed, and, for a collected cache
+    that asked for log-probs, that the endpoint returned none."""
+    req = prov.get("requests") if isinstance(prov.get("requests"), dict) else {}
+    asked = ("; the collection asked for log-probs (provenance.requests.logprobs) and the endpoint returned "
+             "none (docs/collect.md)") if req.get("logprobs") is True else ""
+    out = []
+    if s["uncertainty_given"] == 0:
+        out.append("warning: no round has a guide uncertainty: reproduce leaves out the UALA row (it thresholds "
+                   "the uncertainty) and the policies see has_guide_uncertainty = 0" + asked)
+    if s["confidence_given"] == 0:
+        out.append("warning: no round has a base confidence: the policies see has_base_confidence = 0" + asked)
+    return out
+
+
 def describe(cache: ResponseCache, source: str) -> str:
     """Human-readable summary of ``cache`` (loaded from ``source``); SYNTHETIC caches say so loudly."""
     man = cache.manifest
@@ -131,6 +146,7 @@ def describe(cache: ResponseCache, source: str) -> str:
         f"base confidence given: {_f(s['confidence_given'], '.0%')} of rounds; "
         f"guide uncertainty given: {_f(s['uncertainty_given'], '.0%')} of rounds",
     ]
+    lines += _signal_warnings(s, prov)
     if s["exit"] or s["llm_policy"]:
         lines.append("cached baselines:")
         for m, e in s["exit"].items():

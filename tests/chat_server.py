@@ -61,9 +61,38 @@ def _words(text: str) -> int:
     return len(text.split())
 
 
+def token_logprob(token: str) -> float:
+    """The fake's log-prob of a token (one token per word, with its leading whitespace): designed
+    values, so that a test knows the confidence and uncertainty the collector must compute."""
+    return -(0.05 + 0.1 * (len(token) % 5))
+
+
+#: How the fake behaves where real servers differ (what each returns was read from its source and
+#: API reference; see tests/fixtures/chat_replies/README.md):
+#: * ``openai`` (also vLLM): log-probs for ``logprobs: true``; the reply's ``model`` is the model asked
+#:   for (OpenAI may answer with a dated snapshot name); serves every model of ``served``;
+#: * ``llama-cpp-python`` (``python -m llama_cpp.server``, 0.3.36): ``"logprobs": null`` unless
+#:   ``top_logprobs`` is sent too (it passes ``logprobs=top_logprobs if logprobs else None`` to the
+#:   completion); answers any model name with its one loaded model and echoes the name asked for;
+#: * ``llama.cpp`` (``llama-server``): log-probs for ``logprobs: true``; answers any model name
+#:   with its loaded model, and names that model (its alias) in the reply.
+#: ``GET /v1/models`` lists ``served`` (a one-model server: the model it loaded).
+FLAVOURS = ("openai", "llama-cpp-python", "llama.cpp")
+
+
 class FakeChatServer:
     def __init__(self, scripts: dict[str, Script], key: str | None = None, delay_s: float = 0.0,
-                 timeout_sleep_s: float = 1.0):
+                 timeout_sleep_s: float = 1.0, flavour: str = "openai", served: list[str] | None = None,
+                 list_models: bool = True, logprobs: bool = True):
+        if flavour not in FLAVOURS:
+            raise ValueError(f"flavour {flavour!r}: one of {FLAVOURS}")
+        self.flavour = flavour
+        # one-model servers (llama.cpp, llama-cpp-python) answer every request with served[0]
+        self.served = list(served) if served is not None else (
+            [BASE_MODEL, GUIDE_MODEL] if flavour == "openai" else [GUIDE_MODEL])
+        self.list_models = list_models  # False: a gateway without GET /models (404)
+        self.logprobs = logprobs  # False: never returns log-probs (a gateway that drops them)
+        self.model_listings = 0  # GET /models requests (not counted in ``requests``)
         self.scripts = scripts
         self.key = key
         self.delay_s = delay_s
@@ -134,8 +163,21 @@ class FakeChatServer:
             return f"Let me think step by step. The item is {ans} I believe."
         return f"Let me think step by step. Item {q.split()[-1]} is listed.\nAnswer: {ans}"
 
+    def _model(self, asked: str) -> tuple[str, str]:
+        """(the model that answers, the model the reply names) for a request asking for ``asked``."""
+        if self.flavour == "openai":
+            return asked, asked
+        return self.served[0], asked if self.flavour == "llama-cpp-python" else self.served[0]
+
+    def models(self) -> dict:
+        """The ``GET /v1/models`` body (the OpenAI list shape, which all three flavours use)."""
+        owner = {"openai": "system", "llama-cpp-python": "me", "llama.cpp": "llamacpp"}[self.flavour]
+        return {"object": "list", "data": [{"id": m, "object": "model", "created": 1764547200, "owned_by": owner}
+                                           for m in self.served]}
+
     def completion(self, body: dict, with_usage: bool = True, verbose: bool = False) -> dict:
-        text = self.reply(body["model"], body["messages"])
+        answering, named = self._model(body["model"])
+        text = self.reply(answering, body["messages"])
         if verbose:  # a model that explains itself after the reply
             text += " because " + " ".join(f"reason{i}" for i in range(40))
         finish = "stop"
@@ -145,14 +187,22 @@ class FakeChatServer:
         out = {
             "id": "chatcmpl-fake",
             "object": "chat.completion",
-            "model": body["model"],
+            "model": named,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
         }
-        if body.get("logprobs"):
+        wants = bool(body.get("logprobs")) and self.logprobs
+        if self.flavour == "llama-cpp-python":
+            wants = wants and body.get("top_logprobs") is not None
+        if wants:
             toks = re.findall(r"\s*\S+", text)
+            n_top = int(body.get("top_logprobs") or 0)
             out["choices"][0]["logprobs"] = {
-                "content": [{"token": t, "logprob": -(0.05 + 0.1 * (len(t) % 5)), "top_logprobs": []} for t in toks]
+                "content": [{"token": t, "logprob": token_logprob(t), "bytes": list(t.encode()),
+                             "top_logprobs": [{"token": t, "logprob": token_logprob(t), "bytes": list(t.encode())}][:n_top]}
+                            for t in toks]
             }
+        elif self.flavour == "llama-cpp-python":
+            out["choices"][0]["logprobs"] = None  # (it sends the key, as null)
         if with_usage:
             p = sum(_words(m["content"]) + 4 for m in body["messages"])
             c = _words(text)
@@ -189,6 +239,16 @@ class FakeChatServer:
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
+
+            def do_GET(self):
+                auth = self.headers.get("Authorization")
+                if server.key is not None and auth != f"Bearer {server.key}":
+                    return self._send(401, b'{"error": {"message": "Incorrect API key provided"}}')
+                if not (self.path.endswith("/models") and server.list_models):
+                    return self._send(404, b'{"error": {"message": "not found"}}')
+                with server.lock:
+                    server.model_listings += 1
+                self._send(200, json.dumps(server.models()).encode())
 
             def do_POST(self):
                 n = int(self.headers.get("Content-Length", "0"))
@@ -243,11 +303,15 @@ if __name__ == "__main__":
     ap.add_argument("n", type=int, nargs="?", default=20)
     ap.add_argument("--delay-ms", type=float, default=0.0)
     ap.add_argument("--questions-out", default=None, help="also write the matching questions file here")
+    ap.add_argument("--flavour", default="openai", choices=FLAVOURS,
+                    help="behave as this server does where servers differ (see FLAVOURS in this file)")
+    ap.add_argument("--served", default=None, help="comma-separated models GET /v1/models lists")
     a = ap.parse_args()
     if a.questions_out:
         write_questions(a.questions_out, a.n)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    with FakeChatServer(make_scripts(a.n), delay_s=a.delay_ms / 1000.0) as srv:
+    served = a.served.split(",") if a.served else None
+    with FakeChatServer(make_scripts(a.n), delay_s=a.delay_ms / 1000.0, flavour=a.flavour, served=served) as srv:
         print(srv.url, flush=True)
         try:
             while True:

@@ -7,6 +7,7 @@ is what the runs with faults, a kill, a budget stop and a failure must end with.
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import os
 import signal
@@ -489,3 +490,62 @@ def test_sampled_guide_calls_are_not_reused_but_resume_replays_them(server, ques
     before = server.requests
     assert main(args[:] + ["--resume"]) == 0
     assert server.requests == before
+
+
+# -- log-probs from the servers people run ---------------------------------------------------------
+
+
+def _lp_rounds(out: Path) -> tuple[list[dict], list[dict]]:
+    lines = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    return lines, [r for q in lines for r in q["rounds"]]
+
+
+def test_llama_cpp_python_returns_log_probs_for_the_request_sent(server, questions_file, tmp_path, capsys):
+    """A guide on a llama-cpp-python-like server (log-probs only when top_logprobs is sent too): the
+    collector's request gets them for every reply; the uncertainty is 1 - p(verdict token) of the
+    server's designed token probabilities, and the summary gives the share of rounds with each signal."""
+    from chat_server import token_logprob
+
+    with FakeChatServer(SCRIPTS, flavour="llama-cpp-python", served=[GUIDE_MODEL]) as lcp:
+        out = tmp_path / "lcp.jsonl"
+        args = _args(server, questions_file, out, "--limit", "10")
+        args[args.index("--guide") + 1] = f"{lcp.url},{GUIDE_MODEL}"
+        assert main(args) == 0
+    printed = capsys.readouterr()
+    assert "log-probs: base confidence given for 100% (40/40) of the rounds collected in this run, " \
+           "guide uncertainty for 90% (36/40)" in printed.out  # q7's verdicts are unreadable: no uncertainty
+    assert "returned no log-probs" not in printed.out + printed.err
+    guide_calls = [c for c in _calls(out) if "text" in c and c["endpoint"].startswith(lcp.url)]
+    assert guide_calls and all(c["logprobs"] for c in guide_calls)
+    lines, rounds = _lp_rounds(out)
+    g0 = lines[0]["rounds"][0]["guide"]  # "Yes"
+    g2 = lines[2]["rounds"][0]["guide"]  # "No [answer 2]"
+    assert g0["uncertainty"] == pytest.approx(1 - math.exp(token_logprob("Yes")), abs=1e-6)
+    assert g2["uncertainty"] == pytest.approx(1 - math.exp(token_logprob("No")), abs=1e-6)
+    # the body the collector sends, replayed through that server's rule: without top_logprobs, no log-probs
+    assert lcp.completion({"model": GUIDE_MODEL, "messages": [{"role": "user", "content": "x"}],
+                           "logprobs": True})["choices"][0]["logprobs"] is None
+
+
+def test_an_endpoint_without_log_probs_is_warned_about_at_once_and_in_the_summary(server, questions_file, tmp_path,
+                                                                                  capsys):
+    with FakeChatServer(SCRIPTS, logprobs=False) as bare:
+        out = tmp_path / "bare.jsonl"
+        args = _args(server, questions_file, out, "--limit", "3", "--concurrency", "1")
+        args[args.index("--guide") + 1] = f"{bare.url},{GUIDE_MODEL}"
+        assert main(args) == 0
+    printed = capsys.readouterr()
+    warn = [x for x in printed.err.splitlines() if "returned no log-probs in its first reply" in x]
+    assert len(warn) == 1 and warn[0].startswith(f"warning: the guide endpoint ({GUIDE_MODEL} at {bare.url}")
+    assert "guide uncertainty for 0% (0/12)" in printed.out and "base confidence given for 100% (12/12)" in printed.out
+    calls = _calls(out)
+    guide_keys = {c["key"] for c in calls if "text" in c and c["endpoint"].startswith(bare.url)}
+    n_guide = sum(1 for c in calls if c.get("key") in guide_keys)  # sent and answered from the log
+    assert f"returned no log-probs in {n_guide} of its {n_guide} replies: no guide uncertainty" in printed.out
+    _, rounds = _lp_rounds(out)
+    assert not any("uncertainty" in r["guide"] for r in rounds)
+    assert main(["data", "check", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "guide uncertainty given: 0% of rounds" in shown
+    assert "warning: no round has a guide uncertainty: reproduce leaves out the UALA row" in shown
+    assert "the collection asked for log-probs (provenance.requests.logprobs) and the endpoint returned none" in shown

@@ -66,6 +66,7 @@ def make_manifest(s: Settings, started: str) -> dict[str, Any]:
                 "max_tokens": s.max_tokens(),
                 "seed": s.seed,
                 "logprobs": s.logprobs,
+                "top_logprobs": s.top_logprobs,
             },
             "correctness": rule,
             "measures": {"guide_uncertainty": "1 - p(verdict token)",

@@ -7,12 +7,12 @@ import hashlib
 import json
 import math
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from ccpo_jax.collect.calllog import CallLog
 from ccpo_jax.collect.client import CallStats, ChatClient, EndpointError, Stopped
 from ccpo_jax.collect.meter import Meter
-from ccpo_jax.collect.settings import Settings
+from ccpo_jax.collect.settings import TOP_LOGPROBS, Settings
 
 #: Prompt tokens per character assumed by the cost bound before a model has replied.
 PROMPT_TOKENS_PER_CHAR = 0.5
@@ -48,8 +48,8 @@ class Caller:
     """Makes the protocol's calls: replay from the call log, budget, send, log, count."""
 
     def __init__(self, s: Settings, log: CallLog, meter: Meter, stop: threading.Event,
-                 clients: dict[str, ChatClient]):
-        self.s, self.log, self.meter, self.stop, self.clients = s, log, meter, stop, clients
+                 clients: dict[str, ChatClient], warn: Callable[[str], Any] = lambda msg: None):
+        self.s, self.log, self.meter, self.stop, self.clients, self.warn = s, log, meter, stop, clients, warn
 
     def usd(self, role: str, t_in: float, t_out: float) -> float:
         p_in, p_out = self.s.prices[role]
@@ -62,6 +62,7 @@ class Caller:
             b["seed"] = self.s.seed
         if self.s.logprobs:
             b["logprobs"] = True
+            b["top_logprobs"] = TOP_LOGPROBS
         return b
 
     def call(self, qid: str, name: str, role: str, messages: list[dict], max_tokens: int,
@@ -73,7 +74,7 @@ class Caller:
         if hit is not None:
             self.meter.count("replayed")
             self.log.append({"key": key, "q": qid, "call": name, "replayed": True, "at": now_iso()})
-            return _answer(hit)
+            return self._seen(role, _answer(hit))
         if self.stop.is_set():
             raise Stopped()
         chars = _chars(messages)
@@ -112,7 +113,19 @@ class Caller:
         self.log.append(rec)
         self.meter.settle(est, role, reply, usd, stats)
         self.meter.count_tokens(role, t_in, t_out)
-        return _answer(rec)
+        return self._seen(role, _answer(rec))
+
+    def _seen(self, role: str, a: Answer) -> Answer:
+        """Count whether the reply has log-probs; warn once per role, at its first reply, when the
+        endpoint returned none although they were asked for."""
+        if self.s.logprobs and self.meter.logprobs_seen(role, a.logprobs is not None):
+            ep = self.s.endpoint(role)
+            what = "base confidence" if role == "base" else "guide uncertainty"
+            self.warn(f"warning: the {role} endpoint ({ep.model} at {ep.public_url}) returned no log-probs in its "
+                      f"first reply, although the request asked for them (logprobs, top_logprobs "
+                      f"{TOP_LOGPROBS}): {what} will be missing wherever it sends none; the summary gives the "
+                      "share of rounds with each signal (docs/collect.md)")
+        return a
 
 
 def is_sampled(body: dict) -> bool:

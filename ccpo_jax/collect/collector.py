@@ -187,7 +187,17 @@ def _run(todo: list[Question], s: Settings, ex: Execution, log: CallLog, meter: 
     stop = StopSignal()
     clients = {r: ChatClient(s.endpoint(r), ex.retry, max_connections=ex.concurrency, stop=stop,
                              seed=i, sleep=sleep) for i, r in enumerate(ROLES)}
-    caller = Caller(s, log, meter, stop, clients)
+    warned: set[str] = set()
+    warn_lock = threading.Lock()
+
+    def warn(msg: str) -> None:  # each message once per run (workers may hit it together)
+        with warn_lock:
+            if msg in warned:
+                return
+            warned.add(msg)
+        progress.write(msg)
+
+    caller = Caller(s, log, meter, stop, clients, warn)
 
     def work(q: Question) -> dict | None:
         """The question's line, or None when the run stops (the first cause is kept in ``stop``)."""

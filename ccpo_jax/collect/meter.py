@@ -36,6 +36,9 @@ class Meter:
         # replies used that stopped at max_tokens (finish_reason "length"), per kind of call:
         # [how many, how many of them could not be read]
         self.cut = {k: [0, 0] for k in CUT_KINDS}
+        self.logprobs = {r: [0, 0] for r in ROLES}  # role -> [replies with log-probs, replies]
+        # per round collected in this run: [rounds with the signal, rounds]
+        self.signals = {"confidence": [0, 0], "uncertainty": [0, 0]}
 
     @property
     def total_usd(self) -> float:
@@ -78,6 +81,20 @@ class Meter:
         with self.lock:
             self.cut[kind][0] += 1
             self.cut[kind][1] += bool(unreadable)
+
+    def logprobs_seen(self, role: str, has: bool) -> bool:
+        """Count one reply of ``role``; True when it is the role's first and has no log-probs."""
+        with self.lock:
+            c = self.logprobs[role]
+            c[0] += has
+            c[1] += 1
+            return c[1] == 1 and not has
+
+    def signal(self, what: str, given: bool) -> None:
+        """One more round collected, with or without ``what`` (confidence / uncertainty)."""
+        with self.lock:
+            self.signals[what][0] += given
+            self.signals[what][1] += 1
 
     def bump(self, what: str) -> None:
         with self.lock:

@@ -38,6 +38,7 @@ def collect_question(q: Question, s: Settings, c: Caller) -> dict:
         conf = P.answer_confidence(b.logprobs, b.text, parsed[1] if parsed else None)
         if conf is not None:
             base["confidence"] = conf
+        c.meter.signal("confidence", conf is not None)
         if parsed is None:
             base["answer_parsed"] = False
             c.meter.bump("base answer")
@@ -52,6 +53,7 @@ def collect_question(q: Question, s: Settings, c: Caller) -> dict:
         unc = P.verdict_uncertainty(g.logprobs) if v.correct is not None else None
         if unc is not None:
             guide["uncertainty"] = unc
+        c.meter.signal("uncertainty", unc is not None)
         if v.correct is None:
             guide["verdict_parsed"] = False
             guide["raw"] = g.text

@@ -13,6 +13,10 @@ from ccpo_jax.errors import UserError
 #: Version of the collector's protocol and output (in every cache's provenance).
 COLLECTOR_VERSION = "1"
 ROLES = ("base", "guide")
+#: ``top_logprobs`` sent with ``logprobs``: llama-cpp-python returns no log-probs for ``logprobs``
+#: alone, and every OpenAI-compatible server we know accepts it (OpenAI: 0-20); 1 is the fewest
+#: alternatives that make the common servers return the chosen tokens' log-probs.
+TOP_LOGPROBS = 1
 
 
 class CollectError(UserError):
@@ -49,6 +53,11 @@ class Settings:
     def endpoint(self, role: str) -> Endpoint:
         return self.base if role == "base" else self.guide
 
+    @property
+    def top_logprobs(self) -> int | None:
+        """The ``top_logprobs`` sent with ``logprobs`` (None when log-probs are not asked for)."""
+        return TOP_LOGPROBS if self.logprobs else None
+
     def max_tokens(self) -> dict[str, int]:
         return {"base": self.base_max_tokens, "guide": self.guide_max_tokens, "decisions": self.decision_max_tokens}
 
@@ -68,6 +77,7 @@ class Settings:
             "guide_temperature": self.guide_temperature,
             "seed": self.seed,
             "logprobs": self.logprobs,
+            "top_logprobs": self.top_logprobs,
             "f1_threshold": self.f1_threshold,
             "exit_roles": list(self.exit_roles),
             "policy_roles": list(self.policy_roles),

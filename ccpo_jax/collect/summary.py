@@ -50,6 +50,13 @@ class Progress:
             self._bar.set_postfix_str(post, refresh=True)
             self._last = post
 
+    def write(self, msg: str) -> None:
+        """A message on stderr, above the bar when there is one."""
+        if self._bar is not None:
+            self._bar.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
@@ -68,6 +75,31 @@ def postfix(m: Meter, done: int, total: int, done_now: int) -> str:
     if m.cap is not None:
         s += f" | cap ${m.cap:.2f}"
     return s
+
+
+def _share(given: int, n: int) -> str:
+    return f"{given / n:.0%} ({given}/{n})" if n else "- (0 rounds)"
+
+
+def signal_lines(m: Meter, s: Settings) -> list[str]:
+    """The share of this run's rounds with a base confidence and with a guide uncertainty, and a
+    warning per endpoint that returned no log-probs although they were asked for."""
+    (c, nc), (u, nu) = m.signals["confidence"], m.signals["uncertainty"]
+    if not s.logprobs:
+        return ["log-probs: not asked for (--no-logprobs): no base confidence, no guide uncertainty stored"]
+    out = [f"log-probs: base confidence given for {_share(c, nc)} of the rounds collected in this run, "
+           f"guide uncertainty for {_share(u, nu)}"]
+    for r in ROLES:
+        has, n = m.logprobs[r]
+        if n and has < n:
+            what = "base confidence" if r == "base" else "guide uncertainty"
+            ep = s.endpoint(r)
+            out.append(f"warning: the {r} endpoint ({ep.model} at {ep.public_url}) returned no log-probs in "
+                       f"{n - has} of its {n} replies: no {what} for those rounds (reproduce leaves out UALA "
+                       "without guide uncertainty)" if r == "guide" else
+                       f"warning: the {r} endpoint ({ep.model} at {ep.public_url}) returned no log-probs in "
+                       f"{n - has} of its {n} replies: no {what} for those rounds")
+    return out
 
 
 def cut_notes(m: Meter, s: Settings) -> list[str]:
@@ -115,6 +147,7 @@ def summary(o: Outcome, s: Settings) -> str:
     if unread:
         lines.append(f"unreadable (recorded as such): {unread}")
     lines += cut_notes(m, s)
+    lines += signal_lines(m, s)
     if m.estimated_usage:
         lines.append(f"warning: {m.estimated_usage} repl(ies) had no usage; their tokens are estimated and flagged")
     if o.sha256:
