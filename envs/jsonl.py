@@ -254,6 +254,11 @@ def _manifest(path: Path, line_no: int | None, mdict: dict | None, max_rounds: i
     return man
 
 
+class NoQuestions(CacheError):
+    """A human-format file with a valid manifest line and no question yet (e.g. a collection
+    stopped before its first question finished): ``data check`` accepts it, a run cannot use it."""
+
+
 def read_jsonl(path: str | os.PathLike) -> ResponseCache:
     """Read and validate a human-format cache (module docstring); returns it with its checksum."""
     path = Path(path)
@@ -309,7 +314,7 @@ def _read(path: Path, lines: Iterator[tuple[int, dict]]) -> ResponseCache:
         questions.append(q)
 
     if not questions:
-        raise CacheError(f"{path}: no questions (the file holds only a manifest)")
+        raise NoQuestions(f"{path}: no questions (the file holds only a manifest)")
     max_rounds = max(len(q["rounds"]) for q in questions)
     man = _manifest(path, mline, mdict, max_rounds, exit_seen, policy_seen)
     T = man.T

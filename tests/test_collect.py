@@ -549,3 +549,17 @@ def test_an_endpoint_without_log_probs_is_warned_about_at_once_and_in_the_summar
     assert "guide uncertainty given: 0% of rounds" in shown
     assert "warning: no round has a guide uncertainty: reproduce leaves out the UALA row" in shown
     assert "the collection asked for log-probs (provenance.requests.logprobs) and the endpoint returned none" in shown
+
+
+def test_data_check_accepts_a_collection_killed_before_its_first_question(server, questions_file, reference,
+                                                                           tmp_path, capsys):
+    """The cache of a run killed before any question finished is its manifest line alone: a valid
+    cache with no questions (exit 0); a bad manifest is still an error."""
+    out = tmp_path / "early.jsonl"
+    out.write_text(reference[0].read_text().splitlines(keepends=True)[0])
+    capsys.readouterr()
+    assert main(["data", "check", str(out)]) == 0
+    assert "a valid manifest and no questions yet" in capsys.readouterr().out
+    out.write_text('{"manifest": {"name": "x"}}\n')
+    assert main(["data", "check", str(out)]) == 2
+    assert capsys.readouterr().err.startswith("error: ")

@@ -48,7 +48,16 @@ def _check(args) -> int:
     from envs.formats import load_cache
     from envs.report import describe
 
-    print(describe(load_cache(args.path), source=args.path))
+    from envs.jsonl import NoQuestions
+
+    try:
+        cache = load_cache(args.path)
+    except NoQuestions:  # its manifest was checked: a valid cache that holds no question yet
+        print(f"{args.path}: a valid manifest and no questions yet (e.g. a collection stopped, or still "
+              "running, before its first question finished); nothing else to check. `reproduce` and "
+              "`data import` need at least one question")
+        return 0
+    print(describe(cache, source=args.path))
     return 0
 
 
