@@ -563,3 +563,21 @@ def test_data_check_accepts_a_collection_killed_before_its_first_question(server
     out.write_text('{"manifest": {"name": "x"}}\n')
     assert main(["data", "check", str(out)]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+@pytest.mark.slow
+def test_reproduce_lists_the_rows_it_leaves_out(server, questions_file, tmp_path, capsys):
+    """A cache collected without log-probs: reproduce leaves out UALA and says so, with the reason,
+    on screen, in results.json and in table.md."""
+    from ccpo_jax.ccpo.reproduce import reproduce
+
+    out = tmp_path / "plain.jsonl"
+    assert main(_args(server, questions_file, out, "--no-logprobs")) == 0
+    lines = []
+    res = reproduce(cache=str(out), n_splits=2, split_sizes="8,6,6", out_dir=tmp_path / "run",
+                    train=False, echo=lines.append, progress=False)
+    why = "no round of the cache has a guide uncertainty (UALA thresholds it)"
+    assert "UALA" not in res.results["policies"] and res.results["left_out"] == {"UALA": why}
+    assert f"- UALA: {why}" in (tmp_path / "run" / "table.md").read_text()
+    assert any(f"- UALA: {why}" in x for x in lines)
+    print("\n".join(lines))

@@ -210,3 +210,24 @@ def non_learned_rows(
     order = [exit_row_name(m) for _, m in exit_ms] + ["Random"] + [llm_policy_row_name(m) for _, m in llm_ms]
     order += ["UALA"] if with_uala else []
     return {r: {k: np.asarray(v) for k, v in out[r].items()} for r in order}
+
+
+def left_out_rows(cache: ResponseCache, test_idx: Any) -> dict[str, str]:
+    """{row name: why} of every non-learned row the cache lists or could have that
+    :func:`non_learned_rows` leaves out (the same conditions)."""
+    test_idx = np.asarray(test_idx, np.int32)
+    man, a = cache.manifest, cache.arrays
+    used = np.unique(test_idx)
+    out: dict[str, str] = {}
+    for i, m in enumerate(man.exit_models):
+        if not a["exit_mask"][used, i].all():
+            n = int((~a["exit_mask"][used, i]).sum())
+            out[exit_row_name(m)] = f"{n} of the {used.size} test questions have no cached EXIT run of {m}"
+    for i, m in enumerate(man.llm_policy_models):
+        if not (a["llm_policy_actions"][used, i] >= 0).any():
+            out[llm_policy_row_name(m)] = (f"no test question has readable actions of {m} (every reply "
+                                           "unreadable or none cached)")
+    if not has_uncertainty(cache):
+        out["UALA"] = "no round of the cache has a guide uncertainty (UALA thresholds it)"
+    return out
+

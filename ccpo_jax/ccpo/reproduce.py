@@ -32,7 +32,7 @@ import numpy as np
 
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
-from ccpo_jax.ccpo.baselines import non_learned_rows
+from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.presets import deviations
 from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn
@@ -260,7 +260,7 @@ def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cach
 
 
 def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: ResponseCache, rows: dict, timing: dict,
-                   trains: bool) -> tuple[dict, str]:
+                   trains: bool, splits_test: Any = None) -> tuple[dict, str]:
     """results.json, table.md and the box plots of a finished run, in its work directory."""
     results = report.build_results(
         setting=st.name, alpha=cfg.alpha, protocol=cfg.protocol, n_splits=cfg.n_splits,
@@ -268,10 +268,18 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
         preset=cfg.preset, train_config=dataclasses.asdict(cfg.train_config()) if trains else None,
     )
     compare = is_setting_profile(st, cache)
+    left = left_out_rows(cache, splits_test) if splits_test is not None else {}
+    results["left_out"] = left
     report.write_results(work, results)
     report.write_table(work, results, st, cfg.split_sizes, compare_paper=compare)
+    table = report.format_table(results, st, cfg.split_sizes, compare_paper=compare)
+    if left:
+        extra = "\nRows left out:\n" + "".join(f"- {r}: {why}\n" for r, why in left.items())
+        with open(work / report.TABLE_FILE, "a", encoding="utf-8") as f:
+            f.write(extra)
+        table = table.rstrip("\n") + "\n" + extra
     report.write_boxplots(work, results, st, own_cache=compare)
-    return results, report.format_table(results, st, cfg.split_sizes, compare_paper=compare)
+    return results, table
 
 
 def reproduce(
@@ -361,7 +369,7 @@ def reproduce(
             say(f"  note: {notes[-1]}")
         # 7. outputs
         timing["total_s"] = time.perf_counter() - t_start
-        results, table = _write_outputs(work, st, cfg, cache_obj, rows, timing, trainer is not None)
+        results, table = _write_outputs(work, st, cfg, cache_obj, rows, timing, trainer is not None, splits.test)
         out.parent.mkdir(parents=True, exist_ok=True)
         os.replace(work, out)
     except KeyboardInterrupt:
