@@ -243,7 +243,8 @@ class FakeChatServer:
             def do_GET(self):
                 auth = self.headers.get("Authorization")
                 if server.key is not None and auth != f"Bearer {server.key}":
-                    return self._send(401, b'{"error": {"message": "Incorrect API key provided"}}')
+                    msg = {"error": {"message": f"Incorrect API key provided: {auth}", "type": "invalid_request_error"}}
+                    return self._send(401, json.dumps(msg).encode())
                 if not (self.path.endswith("/models") and server.list_models):
                     return self._send(404, b'{"error": {"message": "not found"}}')
                 with server.lock:

@@ -581,3 +581,25 @@ def test_reproduce_lists_the_rows_it_leaves_out(server, questions_file, tmp_path
     assert f"- UALA: {why}" in (tmp_path / "run" / "table.md").read_text()
     assert any(f"- UALA: {why}" in x for x in lines)
     print("\n".join(lines))
+
+
+def test_a_model_the_server_does_not_list_is_an_error_before_any_call(questions_file, tmp_path, capsys):
+    """llama-cpp-python answers any model name with its loaded model and echoes the name asked for:
+    GET /v1/models catches the wrong name before anything is paid; --allow-unlisted-model calls it
+    anyway, and a reply naming another model is flagged."""
+    with FakeChatServer(SCRIPTS, flavour="llama-cpp-python", served=["models/guide-q8_0.gguf"]) as lcp, \
+            FakeChatServer(SCRIPTS, flavour="llama.cpp", served=["guide-alias"]) as native:
+        out = tmp_path / "wrong.jsonl"
+        args = _args(lcp, questions_file, out, "--limit", "1")
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: the base endpoint {lcp.url}/chat/completions does not serve the model "
+                              f"'{BASE_MODEL}'; it lists: 'models/guide-q8_0.gguf'") and err.count("\n") == 1
+        assert lcp.requests == 0 and not out.exists()
+        args2 = _args(native, questions_file, tmp_path / "anyway.jsonl", "--limit", "1", "--allow-unlisted-model")
+        assert main(args2) == 0
+        printed = capsys.readouterr()
+        assert "called anyway (--allow-unlisted-model)" in printed.out
+        assert f"answered as model 'guide-alias', not '{BASE_MODEL}'" in printed.err
+        assert "named another model than the one asked for" in printed.out
+        assert {c["served_model"] for c in _calls(tmp_path / "anyway.jsonl") if "text" in c} == {"guide-alias"}

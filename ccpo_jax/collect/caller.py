@@ -104,9 +104,14 @@ class Caller:
             "attempts": stats.attempts, "waits": [list(w) for w in stats.waits],
             "latency_s": round(stats.latency_s, 4), "tokens_in": t_in, "tokens_out": t_out,
             "prompt_chars": chars, "cost_usd": usd, "finish_reason": reply.finish_reason,
-            "text": reply.text,
+            "text": reply.text, "served_model": reply.model,
             "logprobs": [list(x) for x in reply.logprobs] if reply.logprobs is not None else None,
         }
+        if reply.model is not None and reply.model != ep.model and not reply.model.startswith(ep.model + "-"):
+            # (a dated snapshot such as gpt-4o-2024-08-06 for gpt-4o is the model asked for)
+            self.meter.count("model_mismatch")
+            self.warn(f"warning: the {role} endpoint ({ep.public_url}) answered as model {reply.model!r}, not "
+                      f"{ep.model!r} as asked (each reply's model is in the call log as served_model)")
         if estimated:
             rec["tokens_estimated"] = True
             self.meter.count("estimated_usage")

@@ -132,6 +132,7 @@ class Reply:
     tokens_out: int | None
     logprobs: tuple[tuple[str, float], ...] | None
     finish_reason: str | None
+    model: str | None = None  # the model the reply says it came from
 
 
 @dataclasses.dataclass
@@ -260,8 +261,19 @@ def parse_completion(body: Any) -> Reply:
         if out:
             lps = tuple(out)
     finish = ch.get("finish_reason")
+    model = body.get("model")
     return Reply(text=_text(text), tokens_in=t_in, tokens_out=t_out, logprobs=lps,
-                 finish_reason=finish if isinstance(finish, str) else None)
+                 finish_reason=finish if isinstance(finish, str) else None,
+                 model=model if isinstance(model, str) else None)
+
+
+def parse_model_list(body: Any) -> list[str]:
+    """A ``GET /models`` body (``{"data": [{"id": ...}, ...]}``, OpenAI's shape) -> the model ids;
+    ValueError when it is not one."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        raise ValueError("no 'data' list of models in the body")
+    return [d["id"] for d in data if isinstance(d, dict) and isinstance(d.get("id"), str)]
 
 
 class ChatClient:
@@ -290,6 +302,26 @@ class ChatClient:
 
     def close(self) -> None:
         self._http.close()
+
+    def served_models(self) -> list[str]:
+        """The models the endpoint lists (``GET {base}/models``); EndpointError when it lists none."""
+        u = self.endpoint.completions_url
+        url = u[: -len("/chat/completions")] + "/models"
+        try:
+            resp = self._http.get(url)
+        except httpx.HTTPError as e:
+            raise self._fail(f"GET {public_url(url)} failed ({type(e).__name__})", CallStats()) from None
+        if resp.status_code in (401, 403):  # the key is refused: no call can succeed
+            excerpt = resp.content[:300].decode("utf-8", "replace").strip()
+            e = self._fail(f"HTTP {resp.status_code} (not retried): {excerpt}", CallStats())
+            e.refused = True
+            raise e
+        if resp.status_code != 200:
+            raise self._fail(f"GET {public_url(url)}: HTTP {resp.status_code}", CallStats())
+        try:
+            return parse_model_list(json.loads(resp.content[:1_000_000].decode("utf-8")))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise self._fail(f"GET {public_url(url)}: not a model list ({e})", CallStats()) from None
 
     def _jitter(self, lo: float, hi: float) -> float:
         with self._rng_lock:

@@ -93,6 +93,8 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
     if ex.dry_run:
         return Outcome(out, False, len(done), len(selected), "dry run", meter, 0.0)
 
+    if todo:
+        check_models(s, ex, echo)
     created = man is None
     cache = _create_cache(out, s) if created else CacheFile(out, man, done)
     log = log if log is not None else _new_log(out, log_path)
@@ -115,6 +117,38 @@ def collect(s: Settings, questions: list[Question], out: str | os.PathLike, ex: 
     sha = cache.finish([q.id for q in questions]) if complete else None
     n_done = sum(1 for q in selected if q.id in cache.done)
     return Outcome(out, complete, n_done, len(selected), stopped, meter, elapsed, sha, removed)
+
+
+def check_models(s: Settings, ex: Execution, echo: Callable[[str], Any]) -> None:
+    """Before the first paid call: each endpoint must list its model (``GET /models``); an unlisted
+    model, or an endpoint that lists none, is an error (a note with ``allow_unlisted_model``)."""
+    listed: dict[tuple, list[str] | str] = {}
+    for r in ROLES:
+        ep = s.endpoint(r)
+        where = (ep.completions_url, ep.key_env)
+        if where not in listed:
+            cl = ChatClient(ep, ex.retry, max_connections=1)
+            try:
+                listed[where] = cl.served_models()
+            except EndpointError as e:
+                if getattr(e, "refused", False):
+                    raise
+                listed[where] = str(e)
+            finally:
+                cl.close()
+        got = listed[where]
+        if isinstance(got, str):
+            msg = (f"the {r} endpoint does not list its models ({got}); pass --allow-unlisted-model to call "
+                   f"{ep.model!r} anyway")
+        elif ep.model in got:
+            continue
+        else:
+            msg = (f"the {r} endpoint {ep.public_url} does not serve the model {ep.model!r}; it lists: "
+                   f"{', '.join(repr(m) for m in got) or '(none)'} (use one of these names, or "
+                   "--allow-unlisted-model for a gateway that does not list what it serves)")
+        if not ex.allow_unlisted_model:
+            raise UserError(msg)
+        echo(f"note: {msg}; called anyway (--allow-unlisted-model)")
 
 
 def _check_out(out: Path, log_path: Path, ex: Execution) -> None:

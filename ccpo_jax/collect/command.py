@@ -67,6 +67,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     e.add_argument("--resume", action="store_true", help="continue the collection in --out (same settings), replaying paid calls")
     e.add_argument("--dry-run", action="store_true", help="print the cost bound and exit without calling any endpoint")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
+    e.add_argument("--allow-unlisted-model", action="store_true",
+                   help="call a model that the endpoint's GET /models does not list (gateways that do not list)")
 
 
 def _pair(text: str, flag: str) -> tuple[float, float]:
@@ -214,7 +216,8 @@ def execution_from_args(args):
                         max_retry_after_s=args.max_retry_after, timeout_s=args.timeout,
                         attempt_timeout_s=args.attempt_timeout, max_reply_bytes=args.max_reply_bytes)
     return Execution(concurrency=args.concurrency, retry=retry, max_cost_usd=args.max_cost_usd,
-                     progress=not args.no_progress, limit=args.limit, resume=args.resume, dry_run=args.dry_run)
+                     progress=not args.no_progress, limit=args.limit, resume=args.resume, dry_run=args.dry_run,
+                     allow_unlisted_model=args.allow_unlisted_model)
 
 
 #: collect()'s and load_questions()'s arguments -> this command's flags (for error messages).

@@ -33,6 +33,7 @@ class Meter:
         self.latencies: list[float] = []
         self.unreadable = {"guide verdict": 0, "base answer": 0, "EXIT decision": 0, "policy reply": 0}
         self.estimated_usage = 0
+        self.model_mismatch = 0  # replies naming another model than the one asked for
         # replies used that stopped at max_tokens (finish_reason "length"), per kind of call:
         # [how many, how many of them could not be read]
         self.cut = {k: [0, 0] for k in CUT_KINDS}

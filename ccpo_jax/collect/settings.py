@@ -112,3 +112,4 @@ class Execution:
     limit: int | None = None
     resume: bool = False
     dry_run: bool = False
+    allow_unlisted_model: bool = False  # call a model its endpoint's GET /models does not list

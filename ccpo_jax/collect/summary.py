@@ -148,6 +148,9 @@ def summary(o: Outcome, s: Settings) -> str:
         lines.append(f"unreadable (recorded as such): {unread}")
     lines += cut_notes(m, s)
     lines += signal_lines(m, s)
+    if m.model_mismatch:
+        lines.append(f"warning: {m.model_mismatch} repl(ies) named another model than the one asked for "
+                     "(served_model in the call log)")
     if m.estimated_usage:
         lines.append(f"warning: {m.estimated_usage} repl(ies) had no usage; their tokens are estimated and flagged")
     if o.sha256:
