@@ -306,6 +306,20 @@ def _json_default(v: Any) -> Any:
     raise TypeError(f"{type(v).__name__} is not JSON-serialisable")
 
 
+def jsonable(x: Any) -> Any:
+    """``x`` as plain JSON values: dict keys as strings, tuples as lists, numpy scalars and arrays
+    through :func:`_json_default` (the one numpy-to-JSON conversion), a Python float NaN as None."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (np.generic, np.ndarray)):
+        return _json_default(x)
+    if isinstance(x, float) and x != x:
+        return None
+    return x
+
+
 def canonical_json(obj: Any) -> bytes:
     """One byte string per JSON value: sorted keys, no spaces, UTF-8, shortest float repr.
 

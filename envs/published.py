@@ -1,4 +1,5 @@
-"""The CCPO paper's published results, arXiv 2511.11828, Tables 2-9: pure data, no
+"""The papers' published results: the CCPO paper's (arXiv 2511.11828, Tables 2-9) and the
+Stackelberg governance paper's (arXiv 2606.23026, :data:`STACKELBERG_TABLE4` and below). Pure data, no
 logic beyond lookups. The one copy of these numbers in the package: ``ccpo_jax.ccpo.settings``
 puts them beside a run's results (table.md), ``envs.synthetic`` calibrates its
 synthetic caches to them (Tables 2-5).
@@ -84,3 +85,27 @@ def row(table: int, kind: str) -> dict[str, float]:
 def value(table: int, kind: str, column: str) -> float:
     """One published number: ``column`` (in :data:`COLUMNS`) of row ``kind`` of Table ``table``."""
     return row(table, kind)[column]
+
+
+# -- arXiv 2606.23026 (Stackelberg resource governance); ccpo_jax.stackelberg puts these beside a run's
+# results (results.json, table.md). Read-only mappings.
+
+STACKELBERG_PAPER = "arXiv 2606.23026"
+
+#: Table 4 (§10.2): strategy -> (tokens per turn, quality, efficiency Q/T x 1e3).
+STACKELBERG_TABLE4: Mapping[str, tuple[float, float, float]] = MappingProxyType({
+    "Middle": (933.7, 0.888, 0.951), "Conservative": (703.8, 0.899, 1.278), "Task-aware raw": (263.5, 0.824, 3.127),
+    "Scalar+R": (581.1, 0.894, 1.694), "Task-aware+R": (817.2, 0.904, 1.106),
+})
+
+#: Table 3: the surrogate payoff oracle on its held-out split (n = samples).
+STACKELBERG_SURROGATE: Mapping[str, float] = MappingProxyType(
+    {"n": 2400, "token_r2": 0.912, "token_mae": 65.5, "quality_r2": 0.427, "quality_mae": 0.050})
+
+#: The sim-to-real token correction T_corr = a T_sim + b and the surrogate-vs-replay correlations.
+STACKELBERG_SIM_TO_REAL: Mapping[str, float] = MappingProxyType(
+    {"a": 0.3167, "b": 85.4, "token_pearson_r": 0.355, "quality_pearson_r": 0.028})
+
+#: Coding-aware tool repair: the low-tool miss rate with projection only and with the repair.
+STACKELBERG_TOOL_REPAIR: Mapping[str, float] = MappingProxyType(
+    {"miss_rate_projection_only": 0.641, "miss_rate_repaired": 0.010})

@@ -260,6 +260,7 @@ def test_ppo_solves_a_bandit_with_known_optimum():
 
 def _untrained_ctrls(cfg, n_models):
     """Controllers with initial weights: enough to exercise the evaluation's programs."""
+    from ccpo_jax.stackelberg.pipeline import Controller
     from ccpo_jax.stackelberg.ppo import BoxPolicy
 
     ctrls = {}
@@ -267,8 +268,8 @@ def _untrained_ctrls(cfg, n_models):
         env = SessionEnv(SessionConfig(state=kind), n_models)
         leader, policy = BoxPolicy(2, cfg.leader.hidden, cfg.leader.policy), BoxPolicy(3, cfg.gail.hidden, cfg.gail.policy)
         k1, k2 = jax.random.split(jax.random.PRNGKey(i))
-        ctrls[kind] = {"env": env, "policy": policy, "leader": leader, "leader_params": leader.init(k1, env.obs_dim),
-                       "follower_params": policy.init(k2, env.obs_dim + 2)}
+        ctrls[kind] = Controller(env, policy, leader, leader_params=leader.init(k1, env.obs_dim),
+                                 follower_params=policy.init(k2, env.obs_dim + 2))
     return ctrls
 
 
@@ -300,10 +301,10 @@ def test_evaluation_compiles_one_rollout_per_env_kind(monkeypatch, small_grid, s
     assert large["Scalar+R"]["tokens"].shape == (5, 2) and small["Middle"]["a_exec"].shape == (3, 2, 3)
     for name in ("Conservative", "Task-aware+R"):  # one static, one learned: the reference per-strategy rollout
         ekind, ckind, mode, static = plan[name]
-        env = SessionEnv(dataclasses.replace(cfg.session, state=ekind, mode="replay", horizon=2), ctrls[ekind]["env"].n_models)
-        ctrl = None if ckind is None else dict(ctrls[ckind], env=env)
+        env = SessionEnv(dataclasses.replace(cfg.session, state=ekind, mode="replay", horizon=2), ctrls[ekind].env.n_models)
+        ctrl = None if ckind is None else ctrls[ckind]._replace(env=env)
         act = pipeline.make_act(ctrl, cfg, u_head, mode, static)
-        pp = {} if ctrl is None else {"leader": ctrl["leader_params"], "fol": ctrl["follower_params"]}
+        pp = {} if ctrl is None else {"leader": ctrl.leader_params, "fol": ctrl.follower_params}
         want = rollout(env, act, jax.random.fold_in(sizes[1][1], list(plan).index(name)), session_params, pp, 5)
         for k, v in want.items():
             np.testing.assert_allclose(large[name][k], np.asarray(v), rtol=1e-5, atol=1e-5, err_msg=f"{name} {k}")
@@ -410,3 +411,23 @@ def test_seed_spread_against_numpy(tmp_path):
     write_spread_table(tmp_path / "s.md", sp, [0, 1, 2], 10, True)
     text = (tmp_path / "s.md").read_text()
     assert "SYNTHETIC" in text and "-19.4%" in text and "| no |" in text
+
+
+def test_miss_rate_counts_the_hand_picked_misses():
+    """Oracle: a hand count. Need per (task, model) [[0, .4], [.2, 0]], tolerance .05: of the four turns
+    on cells that need tools, two have u more than .05 below the need."""
+    from ccpo_jax.stackelberg.pipeline import miss_rate
+
+    need = np.array([[0.0, 0.4], [0.2, 0.0]])
+    run = {"task": np.array([[0, 0, 1, 1, 0, 1]]), "model": np.array([[0, 1, 0, 1, 1, 0]]),
+           "a_exec": np.zeros((1, 6, 3))}
+    run["a_exec"][0, :, 2] = [0.0, 0.30, 0.16, 0.0, 0.36, 0.10]  # cells: -, .4 miss, .2 ok, -, .4 ok, .2 miss
+    assert miss_rate(run, need, 0.05) == pytest.approx(2 / 4)
+    assert np.isnan(miss_rate(run, np.zeros((2, 2)), 0.05))
+
+
+def test_jsonable_is_plain_json():
+    from envs.cache import jsonable
+
+    got = jsonable({1: (np.float32(0.5), np.int64(3)), "a": [float("nan"), np.arange(2)]})
+    assert got == {"1": [0.5, 3], "a": [None, [0, 1]]} and type(got["1"][1]) is int

@@ -30,9 +30,9 @@ def test_leader_reaches_best_constant_and_gail_imitates_like_bc(tmp_path, setup,
     o = P.leader_oracles(cfg, params, {"scalar": ctrl}, u_head, key)["scalar"]["surrogate"]
     best, learned = o["constant"], o["learned"]
     print(f"seed {seed}: best constant {best['u_leader']:.4f} (se {best['u_leader_se']:.4f}) {best['action']}, "
-          f"learned {learned['u_leader']:.4f}, untrained {o['untrained']['u_leader']:.4f}; imitation {ctrl['report']['imitation_error']}")
+          f"learned {learned['u_leader']:.4f}, untrained {o['untrained']['u_leader']:.4f}; imitation {ctrl.report['imitation_error']}")
     assert learned["u_leader"] >= best["u_leader"] - best["u_leader_se"]
     assert learned["u_leader"] > o["untrained"]["u_leader"] + 2 * o["untrained"]["gap_to_constant"]["se"]
-    err = ctrl["report"]["imitation_error"]
+    err = ctrl.report["imitation_error"]
     assert min(err["gail"]) <= 1.5 * min(err["bc"])
     assert min(err["bc"]) < 0.5 * err["constant_mean_action"]

@@ -41,7 +41,7 @@ from ccpo_jax.ccpo.settings import METRICS, Setting, get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
 from ccpo_jax.core.conformal import calibration_size_warning
 from ccpo_jax.errors import UserError, add_hint
-from ccpo_jax.runtime import options, sharding
+from ccpo_jax.runtime import options, sharding, workdir
 from envs.atomic import atomic_write_text
 from envs.bound import BOUND_ROW, bound_of_params
 from envs.cache import ResponseCache
@@ -65,36 +65,6 @@ class ReproduceResult:
 
 
 # -- the output directory ----------------------------------------------------------------
-
-def _work_dir(out: Path) -> Path:
-    return out.parent / f".{out.name}.partial"
-
-
-def _check_out(out: Path) -> None:
-    """``out_dir`` must not exist yet (nor an interrupted run of it), and its folder must be creatable."""
-    if out.exists() or out.is_symlink():
-        raise UserError(f"out_dir: {out} already exists; choose a new directory (results are never overwritten)",
-                        field="out_dir")
-    anc = out.parent
-    while not anc.exists():
-        if anc.parent == anc:
-            break
-        anc = anc.parent
-    if not anc.is_dir():
-        raise UserError(f"out_dir: cannot create {out}: {anc} is not a directory", field="out_dir")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise UserError(f"out_dir: cannot create {out}: {anc} is not writable", field="out_dir")
-    work = _work_dir(out)
-    if work.exists():
-        raise UserError(f"out_dir: an interrupted run for {out} exists ({work}); resume that run, "
-                        f"or delete {work}", field="out_dir")
-
-
-def _has_checkpoints(work: Path) -> bool:
-    """Whether the work directory holds at least one saved training checkpoint."""
-    ckpt = work / CKPT_DIR
-    return ckpt.is_dir() and any(ckpt.iterdir())
-
 
 def _default_out(setting: str) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -135,15 +105,7 @@ def _resume_config(resume: Path, given: Mapping[str, Any]) -> tuple[Path, Reprod
     saved values (:func:`ccpo_jax.runtime.options.resume_mismatch`); the execution options
     (devices, member block, progress) are this call's.
     """
-    if resume.name.startswith(".") and resume.name.endswith(".partial"):
-        out = resume.parent / resume.name[1:-len(".partial")]
-    else:
-        out = resume
-    work = _work_dir(out)
-    if (out / report.RESULTS_FILE).is_file():
-        raise UserError(f"resume: {out} holds a finished run (results.json exists); nothing to resume", field="resume")
-    if not (work / RUN_FILE).is_file():
-        raise UserError(f"resume: no interrupted run for {out} (expected {work / RUN_FILE})", field="resume")
+    out, work = workdir.interrupted_run(resume, RUN_FILE, report.RESULTS_FILE)
     unsaved = {k: given.get(k) for k in ("devices", "member_block", "progress", "discard_failed")}
     try:
         cfg = options.from_saved(ReproduceConfig, json.loads((work / RUN_FILE).read_text()),
@@ -170,7 +132,7 @@ def _open_run(given: Mapping[str, Any]) -> tuple[Path, ReproduceConfig]:
     if given.get("resume") is None:
         cfg = ReproduceConfig(**given)
         out = cfg.out_dir if cfg.out_dir is not None else _default_out(cfg.setting)
-        _check_out(out)
+        workdir.check_new_out(out)
         return out, cfg
     resume, out_dir = Path(given["resume"]), given.get("out_dir")
     if out_dir is not None and Path(out_dir) != resume:
@@ -315,7 +277,7 @@ def reproduce(
     out, cfg = _open_run(given)
     resuming = cfg.resume is not None
     st = get_setting(cfg.setting)
-    work = _work_dir(out)
+    work = workdir.work_dir(out)
     if jax.process_count() > 1:
         raise UserError(
             f"reproduce runs on one host (this is process {jax.process_index()} of {jax.process_count()}); "
@@ -381,7 +343,7 @@ def reproduce(
     except BaseException as e:
         # A failure after training started (a full disk while writing outputs, a bug in the
         # report) must not cost the training: the checkpoints stay, and the error says how to go on.
-        if _has_checkpoints(work) and not cfg.discard_failed:
+        if workdir.has_checkpoints(work, CKPT_DIR) and not cfg.discard_failed:
             add_hint(e, f"the training checkpoints are kept in {work}; after fixing the cause, continue with "
                         f"`ccpo-jax reproduce --resume {out}` (or delete {work})")
         elif created or cfg.discard_failed:

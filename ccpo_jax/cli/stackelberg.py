@@ -13,7 +13,12 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stackelberg", help="Stackelberg resource governance: train follower (GAIL) and leader (PPO), repair, evaluate")
-    p.add_argument("--out", required=True, help="output directory (results.json, table.md, pareto PNGs, tb/, checkpoints/)")
+    p.add_argument("--out", default=None, help="output directory, must not exist (results.json, table.md, pareto PNGs, tb/, "
+                   "checkpoints/, run.json); built in .OUT.partial and renamed when complete")
+    p.add_argument("--resume", default=None, metavar="OUT",
+                   help="continue the killed run of OUT (its .OUT.partial work directory) from its last checkpoint; pass "
+                        "the options of that run (a different configuration is refused). With --seed-list: finished "
+                        "seeds are kept, the interrupted one continues, the rest run")
     p.add_argument("--episodes", type=int, default=None, help="episodes of the large evaluation (default 10000; --quick: 1000)")
     p.add_argument("--turns", type=int, default=None, help="turns per evaluated session (default 3, as in the paper)")
     p.add_argument("--seed", type=int, default=0, help="PRNG seed of training and evaluation")
@@ -31,6 +36,11 @@ def _run(args) -> int:
     from ccpo_jax.errors import UserError
     from ccpo_jax.stackelberg.config import StackelbergConfig
 
+    if args.resume is not None and args.out is not None and Path(args.out) != Path(args.resume):
+        raise UserError("--resume: do not combine with a different --out (the run resumes into its own)")
+    if args.resume is None and args.out is None:
+        raise UserError("--out: the output directory is required (or --resume OUT to continue a killed run)")
+    args.out = args.out or args.resume
     cfg = StackelbergConfig()
     if args.quick:
         cfg = cfg.quick()
@@ -82,12 +92,21 @@ def _run_seed_list(args, cfg) -> int:
 
     seeds = _parse_seed_list(args.seed_list)
     r = dataclasses.replace
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.runtime.workdir import work_dir
+
     out = Path(args.out)
+    if args.resume is not None and not out.is_dir():
+        raise UserError(f"--resume: no interrupted run for {out} (not a directory)")
     results = []
     for s in seeds:
         c = r(cfg, seed=s, eval=r(cfg.eval, seed=s))
-        _run_one(args, c, out / f"seed_{s}")
-        results.append(json.loads((out / f"seed_{s}" / "results.json").read_text()))
+        d = out / f"seed_{s}"
+        if args.resume is not None and (d / "results.json").is_file():  # a finished seed: kept, not recomputed
+            print(f"seed {s}: finished before, kept ({d})")
+        else:
+            _run_one(args, c, d, resume=args.resume is not None and work_dir(d).is_dir())
+        results.append(json.loads((d / "results.json").read_text()))
     spread = {size: seed_spread(results, size) for size in ("large", "paper_size")}
     atomic_write_text(out / "spread.json", json.dumps({"seeds": seeds, **spread}, indent=2) + "\n")
     syn = results[0]["data"]["synthetic"]
@@ -96,19 +115,20 @@ def _run_seed_list(args, cfg) -> int:
     return 0
 
 
-def _run_one(args, cfg, out: Path) -> int:
+def _run_one(args, cfg, out: Path, resume: bool | None = None) -> int:
+    from ccpo_jax.runtime.workdir import work_dir
     from ccpo_jax.stackelberg.pipeline import run_pipeline
 
-    existed = out.exists()
-    try:
-        res = run_pipeline(cfg, out, progress=not args.no_progress)
-    except BaseException:
-        # A failed first attempt (bad grid, full disk, ...) leaves nothing behind; once a
-        # checkpoint exists, the directory stays so that the same --out resumes.
-        if not existed and out.is_dir() and not any(out.glob("checkpoints/*/*.digest.json")):
-            import shutil
+    from ccpo_jax.errors import UserError
 
-            shutil.rmtree(out, ignore_errors=True)
+    resume = args.resume is not None if resume is None else resume
+    try:
+        res = run_pipeline(cfg, out, progress=not args.no_progress, resume=resume)
+    except UserError as e:
+        raise e.for_cli({"out_dir": "--out", "resume": "--resume"}) from None
+    except KeyboardInterrupt:
+        if work_dir(out).is_dir():
+            print(f"interrupted; continue with the same options and --resume {args.out}")
         raise
     syn = " (SYNTHETIC grid)" if res["data"]["synthetic"] else ""
     ev = res["evaluation"]["large"]

@@ -18,6 +18,7 @@ from scipy import stats
 from envs.atomic import atomic_path
 from envs.governance.grid import TASK_TYPES
 from envs.governance.session import SessionEnv, SessionParams, surrogate_predict
+from envs.published import STACKELBERG_SIM_TO_REAL
 
 from .repair import trap_audit
 
@@ -103,7 +104,7 @@ def sim_to_real(runs: dict[str, dict[str, np.ndarray]]) -> dict:
     return {"a": float(fit.slope), "b": float(fit.intercept), "token_pearson_r": float(fit.rvalue),
             "quality_pearson_r": qr_r, "mean_tokens_sim": float(ts.mean()), "mean_tokens_real": float(tr.mean()),
             "mean_quality_sim": float(qs.mean()), "mean_quality_real": float(qr.mean()), "n": int(ts.size),
-            "paper": {"a": 0.3167, "b": 85.4, "token_pearson_r": 0.355, "quality_pearson_r": 0.028}}
+            "paper": dict(STACKELBERG_SIM_TO_REAL)}
 
 
 def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:

@@ -4,9 +4,12 @@ TensorBoard scalars and orbax checkpoints under ``out_dir``.
 
 Training runs as jitted chunks of a ``lax.scan`` vmapped over seeds; after
 each chunk the metrics go to TensorBoard, a checkpoint is saved, and a
-progress bar advances. A re-run with the same ``out_dir`` resumes from the
-last checkpoint (the PRNG key is part of the state, so the result is the
-same as an uninterrupted run).
+progress bar advances. Output is built in the hidden work directory
+``<parent>/.<name>.partial`` and renamed to ``out_dir`` when complete
+(:mod:`ccpo_jax.runtime.workdir`, as ``reproduce``); ``run_pipeline(..., resume=True)``
+continues a killed run from its last checkpoint, after checking that the configuration is the
+saved one (the PRNG key is part of the state, so the result is the same as an uninterrupted
+run; finished training phases are loaded, not recomputed).
 """
 from __future__ import annotations
 
@@ -14,17 +17,21 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ccpo_jax.runtime import loop
+from ccpo_jax.errors import UserError, add_hint
+from ccpo_jax.runtime import loop, workdir
 from ccpo_jax.runtime.scalars import ScalarWriter
 from envs.atomic import atomic_write_text
+from envs.cache import jsonable
+from envs.published import STACKELBERG_SIM_TO_REAL, STACKELBERG_SURROGATE, STACKELBERG_TABLE4, STACKELBERG_TOOL_REPAIR
 from envs.governance.grid import ResponseGrid, load_grid
 from envs.governance.session import N_TASKS, SessionEnv, make_session_params
 from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes
@@ -37,11 +44,31 @@ from .ppo import make_ppo
 from .repair import fit_u_need, project_box, repair_action, trap_audit, u_need_labels
 from .surrogate import fit_surrogate
 
-PAPER_TABLE4 = {
-    "Middle": (933.7, 0.888, 0.951), "Conservative": (703.8, 0.899, 1.278), "Task-aware raw": (263.5, 0.824, 3.127),
-    "Scalar+R": (581.1, 0.894, 1.694), "Task-aware+R": (817.2, 0.904, 1.106),
-}
-PAPER_SURROGATE = {"n": 2400, "token_r2": 0.912, "token_mae": 65.5, "quality_r2": 0.427, "quality_mae": 0.050}
+class Controller(NamedTuple):
+    """One trained controller ('scalar' or 'task' state), what :func:`train_controller` returns.
+
+    ``env`` is the training (surrogate) env; evaluation swaps it with ``_replace(env=...)``.
+    ``leader_tables`` (reference-row name -> leader table [K, M, 2]) is set by
+    :func:`_oracles_and_reference_tables` on the scalar controller only."""
+    env: Any
+    policy: Any
+    leader: Any
+    leader_params: Any
+    follower_params: Any
+    leader_init_params: Any = None
+    bc_params: Any = None
+    best_seed: int = 0
+    report: dict = {}
+    leader_tables: dict = {}
+
+
+class PlanEntry(NamedTuple):
+    """One strategy of :func:`eval_plan`: the env kind it runs in, its controller kind (None for a static
+    action), its :data:`MODES` mode and its static action (None for a learned one)."""
+    env_kind: str
+    controller: str | None
+    mode: str
+    static: tuple | None
 
 
 def load_or_generate_grid(cfg: StackelbergConfig) -> ResponseGrid:
@@ -126,7 +153,7 @@ def leader_raw(cfg: StackelbergConfig, a):
     return jnp.clip((1.0 + 2.0 * m) * a - m, 0.0, 1.0) if m else a
 
 
-def train_controller(kind: str, cfg: StackelbergConfig, params, key, ckpt_root: Path, writer, progress: bool) -> dict:
+def train_controller(kind: str, cfg: StackelbergConfig, params, key, ckpt_root: Path, writer, progress: bool) -> Controller:
     """Phase 1 (follower, :func:`_train_follower`) and phase 2 (PPO leader against that one follower) for the
     'scalar' or 'task' state; all seeds at once. The leader is the seed whose deterministic policy has the
     highest U_L on ``cfg.oracle.select_sessions`` surrogate sessions (not the scored ones)."""
@@ -152,7 +179,7 @@ def train_controller(kind: str, cfg: StackelbergConfig, params, key, ckpt_root: 
     l_keys = jax.random.split(k_lead, cfg.seeds)
     l_state, l_metrics = _train_chunks(f"{kind}_leader_ppo", l_init, l_run, (ep,), ({"env": None, "fol": None},),
                                        l_keys, cfg.leader.iterations, cfg.chunks, ckpt_root, writer, progress, meta)
-    ctrl = {"env": env, "policy": policy, "leader": leader}
+    ctrl = Controller(env, policy, leader, leader_params=None, follower_params=fol["params"])
     act = make_act(ctrl, cfg, None, "raw")
     sel_keys = jax.random.split(k_sel, cfg.oracle.select_sessions)
     values = jax.jit(jax.vmap(lambda lp: rollout_episodes(env, act, sel_keys, params, {"leader": lp, "fol": fol["params"]})
@@ -161,16 +188,15 @@ def train_controller(kind: str, cfg: StackelbergConfig, params, key, ckpt_root: 
     best = int(np.argmax(values))
     ret = l_metrics["episode_return"]  # [S, iters]
     tail = max(1, ret.shape[1] // 10)
-    return {
-        **ctrl, "best_seed": best, "follower_params": fol["params"], "bc_params": fol["bc_params"],
-        "leader_params": _take(l_state.actor, best), "leader_init_params": jax.jit(l_init)(l_keys[best]).actor,
-        "report": {
+    return ctrl._replace(
+        best_seed=best, bc_params=fol["bc_params"],
+        leader_params=_take(l_state.actor, best), leader_init_params=jax.jit(l_init)(l_keys[best]).actor,
+        report={
             "state_dim": env.obs_dim, **fol["report"],
             "leader_return_per_seed": [float(x) for x in ret[:, -tail:].mean(1)],
             "leader_selection_value_per_seed": values.tolist(),
             "selected_seed": best,
-        },
-    }
+        })
 
 
 def make_follower(policy, cfg: StackelbergConfig, u_head, mode: str):
@@ -187,7 +213,7 @@ def make_follower(policy, cfg: StackelbergConfig, u_head, mode: str):
     return follower
 
 
-def make_act(ctrl: dict | None, cfg: StackelbergConfig, u_head, mode: str, static=None):
+def make_act(ctrl: Controller | None, cfg: StackelbergConfig, u_head, mode: str, static=None):
     """``act(pp, x, state) -> (ell, a_raw, a_exec)`` for a static action or a learned controller.
 
     Mode 'table' plays the leader table ``pp["table"]`` [K, M, 2] (raw l~ per task and model
@@ -197,7 +223,7 @@ def make_act(ctrl: dict | None, cfg: StackelbergConfig, u_head, mode: str, stati
     if static is not None:
         a = jnp.asarray(static, jnp.float32)
         return lambda pp, x, st: (ell0, a, a)
-    env, policy, leader = ctrl["env"], ctrl["policy"], ctrl["leader"]
+    env, policy, leader = ctrl.env, ctrl.policy, ctrl.leader
     follower = make_follower(policy, cfg, u_head, "repair" if mode == "table" else mode)
 
     def act(pp, x, st):
@@ -224,13 +250,13 @@ def leader_oracles(cfg: StackelbergConfig, params, ctrls: dict, u_head, key) -> 
     for kind, c in ctrls.items():
         out[kind] = {}
         for mode, fmode, horizon in (("surrogate", "raw", cfg.session.horizon), ("replay", "repair", cfg.eval.turns)):
-            env = SessionEnv(dataclasses.replace(cfg.session, state=kind, mode=mode, horizon=horizon), c["env"].n_models)
-            follower = make_follower(c["policy"], cfg, u_head, fmode)
-            fol_pp = {"fol": c["follower_params"]}
+            env = SessionEnv(dataclasses.replace(cfg.session, state=kind, mode=mode, horizon=horizon), c.env.n_models)
+            follower = make_follower(c.policy, cfg, u_head, fmode)
+            fol_pp = {"fol": c.follower_params}
             res = oracle_search(env, params, follower, fol_pp, cand, sel_keys, score_keys)
-            act = make_act(dict(c, env=env), cfg, u_head, fmode)
+            act = make_act(c._replace(env=env), cfg, u_head, fmode)
             run = jax.jit(jax.vmap(lambda lp: rollout_episodes(env, act, score_keys, params, dict(fol_pp, leader=lp))))
-            both = jax.tree.map(lambda a, b: jnp.stack([a, b]), c["leader_params"], c["leader_init_params"])
+            both = jax.tree.map(lambda a, b: jnp.stack([a, b]), c.leader_params, c.leader_init_params)
             s2 = session_summary(jax.tree.map(np.asarray, run(both)))
             for i, name in enumerate(("learned", "untrained")):
                 s = {k: v[i] for k, v in s2.items()}
@@ -243,13 +269,13 @@ def leader_oracles(cfg: StackelbergConfig, params, ctrls: dict, u_head, key) -> 
 
 def _oracles_and_reference_tables(cfg: StackelbergConfig, params, ctrls: dict, u_head, key, log: Callable) -> dict:
     """:func:`leader_oracles`, logged; the surrogate's scalar choices become the leader tables of the
-    'Best constant+R' and 'Best table+R' reference rows (``ctrls["scalar"]["leader_tables"]``)."""
+    'Best constant+R' and 'Best table+R' reference rows (``ctrls["scalar"].leader_tables``)."""
     oracles = leader_oracles(cfg, params, ctrls, u_head, key)
     so = oracles["scalar"]["surrogate"]
     M = int(params.grid_tokens.shape[1])
-    ctrls["scalar"]["leader_tables"] = {
+    ctrls["scalar"] = ctrls["scalar"]._replace(leader_tables={
         "Best constant+R": np.broadcast_to(np.asarray(so["constant"]["action"], np.float32), (N_TASKS, M, 2)),
-        "Best table+R": np.asarray(so["table"]["actions"], np.float32)}
+        "Best table+R": np.asarray(so["table"]["actions"], np.float32)})
     for kind, r in oracles.items():
         for mode, o in r.items():
             log(f"leader oracle ({kind}, {mode}): U_L per session best constant {o['constant']['u_leader']:.3f} "
@@ -272,27 +298,27 @@ MODES = ("static", "raw", "proj", "repair", "table")
 """Strategy modes; in one env kind the mode is a traced index into this tuple (see :func:`make_strategy_act`)."""
 
 
-def eval_plan(cfg: StackelbergConfig) -> dict[str, tuple[str, str | None, str, tuple | None]]:
+def eval_plan(cfg: StackelbergConfig) -> dict[str, PlanEntry]:
     """The five strategies of Table 4 (arXiv 2606.23026 §10.2) plus 'Scalar raw' and the projection-only
     variants of the audits (Table 7, §8): name -> (env kind, controller kind, mode, static action)."""
     return {
-        "Middle": ("scalar", None, "static", cfg.eval.middle),
-        "Conservative": ("scalar", None, "static", cfg.eval.conservative),
-        "Task-aware raw": ("task", "task", "raw", None),
-        "Scalar+R": ("scalar", "scalar", "repair", None),
-        "Task-aware+R": ("task", "task", "repair", None),
-        "Scalar raw": ("scalar", "scalar", "raw", None),
-        "Scalar+proj": ("scalar", "scalar", "proj", None),
-        "Task-aware+proj": ("task", "task", "proj", None),
+        "Middle": PlanEntry("scalar", None, "static", cfg.eval.middle),
+        "Conservative": PlanEntry("scalar", None, "static", cfg.eval.conservative),
+        "Task-aware raw": PlanEntry("task", "task", "raw", None),
+        "Scalar+R": PlanEntry("scalar", "scalar", "repair", None),
+        "Task-aware+R": PlanEntry("task", "task", "repair", None),
+        "Scalar raw": PlanEntry("scalar", "scalar", "raw", None),
+        "Scalar+proj": PlanEntry("scalar", "scalar", "proj", None),
+        "Task-aware+proj": PlanEntry("task", "task", "proj", None),
         # reference rows (docs/stackelberg.md, "Leader oracles"): the same scalar follower and repair under
         # an untrained leader, the best constant and the best (task, model) table found by brute force
-        "Untrained+R": ("scalar", "scalar", "repair", None),
-        "Best constant+R": ("scalar", "scalar", "table", None),
-        "Best table+R": ("scalar", "scalar", "table", None),
+        "Untrained+R": PlanEntry("scalar", "scalar", "repair", None),
+        "Best constant+R": PlanEntry("scalar", "scalar", "table", None),
+        "Best table+R": PlanEntry("scalar", "scalar", "table", None),
     }
 
 
-def make_strategy_act(ctrl: dict, cfg: StackelbergConfig, u_head):
+def make_strategy_act(ctrl: Controller, cfg: StackelbergConfig, u_head):
     """One ``act`` for every strategy of an env kind: ``pp["mode"]`` (an index into :data:`MODES`) picks
     the :func:`make_act` branch and ``pp["static"]`` is the static action; both are traced, so the
     strategies of a kind share one program (vmapped over them, the branches become a select)."""
@@ -316,17 +342,17 @@ def evaluate_sizes(cfg: StackelbergConfig, params, ctrls: dict, u_head, sizes: l
     index = {name: i for i, name in enumerate(plan)}
     out: list[dict[str, dict]] = [{} for _ in sizes]
     for kind in ("scalar", "task"):
-        names = [n for n, v in plan.items() if v[0] == kind]
+        names = [n for n, v in plan.items() if v.env_kind == kind]
         env = SessionEnv(dataclasses.replace(cfg.session, state=kind, mode="replay", horizon=cfg.eval.turns), n_models)
-        ctrl = dict(ctrls[kind], env=env)  # commit() uses the same smoothing config in replay
         c = ctrls[kind]
-        tables = c.get("leader_tables", {})
+        ctrl = c._replace(env=env)  # commit() uses the same smoothing config in replay
+        tables = c.leader_tables
         no_table = jnp.zeros((N_TASKS, n_models, 2), jnp.float32)
-        leaders = [c.get("leader_init_params", c["leader_params"]) if n == "Untrained+R" else c["leader_params"]
-                   for n in names]
-        pp = {"leader": jax.tree.map(lambda *xs: jnp.stack(xs), *leaders), "fol": c["follower_params"],
-              "mode": jnp.asarray([MODES.index(plan[n][2]) for n in names], jnp.int32),
-              "static": jnp.asarray([plan[n][3] or (0.0, 0.0, 0.0) for n in names], jnp.float32),
+        init = c.leader_params if c.leader_init_params is None else c.leader_init_params
+        leaders = [init if n == "Untrained+R" else c.leader_params for n in names]
+        pp = {"leader": jax.tree.map(lambda *xs: jnp.stack(xs), *leaders), "fol": c.follower_params,
+              "mode": jnp.asarray([MODES.index(plan[n].mode) for n in names], jnp.int32),
+              "static": jnp.asarray([plan[n].static or (0.0, 0.0, 0.0) for n in names], jnp.float32),
               "table": jnp.stack([jnp.asarray(tables[n], jnp.float32) if n in tables else no_table for n in names])}
         keys = jnp.stack([jnp.concatenate([_episode_keys(k, index[n], e) for e, k in sizes]) for n in names])
         f = jax.jit(jax.vmap(lambda k, p, pp: rollout_episodes(env, make_strategy_act(ctrl, cfg, u_head), k, p, pp),
@@ -378,7 +404,7 @@ def write_table(path: Path, res: dict) -> None:
         L.append("|---|---|---|---|---|---|---|---|---|")
         for n in STRATEGIES:
             r = ev["strategies"][n]
-            pt = PAPER_TABLE4[n]
+            pt = STACKELBERG_TABLE4[n]
             L.append(f"| {n} | {r['tokens_per_turn']:.1f} | {r['quality']:.3f} | {r['efficiency']:.3f} | "
                      f"{100 * r['token_change_vs_conservative']:+.1f}% | {_fmt_p(r['p_tokens_vs_conservative'])} | "
                      f"{_fmt_p(r['p_quality_vs_conservative'])} | {'yes' if n in ev['pareto_front'] else 'no'} | "
@@ -408,18 +434,21 @@ def write_table(path: Path, res: dict) -> None:
     L.append("\n## Table 3 (surrogate payoff oracle, held-out split)\n")
     L.append("| Quantity | Ours | Paper |")
     L.append("|---|---|---|")
-    L.append(f"| Samples (train / test) | {s['n_train']} / {s['n_test']} | 2400 |")
-    L.append(f"| Token R^2 (MAE) | {s['token_r2']:.3f} ({s['token_mae']:.1f} tokens) | 0.912 (65.5) |")
-    L.append(f"| Quality R^2 (MAE) | {s['quality_r2']:.3f} ({s['quality_mae']:.3f}) | 0.427 (0.050) |")
+    ps = STACKELBERG_SURROGATE
+    L.append(f"| Samples (train / test) | {s['n_train']} / {s['n_test']} | {ps['n']} |")
+    L.append(f"| Token R^2 (MAE) | {s['token_r2']:.3f} ({s['token_mae']:.1f} tokens) | {ps['token_r2']} ({ps['token_mae']}) |")
+    L.append(f"| Quality R^2 (MAE) | {s['quality_r2']:.3f} ({s['quality_mae']:.3f}) | {ps['quality_r2']} ({ps['quality_mae']:.3f}) |")
     f = res["sim_to_real"]
     L.append("\n## Sim-to-real token fit (surrogate vs replay, every evaluated turn of the large run)\n")
-    L.append(f"T_corr = {f['a']:.4f} T_sim + {f['b']:.1f} (paper 0.3167 T_sim + 85.4); token r = {f['token_pearson_r']:.3f} "
-             f"(paper 0.355); quality r = {f['quality_pearson_r']:.3f} (paper 0.028); mean tokens sim {f['mean_tokens_sim']:.0f} "
+    pf = STACKELBERG_SIM_TO_REAL
+    L.append(f"T_corr = {f['a']:.4f} T_sim + {f['b']:.1f} (paper {pf['a']} T_sim + {pf['b']}); token r = {f['token_pearson_r']:.3f} "
+             f"(paper {pf['token_pearson_r']}); quality r = {f['quality_pearson_r']:.3f} (paper {pf['quality_pearson_r']}); mean tokens sim {f['mean_tokens_sim']:.0f} "
              f"vs replay {f['mean_tokens_real']:.0f}.\n")
     tr = res["tool_repair"]
     L.append("## Coding-aware tool repair (large run, Scalar controller)\n")
     L.append(f"Low-tool miss rate on tasks that need tools: projection only {100 * tr['miss_rate_projection_only']:.1f}% -> "
-             f"projection + tool repair {100 * tr['miss_rate_repaired']:.1f}% (paper 64.1% -> 1.0%); u_need-hat per task: {tr['u_need_hat']}.\n")
+             f"projection + tool repair {100 * tr['miss_rate_repaired']:.1f}% (paper {100 * STACKELBERG_TOOL_REPAIR['miss_rate_projection_only']:.1f}% -> "
+             f"{100 * STACKELBERG_TOOL_REPAIR['miss_rate_repaired']:.1f}%); u_need-hat per task: {tr['u_need_hat']}.\n")
     pr = res["probes"]
     L.append("## Grid probes (measured vs paper target)\n")
     L.append("| Probe | Measured | Target |")
@@ -430,23 +459,72 @@ def write_table(path: Path, res: dict) -> None:
     atomic_write_text(path, "\n".join(L) + "\n")
 
 
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    if isinstance(x, float) and x != x:
+def miss_rate(run: dict, true_need: np.ndarray, tol: float) -> float:
+    """The low-tool miss rate of one strategy's rollout (``run`` with 'task', 'model', 'a_exec'): the share
+    of turns on tasks that need tools (grid u_need > 1e-6) whose executed tool budget u falls more than
+    ``tol`` below the need; NaN when no turn needs tools."""
+    need = true_need[run["task"], run["model"]]
+    coding = need > 1e-6
+    return float(np.mean(run["a_exec"][..., 2][coding] < need[coding] - tol)) if coding.any() else float("nan")
+
+
+RUN_FILE = "run.json"
+"""The saved configuration of a run, in its work directory (what ``--resume`` checks)."""
+
+
+def _first_difference(old, new, where: str = "") -> tuple[str, Any, Any] | None:
+    """The first (dotted key, old, new) where two JSON values differ, or None."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for k in sorted(set(old) | set(new)):
+            d = _first_difference(old.get(k), new.get(k), f"{where}.{k}" if where else k)
+            if d is not None:
+                return d
         return None
-    return x
+    return None if old == new else (where, old, new)
 
 
-def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: bool = True, log: Callable = print) -> dict:
-    """Run everything and write ``out_dir``/{results.json, table.md, pareto_*.png, tb/, checkpoints/}."""
+def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: bool = True, log: Callable = print,
+                 resume: bool = False) -> dict:
+    """Run everything and write ``out_dir``/{results.json, table.md, pareto_*.png, tb/, checkpoints/, run.json}.
+
+    The run is built in ``<parent>/.<name>.partial`` and renamed when complete; ``out_dir`` must not
+    exist. ``resume=True`` continues the killed run of ``out_dir`` (or of that work directory), whose
+    saved configuration must equal ``cfg`` (else a :class:`UserError` naming the first differing field).
+    A run that fails before its first checkpoint leaves nothing behind; after it, the work directory
+    stays for ``--resume``."""
+    saved = jsonable(dataclasses.asdict(cfg))
+    if resume:
+        out, work = workdir.interrupted_run(Path(out_dir), RUN_FILE, field="resume")
+        try:
+            old = json.loads((work / RUN_FILE).read_text())["config"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(f"resume: {work / RUN_FILE} is damaged ({e})", field="resume") from None
+        diff = _first_difference(old, saved)
+        if diff is not None:
+            raise UserError(f"resume: the interrupted run used {diff[0]}={diff[1]!r}, not {diff[2]!r}; pass the "
+                            "options of that run", field="resume")
+    else:
+        out = Path(out_dir)
+        workdir.check_new_out(out, field="out_dir")
+        work = workdir.work_dir(out)
+        work.mkdir(parents=True)
+        atomic_write_text(work / RUN_FILE, json.dumps({"config": saved}, indent=2) + "\n")
+    try:
+        res = _run_in(cfg, work, progress, log)
+        os.replace(work, out)
+    except BaseException as e:
+        if workdir.has_checkpoints(work):
+            add_hint(e, f"the training checkpoints are kept in {work}; continue with the same options and "
+                        f"`--resume {out}` (or delete {work})")
+        elif not resume:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    return res
+
+
+def _run_in(cfg: StackelbergConfig, out: Path, progress: bool, log: Callable) -> dict:
+    """The pipeline itself, writing into the work directory ``out``."""
     t_start = time.time()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     grid = load_or_generate_grid(cfg)
     syn = grid.manifest.is_synthetic
     tag = "SYNTHETIC" if syn else "real"
@@ -462,7 +540,7 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
     ctrls = {}
     for i, kind in enumerate(("scalar", "task")):
         ctrls[kind] = train_controller(kind, cfg, params, jax.random.fold_in(key, i), out / "checkpoints", writer, progress)
-        log(f"trained {kind} controller: leader surrogate return per seed {ctrls[kind]['report']['leader_return_per_seed']}")
+        log(f"trained {kind} controller: leader surrogate return per seed {ctrls[kind].report['leader_return_per_seed']}")
     writer.close()
     train_s = time.time() - t_train
     t_oracle = time.time()
@@ -493,14 +571,7 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
     true_need = np.zeros((K, M))
     np.add.at(true_need, (lab["task"], lab["model"]), lab["u_need"])
     true_need /= grid.manifest.trials
-    sp, sr = large["Scalar+proj"], large["Scalar+R"]
-    need = true_need[sp["task"], sp["model"]]
-    coding = need > 1e-6
-    tol = cfg.repair.miss_tolerance
-    miss_p = float(np.mean(sp["a_exec"][..., 2][coding] < need[coding] - tol)) if coding.any() else float("nan")
-    need_r = true_need[sr["task"], sr["model"]]
-    coding_r = need_r > 1e-6
-    miss_r = float(np.mean(sr["a_exec"][..., 2][coding_r] < need_r[coding_r] - tol)) if coding_r.any() else float("nan")
+    miss_p, miss_r = (miss_rate(large[n], true_need, cfg.repair.miss_tolerance) for n in ("Scalar+proj", "Scalar+R"))
     u_hat = np.asarray(jax.vmap(lambda k: u_head(k, 0))(jnp.arange(K)))
     tool = {"miss_rate_projection_only": miss_p, "miss_rate_repaired": miss_r,
             "u_need_hat": {grid.manifest.task_types[k]: round(float(u_hat[k]), 3) for k in range(K)},
@@ -514,11 +585,11 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
                  "checksum": grid.checksum(), "n_cells": grid.n_cells, "task_types": list(grid.manifest.task_types),
                  "model_conditions": list(grid.manifest.model_conditions)},
         "probes": {"measured": pr, "targets": PROBE_TARGETS},
-        "surrogate": {**fit.metrics, "paper": PAPER_SURROGATE},
-        "training": {k: v["report"] for k, v in ctrls.items()},
+        "surrogate": {**fit.metrics, "paper": dict(STACKELBERG_SURROGATE)},
+        "training": {k: v.report for k, v in ctrls.items()},
         "leader_oracle": _strip_sessions(oracles),
         "evaluation": evals,
-        "paper_table4": {k: {"tokens_per_turn": v[0], "quality": v[1], "efficiency": v[2]} for k, v in PAPER_TABLE4.items()},
+        "paper_table4": {k: {"tokens_per_turn": v[0], "quality": v[1], "efficiency": v[2]} for k, v in STACKELBERG_TABLE4.items()},
         "trap_audit": audit,
         "tool_repair": tool,
         "sim_to_real": s2r,
@@ -526,7 +597,7 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
         "environment": {"jax": jax.__version__, "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]},
         "config": dataclasses.asdict(cfg),
     }
-    res = _jsonable(res)
+    res = jsonable(res)
     atomic_write_text(out / "results.json", json.dumps(res, indent=2) + "\n")
     write_table(out / "table.md", res)
     return res

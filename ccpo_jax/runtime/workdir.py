@@ -1,0 +1,62 @@
+"""A run's output directory built in a hidden work directory, shared by ``reproduce`` and ``stackelberg``.
+
+A run writes into ``<parent>/.<name>.partial`` (:func:`work_dir`) and renames it to ``out`` only when
+complete, so ``out`` never holds a half-written run. A killed run leaves the work directory (with its
+checkpoints and the saved configuration, ``run_file``) behind, and ``--resume OUT`` continues it:
+:func:`interrupted_run` finds it. Errors are :class:`ccpo_jax.errors.UserError` naming the field.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ccpo_jax.errors import UserError
+
+SUFFIX = ".partial"
+
+
+def work_dir(out: Path) -> Path:
+    """The hidden work directory of ``out``: ``<parent>/.<name>.partial``."""
+    return out.parent / f".{out.name}{SUFFIX}"
+
+
+def has_checkpoints(work: Path, ckpt_dir: str = "checkpoints") -> bool:
+    """Whether the work directory holds at least one saved training checkpoint."""
+    ckpt = work / ckpt_dir
+    return ckpt.is_dir() and any(ckpt.iterdir())
+
+
+def check_new_out(out: Path, field: str = "out_dir") -> None:
+    """``out`` must not exist yet (nor an interrupted run of it), and its folder must be creatable."""
+    if out.exists() or out.is_symlink():
+        raise UserError(f"{field}: {out} already exists; choose a new directory (results are never overwritten)",
+                        field=field)
+    anc = out.parent
+    while not anc.exists():
+        if anc.parent == anc:
+            break
+        anc = anc.parent
+    if not anc.is_dir():
+        raise UserError(f"{field}: cannot create {out}: {anc} is not a directory", field=field)
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise UserError(f"{field}: cannot create {out}: {anc} is not writable", field=field)
+    work = work_dir(out)
+    if work.exists():
+        raise UserError(f"{field}: an interrupted run for {out} exists ({work}); resume that run, "
+                        f"or delete {work}", field=field)
+
+
+def interrupted_run(resume: Path, run_file: str, results_file: str = "results.json",
+                    field: str = "resume") -> tuple[Path, Path]:
+    """(out, work dir) of the killed run named by ``resume`` (its out dir, or the work dir itself);
+    refuses a finished run and a directory without the saved configuration ``run_file``."""
+    if resume.name.startswith(".") and resume.name.endswith(SUFFIX):
+        out = resume.parent / resume.name[1:-len(SUFFIX)]
+    else:
+        out = resume
+    work = work_dir(out)
+    if (out / results_file).is_file():
+        raise UserError(f"{field}: {out} holds a finished run ({results_file} exists); nothing to resume", field=field)
+    if not (work / run_file).is_file():
+        raise UserError(f"{field}: no interrupted run for {out} (expected {work / run_file})", field=field)
+    return out, work
