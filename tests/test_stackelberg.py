@@ -431,3 +431,18 @@ def test_jsonable_is_plain_json():
 
     got = jsonable({1: (np.float32(0.5), np.int64(3)), "a": [float("nan"), np.arange(2)]})
     assert got == {"1": [0.5, 3], "a": [None, [0, 1]]} and type(got["1"][1]) is int
+
+
+def test_per_task_leader_weights_match_the_hand_utility():
+    """Oracle: U_L = w_s(task) clip(1 - T/T0) + w_q(task) Q - 0.1 alpha, by hand, for the SYNTHETIC
+    state-feedback profile; the paper profile is unchanged."""
+    from envs.governance.session import LEADER_PROFILES
+
+    env = SessionEnv(SessionConfig(**LEADER_PROFILES["state-feedback"]), 2)
+    tok, q, t0, ell = jnp.asarray(150.0), jnp.asarray(0.9), jnp.asarray(300.0), jnp.asarray([0.5, 0.4])
+    u0, _ = env.utilities(tok, q, t0, ell, jnp.asarray(0))
+    u5, _ = env.utilities(tok, q, t0, ell, jnp.asarray(5))
+    assert float(u0) == pytest.approx(0.0 * 0.5 + 8.0 * 0.9 - 0.04, abs=1e-5)
+    assert float(u5) == pytest.approx(1.0 * 0.5 + 0.5 * 0.9 - 0.04, abs=1e-5)
+    up, _ = SessionEnv(SessionConfig(), 2).utilities(tok, q, t0, ell)
+    assert float(up) == pytest.approx(0.5 + 2.0 * 0.9 - 0.04, abs=1e-5)

@@ -68,7 +68,7 @@ def expert_action(env: SessionEnv, state, ell, params: SessionParams, cand: jax.
     h = jnp.minimum(state.turn, 1)
     tok, q = table[0][state.task, state.model, h], table[1][state.task, state.model, h]
     t0 = env.reference_tokens(state, params)
-    _, u_f = env.utilities(tok, q, t0, ell[None, :])
+    _, u_f = env.utilities(tok, q, t0, ell[None, :], state.task)
     a = cand[jnp.argmax(u_f)]
     return jnp.clip(a + noise * jax.random.normal(key, (3,)), 0.0, 1.0), a
 

@@ -44,6 +44,16 @@ N_TASKS = 6
 STATE_DIMS = {"scalar": 9, "task": 14}
 
 
+LEADER_PROFILES: dict[str, dict] = {
+    "paper": {},
+    # SYNTHETIC (not from the paper): on the first three task types the leader values quality only
+    # (quality weight 8, savings weight 0), on the last three savings (weight 1, quality weight 0.5), so
+    # its best policy depends on the task (docs/stackelberg.md, "A leader profile where state feedback matters").
+    "state-feedback": {"leader_w_q_task": (8.0, 8.0, 8.0, 0.5, 0.5, 0.5), "leader_w_s_task": (0.0, 0.0, 0.0, 1.0, 1.0, 1.0)},
+}
+"""Leader utility profiles (``ccpo-jax stackelberg --leader-profile NAME``): SessionConfig field overrides."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SessionConfig:
     """Static settings of the session game (hashable; closed over by jit)."""
@@ -74,6 +84,11 @@ class SessionConfig:
     """Leader weight on quality Q (our choice; U_L beyond S is missing in the paper)."""
     leader_w_alpha: float = 0.1
     """Leader cost of the subsidy alpha it pays (our choice)."""
+    leader_w_q_task: tuple[float, ...] | None = None
+    """Per-task leader weights on quality (one per task type), replacing ``leader_w_q``; None = ``leader_w_q``
+    for every task. A SYNTHETIC utility profile (not the paper's): see :data:`LEADER_PROFILES`."""
+    leader_w_s_task: tuple[float, ...] | None = None
+    """Per-task leader weights on savings, replacing ``leader_w_s`` (SYNTHETIC, as ``leader_w_q_task``)."""
     kappa: float = 1.0
     """Lower clip of the savings term S (§3.2; value silent)."""
     ref_action: tuple[float, float, float] = (0.2, 0.5, 0.2)
@@ -278,15 +293,24 @@ class SessionEnv:
             q = jnp.clip(q + w.sigma_quality * jax.random.normal(k2), 0.0, 1.0)
         return tok, q
 
-    def utilities(self, tokens, quality, t0, ell) -> tuple[jax.Array, jax.Array]:
-        """(U_L, U_F) of one turn. U_F: paper Eq. 8 with T normalised by T_0; U_L: see SessionConfig."""
+    def utilities(self, tokens, quality, t0, ell, task=None) -> tuple[jax.Array, jax.Array]:
+        """(U_L, U_F) of one turn. U_F: paper Eq. 8 with T normalised by T_0; U_L: see SessionConfig
+        (``task`` picks the leader's quality weight under ``leader_w_q_task``)."""
         cfg = self.cfg
         q_target, alpha = ell[..., 0], ell[..., 1]
         ratio = tokens / t0
         gap = jnp.maximum(q_target - quality, 0.0)
         u_f = cfg.w_q * quality - cfg.w_c * (1.0 - alpha) * ratio - cfg.w_g * gap
         savings = jnp.clip(1.0 - ratio, -cfg.kappa, 1.0)
-        u_l = cfg.leader_w_s * savings + cfg.leader_w_q * quality - cfg.leader_w_alpha * alpha
+        w_s, w_q = cfg.leader_w_s, cfg.leader_w_q
+        if cfg.leader_w_q_task is not None or cfg.leader_w_s_task is not None:
+            if task is None:
+                raise ValueError("SessionEnv.utilities: per-task leader weights need the task")
+            if cfg.leader_w_q_task is not None:
+                w_q = jnp.asarray(cfg.leader_w_q_task, jnp.float32)[task]
+            if cfg.leader_w_s_task is not None:
+                w_s = jnp.asarray(cfg.leader_w_s_task, jnp.float32)[task]
+        u_l = w_s * savings + w_q * quality - cfg.leader_w_alpha * alpha
         return u_l, u_f
 
     def step(self, key: jax.Array, state: SessionState, ell: jax.Array, a: jax.Array, params: SessionParams):
@@ -298,7 +322,7 @@ class SessionEnv:
         """
         tokens, quality = self.response(key, state, a, params)
         t0 = self.reference_tokens(state, params)
-        u_l, u_f = self.utilities(tokens, quality, t0, ell)
+        u_l, u_f = self.utilities(tokens, quality, t0, ell, state.task)
         t = state.turn.astype(jnp.float32)
         prev_avg = jnp.where(state.turn > 0, state.cum_tokens / jnp.maximum(t, 1.0), 0.0)
         new = state.replace(
