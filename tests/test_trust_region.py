@@ -276,3 +276,53 @@ def test_jit_vmap_100_problems_equal_unbatched_no_retrace():
             one = single(H[i], g[i], b[i], c[i], delta[i])
             for u, v in zip(jax.tree.leaves(one), jax.tree.leaves(out)):
                 np.testing.assert_allclose(np.asarray(u), np.asarray(v[i]), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_fisher_product_equals_the_hessian_of_the_kl_at_theta_k():
+    """fisher_vector_product against an independent oracle: jax.hessian of the weighted KL of a
+    small softmax model with an impossible action, at theta_k (where the two matrices agree)."""
+    key = jax.random.PRNGKey(3)
+    k1, k2, k3 = jax.random.split(key, 3)
+    X = jax.random.normal(k1, (7, 4))
+    avail = jnp.ones((7, 3), bool).at[2, 1].set(False).at[5, 2].set(False)
+    w = jax.random.uniform(k2, (7,)) + 0.1
+    w = w / w.sum()
+    theta = 0.5 * jax.random.normal(k3, (4 * 3,))
+
+    def logp(t):
+        z = jnp.where(avail, X @ t.reshape(4, 3), -jnp.inf)
+        return jax.nn.log_softmax(z, axis=-1)
+
+    lp0 = jax.lax.stop_gradient(logp(theta))
+
+    def kl(t):
+        p0 = jnp.exp(lp0)
+        d = jnp.where(avail, lp0 - jnp.where(avail, logp(t), 0.0), 0.0)
+        return jnp.sum(w * jnp.sum(p0 * d, -1))
+
+    H = jax.hessian(kl)(theta)
+    fvp = tr.fisher_vector_product(logp, w, theta)
+    F = jax.vmap(fvp)(jnp.eye(theta.shape[0])).T
+    assert np.all(np.isfinite(np.asarray(F)))
+    np.testing.assert_allclose(np.asarray(F), np.asarray(H), rtol=1e-4, atol=1e-6)
+    assert float(jnp.abs(H).max()) > 1e-2  # a non-trivial matrix
+
+
+def test_cpo_update_with_the_fisher_product_takes_the_hessian_step():
+    """cpo_update(fisher=...) and the default (the KL's Hessian) give the same step."""
+    X = jax.random.normal(jax.random.PRNGKey(4), (9, 4))
+    y = jax.random.randint(jax.random.PRNGKey(5), (9,), 0, 3)
+    theta = {"w": 0.3 * jax.random.normal(jax.random.PRNGKey(6), (4, 3))}
+    w = jnp.full((9,), 1.0 / 9)
+
+    def logp(p):
+        return jax.nn.log_softmax(X @ p["w"], axis=-1)
+
+    lp0 = jax.lax.stop_gradient(logp(theta))
+    objective = lambda p: jnp.mean(jnp.take_along_axis(logp(p), y[:, None], 1))
+    constraint = lambda p: -jnp.mean(jnp.exp(logp(p))[:, 0])
+    kl = lambda p: jnp.sum(w * jnp.sum(jnp.exp(lp0) * (lp0 - logp(p)), -1))
+    a, _ = tr.cpo_update(theta, objective, constraint, kl, -0.01, 0.01, damping=1e-3)
+    b, _ = tr.cpo_update(theta, objective, constraint, kl, -0.01, 0.01, damping=1e-3, fisher=(logp, w))
+    np.testing.assert_allclose(np.asarray(b["w"]), np.asarray(a["w"]), rtol=1e-3, atol=1e-6)
+    assert float(jnp.abs(a["w"] - theta["w"]).max()) > 1e-4  # a step was taken

@@ -74,6 +74,30 @@ def conjugate_gradient(hvp: Callable[[Array], Array], rhs: Array, iters: int = 1
     return jnp.where(jnp.all(jnp.isfinite(x)), x, jnp.zeros_like(x))
 
 
+def fisher_vector_product(logp_fn: Callable[[Array], Array], weights: Array, theta: Array) -> Callable[[Array], Array]:
+    """u -> F u, the Fisher matrix of the weighted distributions ``exp(logp_fn(theta))`` at ``theta``.
+
+    ``logp_fn``: flat parameters ``[P]`` -> log-probabilities ``[..., A]`` (normalised over the
+    last axis; ``-inf`` = an impossible action, whose tangent must be 0); ``weights`` ``[...]``.
+    F = sum_i w_i J_i' diag(p_i) J_i with J_i = d log p_i / d theta. It equals the Hessian of
+    ``sum_i w_i KL(p_i(theta) || p_i(theta'))`` in theta' at theta' = theta, because there
+    -sum_a p_a d2 log p_a = sum_a p_a (d log p_a)(d log p_a)' - d2 (sum_a p_a) and sum_a p_a = 1
+    (tests/test_trust_region.py checks it against ``jax.hessian``). Applied as one linear forward
+    tangent and its transpose, with the forward pass done once: cheaper than a forward-over-reverse
+    product of the KL's gradient.
+    """
+    logp, jvp = jax.linearize(logp_fn, theta)
+    p = jnp.where(jnp.isfinite(logp), jnp.exp(logp), 0.0)
+    vjp = jax.linear_transpose(jvp, theta)
+    wp = jax.lax.stop_gradient(p * weights[..., None])
+
+    def product(u: Array) -> Array:
+        t = jnp.where(p > 0, jvp(u), 0.0)
+        return vjp(wp * t)[0]
+
+    return product
+
+
 def _interval_max(f, lam_unc, lo, hi, nonempty):
     lam = jnp.clip(lam_unc, jnp.maximum(lo, _TINY), jnp.maximum(hi, _TINY))
     return lam, jnp.where(nonempty, f(lam), -jnp.inf)
@@ -183,6 +207,7 @@ def cpo_update(
     backtrack_steps: int = 15,
     kl_slack: float = 1.5,
     constraint_tol: float = 1e-6,
+    fisher: tuple[Callable, Array] | None = None,
 ):
     """One CPO step on a parameter pytree (Achiam et al. 2017; arXiv 2511.11828, Eq. 7).
 
@@ -201,6 +226,11 @@ def cpo_update(
       kl_slack: accept KL <= kl_slack * delta (OmniSafe 1.5; use 1.0 for a hard radius).
       constraint_tol: absolute slack on the constraint test, so that a step landing exactly on
         the linearised boundary (case 2) is not rejected by float32 rounding.
+      fisher: optional ``(logp_fn, weights)`` with ``kl_fn(theta) = sum(weights * KL(p_k || p_theta))``
+        for the distributions ``exp(logp_fn(theta))`` over the last axis (``-inf`` = impossible
+        action): H is then applied as the Fisher product :func:`fisher_vector_product` (one
+        forward tangent and one transpose per product) instead of differentiating ``kl_fn``
+        twice; at theta_k the two are the same matrix (module docstring of :func:`fisher_vector_product`).
 
     Line search: the largest candidate (smallest j) that is finite, has KL <= kl_slack * delta,
     constraint change <= max(-c, 0) (stays feasible when feasible; does not worsen when not),
@@ -218,7 +248,11 @@ def cpo_update(
 
     obj0, g = jax.value_and_grad(obj)(flat)
     con0, b = jax.value_and_grad(con)(flat)
-    _, hvp_lin = jax.linearize(jax.grad(kl), flat)  # forward pass once; each HVP is a jvp
+    if fisher is None:
+        _, hvp_lin = jax.linearize(jax.grad(kl), flat)  # forward pass once; each HVP is a jvp
+    else:
+        logp_fn, weights = fisher
+        hvp_lin = fisher_vector_product(lambda z: logp_fn(unravel(z)), weights, flat)
     hvp = lambda u: hvp_lin(u) + damping * u
     x, dinfo = cpo_direction(g, b, c, hvp, delta, cg_iters)
 
