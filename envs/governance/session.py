@@ -51,7 +51,8 @@ LEADER_PROFILES: dict[str, dict] = {
     # its best policy depends on the task (docs/stackelberg.md, "A leader profile where state feedback matters").
     "state-feedback": {"leader_w_q_task": (8.0, 8.0, 8.0, 0.5, 0.5, 0.5), "leader_w_s_task": (0.0, 0.0, 0.0, 1.0, 1.0, 1.0)},
 }
-"""Leader utility profiles (``ccpo-jax stackelberg --leader-profile NAME``): SessionConfig field overrides."""
+"""Leader utility profiles: SessionConfig field overrides, applied from Python
+(``SessionConfig(**LEADER_PROFILES[name])``); not a command-line option yet."""
 
 
 @dataclasses.dataclass(frozen=True)
