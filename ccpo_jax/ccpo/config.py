@@ -17,6 +17,8 @@ from ccpo_jax.errors import UserError
 ESTIMATORS = ("exact", "jbar", "vtrace")
 #: Targets of the CCPO rows under the exact estimator (TrainConfig.ccpo_target).
 CCPO_TARGETS = ("set", "stochastic")
+#: How the CPO step applies the KL's Hessian H in conjugate gradient (TrainConfig.hvp).
+HVPS = ("fisher", "kl-hessian")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +42,13 @@ class TrainConfig:
     cg_iters: int = 5
     """Conjugate-gradient iterations (paper silent; jachiam/cpo: 10, the paper preset's value;
     the replay-exact step needs fewer: default 5)."""
+    hvp: str = "fisher"
+    """How conjugate gradient applies H, the Hessian of the mean KL at theta_k (see HVPS; paper
+    silent): ``fisher`` = as the Fisher matrix J' diag(w p) J of the target policy's
+    log-probabilities, one forward tangent and its transpose per product
+    (``ccpo_jax.core.trust_region.fisher_vector_product``), the same matrix at theta_k;
+    ``kl-hessian`` = by differentiating the KL twice (jachiam/cpo's way; 1.5-1.6x slower on CPU).
+    The two agree to float rounding."""
     damping: float = 1e-3
     """Fisher damping (our choice: the Fisher of 10 episodes x 4 rounds is rank-deficient,
     jachiam's 1e-5 makes CG ill-conditioned there)."""
@@ -97,6 +106,7 @@ class TrainConfig:
             (self.exact_batch >= 0, "exact_batch must be >= 0 (0 = the whole training pool)"),
             (self.constraint_z >= 0, "constraint_z must be >= 0"),
             (self.pointwise_z >= 0, "pointwise_z must be >= 0"),
+            (self.hvp in HVPS, f"hvp must be one of {', '.join(HVPS)}, got {self.hvp!r}"),
             (self.ccpo_target in CCPO_TARGETS, f"ccpo_target must be one of {', '.join(CCPO_TARGETS)}, got {self.ccpo_target!r}"),
             (self.critic_steps >= 0, "critic_steps must be >= 0"),
             (self.cg_iters >= 1, "cg_iters must be >= 1"),
@@ -127,18 +137,25 @@ class Variant:
 
     ``rows``: the table rows this variant's policy serves (None: its own name for CCPO,
     :data:`CPO_ROWS` for CPO). ``z``: its coverage margin in standard errors (None: the
-    config's ``constraint_z`` for CCPO, ``pointwise_z`` for CPO; see :meth:`margin`)."""
+    config's ``constraint_z`` for CCPO, ``pointwise_z`` for CPO; see :meth:`margin`).
+    ``alpha``: its target miscoverage (None: the config's ``alpha``; see :meth:`target_alpha`),
+    traced like ``lam``, so that a sweep over alpha trains in one program
+    (:mod:`ccpo_jax.ccpo.sweep`)."""
 
     name: str
     conformal: bool
     lam: float = 0.0
     z: float | None = None
     rows: tuple[str, ...] | None = None
+    alpha: float | None = None
 
     def table_rows(self) -> tuple[str, ...]:
         if self.rows is not None:
             return tuple(self.rows)
         return (self.name,) if self.conformal else CPO_ROWS
+
+    def target_alpha(self, config: TrainConfig) -> float:
+        return float(config.alpha if self.alpha is None else self.alpha)
 
     def margin(self, config: TrainConfig) -> float:
         if self.z is not None:

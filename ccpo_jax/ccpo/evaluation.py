@@ -9,6 +9,8 @@ kappa of training (``CPO online``), or from pi's sampled actions (``CPO``).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,28 +58,34 @@ def eval_pointwise(key, probs, params: EnvParams, idx):
     return evaluate_actions(a.astype(jnp.int32), params, idx)
 
 
-def evaluate_trained(config: TrainConfig, params: EnvParams, variants: list[Variant], state, cal_idx, test_idx, key,
-                     retrain: bool):
-    """Evaluate every trained variant, seed and split in one jitted, vmapped call.
+class MemberEval(NamedTuple):
+    """What :func:`evaluate_members` returns, every leaf [V, N, S] (metrics: ``summarise``'s dicts):
+    the batch-calibrated sets, the online sets, the pointwise policy, the calibrated kappa-hat,
+    and the online kappa of training [V, N] (recalibrate) or [V, N, S] (retrain)."""
 
-    ``state`` leaves are [V, S_train, N, ...] (N seeds; S_train = 1 under ``recalibrate``,
-    whose one policy per seed is recalibrated on every split); ``cal_idx``/``test_idx``
-    are [S, n]. Returns ``{row: {metric: np.ndarray [N, S]}}`` and the calibrated kappas
-    ``{row: np.ndarray [N, S]}``.
-    """
+    batch: dict
+    online: dict
+    pointwise: dict
+    kappa_hat: np.ndarray
+    kappa_online: np.ndarray
+
+
+def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Variant], state, cal_idx, test_idx, key,
+                     retrain: bool) -> MemberEval:
+    """Every trained variant, seed and split in one jitted, vmapped call: see :func:`evaluate_trained`."""
     S = cal_idx.shape[0]
 
-    def one(policy, kappa_online, cal, test, k):
+    def one(policy, kappa_online, cal, test, k, alpha):
         probs, kappa_i = policy_tables(policy, params, config.hidden)
-        batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, config.alpha)
+        batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha)
         online_m = eval_conformal(probs, kappa_online, params, test)
         point_m = eval_pointwise(k, probs, params, test)
         return summarise(batch_m), summarise(online_m), summarise(point_m), khat
 
     split_axes = 0 if retrain else None
-    per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0))
-    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0))
-    per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None)))
+    per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0, None))
+    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0, None))
+    per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None, 0)))
     # [V, S_t, N, ...] -> [V, N, S_t, ...] (retrain) or [V, N, ...] (recalibrate)
     if retrain:
         pol = jax.tree.map(lambda x: jnp.swapaxes(x, 1, 2), state.policy)
@@ -87,28 +95,54 @@ def evaluate_trained(config: TrainConfig, params: EnvParams, variants: list[Vari
         kap = state.kappa[:, 0]
     N = kap.shape[1]
     keys = jax.random.split(key, N * S).reshape(N, S, -1)
+    alphas = jnp.asarray([var.target_alpha(config) for var in variants], jnp.float32)  # each at its own alpha
     batch_m, online_m, point_m, khat = jax.device_get(
-        per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys)
+        per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys, alphas)
     )
+    return MemberEval(batch_m, online_m, point_m, np.asarray(khat), np.asarray(jax.device_get(kap)))
+
+
+def variant_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """The table rows of variant ``var`` (index ``v`` of ``ev``): ``{row: {metric: [N, S]}}`` and
+    ``{row: kappa [N, S]}`` (the calibrated kappa-hat, or the online kappa for CPO online)."""
+    N, S = ev.kappa_hat.shape[1:]
     rows: dict[str, dict[str, np.ndarray]] = {}
     kappas: dict[str, np.ndarray] = {}
 
-    def take(m, v):
+    def take(m):
         return {k: np.asarray(x[v]) for k, x in m.items()}
 
+    for row in var.table_rows():
+        if var.conformal or row == "CPO batch":
+            rows[row] = take(ev.batch)
+            kappas[row] = np.asarray(ev.kappa_hat[v])
+        elif row == "CPO":
+            rows[row] = take(ev.pointwise)
+        elif row == "CPO online":
+            rows[row] = take(ev.online)
+            online = np.asarray(ev.kappa_online[v])  # [N] or [N, S]
+            kappas[row] = np.broadcast_to(online.reshape(N, -1), (N, S)).copy()
+        else:
+            raise ValueError(f"variant {var.name}: unknown row {row!r}")
+    return rows, kappas
+
+
+def evaluate_trained(config: TrainConfig, params: EnvParams, variants: list[Variant], state, cal_idx, test_idx, key,
+                     retrain: bool):
+    """Evaluate every trained variant, seed and split in one jitted, vmapped call.
+
+    ``state`` leaves are [V, S_train, N, ...] (N seeds; S_train = 1 under ``recalibrate``,
+    whose one policy per seed is recalibrated on every split); ``cal_idx``/``test_idx``
+    are [S, n]. Each variant is calibrated at its own alpha (``Variant.target_alpha``). Returns
+    ``{row: {metric: np.ndarray [N, S]}}`` and the calibrated kappas ``{row: np.ndarray [N, S]}``.
+    """
+    ev = evaluate_members(config, params, variants, state, cal_idx, test_idx, key, retrain)
+    rows: dict[str, dict[str, np.ndarray]] = {}
+    kappas: dict[str, np.ndarray] = {}
     for v, var in enumerate(variants):
-        for row in var.table_rows():
-            if var.conformal or row == "CPO batch":
-                rows[row] = take(batch_m, v)
-                kappas[row] = np.asarray(khat[v])
-            elif row == "CPO":
-                rows[row] = take(point_m, v)
-            elif row == "CPO online":
-                rows[row] = take(online_m, v)
-                online = np.asarray(kap[v])  # [N] or [N, S]
-                kappas[row] = np.broadcast_to(online.reshape(N, -1), (N, S)).copy()
-            else:
-                raise ValueError(f"variant {var.name}: unknown row {row!r}")
+        r, k = variant_rows(var, ev, v)
+        rows.update(r)
+        kappas.update(k)
     return rows, kappas
 
 

@@ -15,7 +15,7 @@
 3. kappa <- clip(kappa + eta_k (alpha - err_k), 0, 1) after each episode (Eq. 9),
    err_k measured on the set C_{pi_{k+1}, kappa}.
 
-The per-variant switches (``conformal``, ``lam``) are traced data, so CPO and the
+The per-variant switches (``conformal``, ``lam``, the margin ``z``, ``alpha``) are traced data, so CPO and the
 CCPO rows train side by side in one vmapped program. The host loop (chunks,
 checkpoints, TensorBoard) is :mod:`ccpo_jax.runtime.loop`; the member layout and sharding
 :mod:`ccpo_jax.ccpo.members`; evaluation :mod:`ccpo_jax.ccpo.evaluation`.
@@ -57,6 +57,7 @@ class VariantArrays(struct.PyTreeNode):
     conformal: jax.Array  # bool []
     lam: jax.Array  # float []
     z: jax.Array  # float [], coverage margin in standard errors (Variant.margin)
+    alpha: jax.Array  # float [], target miscoverage (Variant.target_alpha)
 
 
 def variant_arrays(variants: list[Variant], config: TrainConfig) -> VariantArrays:
@@ -64,6 +65,7 @@ def variant_arrays(variants: list[Variant], config: TrainConfig) -> VariantArray
         conformal=jnp.asarray([v.conformal for v in variants]),
         lam=jnp.asarray([v.lam for v in variants], jnp.float32),
         z=jnp.asarray([v.margin(config) for v in variants], jnp.float32),
+        alpha=jnp.asarray([v.target_alpha(config) for v in variants], jnp.float32),
     )
 
 
@@ -94,7 +96,9 @@ class CPOProblem(NamedTuple):
     ``objective(theta)`` is maximised; ``constraint(theta)`` is the coverage surrogate in
     CPO's "c + b'x <= 0" form (minus the coverage estimate); ``kl(theta)`` the mean KL of
     the target policy from theta_k; ``c = (1 - alpha) - coverage(theta_k)``. ``critics`` are
-    the updated :class:`Critics`; ``metrics`` scalars for the curves.
+    the updated :class:`Critics`; ``metrics`` scalars for the curves. ``fisher`` =
+    ``(log_target(theta), weights)`` with ``kl(theta) = sum(weights * KL(S~_k || S~_theta))``, for
+    the CPO step's Fisher-vector product (``TrainConfig.hvp``).
     """
 
     objective: Callable
@@ -103,6 +107,7 @@ class CPOProblem(NamedTuple):
     c: jax.Array
     critics: Critics
     metrics: dict
+    fisher: tuple[Callable, jax.Array]
 
 
 class Model(NamedTuple):
@@ -297,8 +302,8 @@ def sampled_problem(m: Model, state: TrainState, q: jax.Array, k_a: jax.Array, v
     }
     return CPOProblem(
         objective=objective, constraint=lambda pol: -coverage(pol), kl=kl,
-        c=(1.0 - cfg.alpha) - lower_bound(j_c, per_episode, var.z), critics=Critics(critic_r, critic_c, opt_r, opt_c),
-        metrics=metrics,
+        c=(1.0 - var.alpha) - lower_bound(j_c, per_episode, var.z), critics=Critics(critic_r, critic_c, opt_r, opt_c),
+        metrics=metrics, fisher=(log_target, jnp.where(valid, 1.0, 0.0) / n_valid),
     )
 
 
@@ -329,6 +334,10 @@ def exact_problem(m: Model, state: TrainState, qx: jax.Array, var: VariantArrays
     old = terms(state.policy)
     logs_old, P_old, cost_old, succ_old = jax.lax.stop_gradient(old.log_target), old.probs, old.cost, old.success
     w = exact.occupancy_weights(P_old, mask)
+    kl_w = jnp.where(mask, w, 0.0) / jnp.maximum(jnp.sum(w), 1e-8)  # kl's weight per (question, round): the Fisher's
+
+    def log_target(pol):
+        return log_soft_fn(m.probs(pol, obs, avail))
 
     def objective(pol):  # maximise -(E[cost] + lambda E|C|), scaled like the sampled rewards
         t = terms(pol)
@@ -338,7 +347,7 @@ def exact_problem(m: Model, state: TrainState, qx: jax.Array, var: VariantArrays
         return -jnp.mean(terms(pol).success)
 
     def kl(pol):
-        kl_t = conformal.soft_policy_kl(logs_old, log_soft_fn(m.probs(pol, obs, avail)))
+        kl_t = conformal.soft_policy_kl(logs_old, log_target(pol))
         return jnp.sum(w * jnp.where(mask, kl_t, 0.0)) / jnp.maximum(jnp.sum(w), 1e-8)
 
     j_c = jnp.mean(succ_old)
@@ -351,12 +360,13 @@ def exact_problem(m: Model, state: TrainState, qx: jax.Array, var: VariantArrays
         "critic_loss_c": jnp.float32(0.0),
     }
     return CPOProblem(
-        objective=objective, constraint=constraint, kl=kl, c=(1.0 - cfg.alpha) - lower_bound(j_c, succ_old, var.z),
+        objective=objective, constraint=constraint, kl=kl, c=(1.0 - var.alpha) - lower_bound(j_c, succ_old, var.z),
         critics=Critics(state.critic_r, state.critic_c, state.opt_r, state.opt_c), metrics=metrics,
+        fisher=(log_target, kl_w),
     )
 
 
-def online_kappa(m: Model, kappa, episodes, policy, q: jax.Array):
+def online_kappa(m: Model, kappa, episodes, policy, q: jax.Array, alpha):
     """Eq. 9, one step per episode of questions ``q``: err_k = 1[the set C_{pi,kappa} misses q_k]."""
     params = m.params
     new_probs = m.probs(policy, params.obs[q], params.available[q])
@@ -367,7 +377,7 @@ def online_kappa(m: Model, kappa, episodes, policy, q: jax.Array):
     def body(carry, kappa_i):
         kap, k = carry
         err = (kap > kappa_i).astype(jnp.float32)
-        kap = conformal.kappa_step(kap, err, k + 1, m.cfg.alpha, m.cfg.eta0, m.cfg.xi)
+        kap = conformal.kappa_step(kap, err, k + 1, alpha, m.cfg.eta0, m.cfg.xi)
         return (kap, k + 1), err
 
     (kappa, episodes), errs = jax.lax.scan(body, (kappa, episodes), k_i)
@@ -391,9 +401,10 @@ def iteration(m: Model, state: TrainState, train_idx: jax.Array, var: VariantArr
     policy, info = trust_region.cpo_update(
         state.policy, prob.objective, prob.constraint, prob.kl, prob.c, cfg.delta, cg_iters=cfg.cg_iters,
         damping=cfg.damping, backtrack_steps=cfg.backtrack_steps, backtrack_decay=cfg.backtrack_decay,
+        fisher=prob.fisher if cfg.hvp == "fisher" else None,
     )
     # 3. online kappa on C_{pi_{k+1}, kappa} (Eq. 9)
-    kappa, episodes, errs = online_kappa(m, state.kappa, state.episodes, policy, q)
+    kappa, episodes, errs = online_kappa(m, state.kappa, state.episodes, policy, q, var.alpha)
 
     critic_r, critic_c, opt_r, opt_c = prob.critics
     new_state = TrainState(policy=policy, critic_r=critic_r, critic_c=critic_c, opt_r=opt_r, opt_c=opt_c,

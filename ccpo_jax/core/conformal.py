@@ -179,6 +179,11 @@ def conformal_rank(n: int, alpha: Array | float) -> Array:
     return jnp.ceil((n + 1) * (1.0 - jnp.asarray(alpha, jnp.float32)) - 1e-4).astype(jnp.int32)
 
 
+def conformal_rank_host(n: int, alpha: float) -> int:
+    """:func:`conformal_rank` on the host, in the same float32 arithmetic."""
+    return int(np.ceil(np.float32(n + 1) * (np.float32(1.0) - np.float32(alpha)) - np.float32(1e-4)))
+
+
 def calibration_size_warning(n: int, alpha: float) -> str | None:
     """A warning when ``n`` calibration questions are too few for a useful threshold at ``alpha``.
 
@@ -188,7 +193,7 @@ def calibration_size_warning(n: int, alpha: float) -> str | None:
     """
 
     def rank(m: int) -> int:
-        return int(np.ceil(np.float32(m + 1) * (np.float32(1.0) - np.float32(alpha)) - np.float32(1e-4)))
+        return conformal_rank_host(m, alpha)
 
     k = rank(n)
     if k < n:
