@@ -98,17 +98,18 @@ def resolve_mesh(devices: int | str | None):
     return None if n == 1 else sharding.make_mesh(n)
 
 
-def _resume_config(resume: Path, given: Mapping[str, Any]) -> tuple[Path, ReproduceConfig]:
+def _resume_config(resume: Path, given: Mapping[str, Any], cls: type = ReproduceConfig,
+                   results_file: str = report.RESULTS_FILE) -> tuple[Path, Any]:
     """Find the work dir of a killed run at ``resume`` (its out_dir) and read its run.json.
 
     ``given`` holds the options of this call: the saved ones must be None or equal to the
     saved values (:func:`ccpo_jax.runtime.options.resume_mismatch`); the execution options
     (devices, member block, progress) are this call's.
     """
-    out, work = workdir.interrupted_run(resume, RUN_FILE, report.RESULTS_FILE)
+    out, work = workdir.interrupted_run(resume, RUN_FILE, results_file)
     unsaved = {k: given.get(k) for k in ("devices", "member_block", "progress", "discard_failed")}
     try:
-        cfg = options.from_saved(ReproduceConfig, json.loads((work / RUN_FILE).read_text()),
+        cfg = options.from_saved(cls, json.loads((work / RUN_FILE).read_text()),
                                  out_dir=out, resume=resume, **unsaved)
     except UserError:
         raise
@@ -127,18 +128,21 @@ def _resume_config(resume: Path, given: Mapping[str, Any]) -> tuple[Path, Reprod
     return out, cfg
 
 
-def _open_run(given: Mapping[str, Any]) -> tuple[Path, ReproduceConfig]:
-    """(out_dir, configuration) of a new run, or of the killed run at ``given["resume"]``."""
+def open_run(given: Mapping[str, Any], cls: type = ReproduceConfig, out_prefix: str = "",
+             results_file: str = report.RESULTS_FILE) -> tuple[Path, Any]:
+    """(out_dir, configuration ``cls``) of a new run, or of the killed run at ``given["resume"]``
+    (``ccpo-jax reproduce`` and ``ccpo-jax sweep``; a new run's default out_dir is
+    ``runs/<out_prefix><setting>-<timestamp>``)."""
     if given.get("resume") is None:
-        cfg = ReproduceConfig(**given)
-        out = cfg.out_dir if cfg.out_dir is not None else _default_out(cfg.setting)
+        cfg = cls(**given)
+        out = cfg.out_dir if cfg.out_dir is not None else _default_out(out_prefix + cfg.setting)
         workdir.check_new_out(out)
         return out, cfg
     resume, out_dir = Path(given["resume"]), given.get("out_dir")
     if out_dir is not None and Path(out_dir) != resume:
         raise UserError("resume: do not combine with a different out_dir (the run resumes into its own)",
                         field="resume")
-    return _resume_config(resume, given)
+    return _resume_config(resume, given, cls, results_file)
 
 
 # -- the cache -------------------------------------------------------------------------
@@ -154,6 +158,14 @@ def load_run_cache(setting: Setting, cache: Any) -> ResponseCache:
     if isinstance(cache, ResponseCache):
         return cache.with_checksum() if not cache.manifest.checksum else cache
     return load_cache(cache)
+
+
+def check_resumed_cache(work: Path, cache: ResponseCache) -> None:
+    """A resumed run must see the cache it was started on (the checksum saved in its run.json)."""
+    old_sum = json.loads((work / RUN_FILE).read_text()).get("cache_checksum")
+    if old_sum and old_sum != cache.manifest.checksum:
+        raise UserError(f"resume: the cache changed since the run was interrupted (checksum {old_sum} before, "
+                        f"{cache.manifest.checksum} now); restore it or start a new run", field="resume")
 
 
 def is_setting_profile(setting: Setting, cache: ResponseCache) -> bool:
@@ -174,7 +186,7 @@ def describe_cache(cache: ResponseCache) -> str:
     return f"{kind} cache '{cache.manifest.name}' ({cache.n_questions} questions, T={cache.T}{', ' + extra if extra else ''})"
 
 
-def _as_rows(rows: Mapping[str, Mapping[str, Any]], n_splits: int, source: str) -> dict[str, dict[str, np.ndarray]]:
+def as_rows(rows: Mapping[str, Mapping[str, Any]], n_splits: int, source: str) -> dict[str, dict[str, np.ndarray]]:
     """Every row's metrics as float arrays [N seeds, S splits] (rows without seeds: N = 1)."""
     out = {}
     for name, ms in rows.items():
@@ -274,7 +286,7 @@ def reproduce(
         raise TypeError(f"reproduce() got unknown option(s) {', '.join(unknown)}; "
                         f"the options: {', '.join(options.inputs(ReproduceConfig))}")
     # 1. the run configuration: a new one, or the saved one of a killed run
-    out, cfg = _open_run(given)
+    out, cfg = open_run(given)
     resuming = cfg.resume is not None
     st = get_setting(cfg.setting)
     work = workdir.work_dir(out)
@@ -290,10 +302,7 @@ def reproduce(
     cache_obj = load_run_cache(st, cfg.cache)
     check_split_sizes(cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache '{cache_obj.manifest.name}'")
     if resuming:
-        old_sum = json.loads((work / RUN_FILE).read_text()).get("cache_checksum")
-        if old_sum and old_sum != cache_obj.manifest.checksum:
-            raise UserError(f"resume: the cache changed since the run was interrupted (checksum {old_sum} before, "
-                            f"{cache_obj.manifest.checksum} now); restore it or start a new run", field="resume")
+        check_resumed_cache(work, cache_obj)
     notes: list[str] = []
     small = calibration_size_warning(cfg.split_sizes[1], cfg.alpha)
     if small:
@@ -313,7 +322,7 @@ def reproduce(
         # 5. the non-learned rows: all splits in one vmapped call
         t0 = time.perf_counter()
         base = non_learned_rows(cache_obj, params, k_base, splits.cal, splits.test, cfg.alpha)
-        rows = _as_rows(jax.device_get(base), cfg.n_splits, "baselines.non_learned_rows")
+        rows = as_rows(jax.device_get(base), cfg.n_splits, "baselines.non_learned_rows")
         rows[BOUND_ROW] = bound_row(params, splits.test, cfg.alpha)  # not a policy: what none can beat
         timing = {"compile_s": 0.0, "train_s": 0.0, "eval_s": time.perf_counter() - t0}
         # 6. training and evaluation of the learned rows
@@ -323,7 +332,7 @@ def reproduce(
                 lambdas=cfg.lambdas, protocol=cfg.protocol, seeds=cfg.seeds, ckpt_dir=work / CKPT_DIR,
                 tb_dir=work / TB_DIR, progress=cfg.progress, mesh=mesh, member_block=cfg.member_block,
             )
-            rows.update(_as_rows(got.rows, cfg.n_splits, "the trainer"))
+            rows.update(as_rows(got.rows, cfg.n_splits, "the trainer"))
             for k in ("compile_s", "train_s", "eval_s"):
                 timing[k] += float(got.timing.get(k, 0.0))
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,7 +20,7 @@ import jax
 import numpy as np
 
 from ccpo_jax.ccpo.config import TrainConfig, Variant
-from ccpo_jax.ccpo.evaluation import calibration_diagnostics, evaluate_trained
+from ccpo_jax.ccpo.evaluation import calibration_diagnostics, evaluate_members, variant_rows
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, policy_row, save_policies
 from ccpo_jax.ccpo.settings import lambda_row_name
@@ -93,6 +94,38 @@ class TrainedRows:
     timing: dict
 
 
+def member_keys(key: jax.Array, names: list[str], n: int) -> jax.Array:
+    """One PRNG key per (variant, member) [V, n, 2]: variant ``names[v]``'s n keys split from
+    ``fold_in(key, crc32(name))``. A row's policies therefore depend on its name, the seed and the
+    data, not on which other rows train beside it: a sweep's point equals the ``reproduce`` run at
+    the same alpha and seed (:mod:`ccpo_jax.ccpo.sweep`), and adding a lambda changes no other row."""
+    return jax.numpy.stack([jax.random.split(jax.random.fold_in(key, zlib.crc32(nm.encode())), n) for nm in names])
+
+
+def _train_and_evaluate(config, params, splits, key, variants, key_names, *, seeds, protocol, ckpt_dir, tensorboard,
+                        progress, mesh, member_block):
+    """Train ``variants`` x training splits x ``seeds`` in one program and evaluate every member on
+    every split: (state [V, S_train, N, ...], :class:`MemberEval`, curves, timing)."""
+    if int(seeds) < 1:
+        raise UserError(f"seeds={seeds}: must be >= 1")
+    N = int(seeds)
+    retrain = protocol == "retrain"
+    train_idx = np.asarray(splits.train) if retrain else np.asarray(splits.train)[:1]
+    S_t = train_idx.shape[0]
+    k_train, k_eval = jax.random.split(key)
+    state, metrics, timing = train_many(
+        config, params, variants, np.repeat(train_idx, N, axis=0), member_keys(k_train, key_names, S_t * N),
+        ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh, member_block=member_block,
+    )
+    state = jax.tree.map(lambda x: x.reshape((x.shape[0], S_t, N) + x.shape[2:]), state)
+    t0 = time.perf_counter()
+    ev = evaluate_members(config, params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
+                          retrain)
+    timing = dict(timing, eval_s=time.perf_counter() - t0)
+    curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
+    return state, ev, curves, timing
+
+
 def train_seeds(
     config: TrainConfig,
     params: EnvParams,
@@ -111,30 +144,63 @@ def train_seeds(
     """Train the learned rows (:func:`row_variants`) for ``seeds`` seeds and evaluate them on every split.
 
     All variants x training splits x seeds are members of one vmapped program; seed n of
-    every member starts from its own key. Under ``recalibrate`` each seed trains once on
-    ``splits.train[0]`` and is recalibrated on every split; under ``retrain`` every
+    every member starts from its own key (:func:`member_keys`). Under ``recalibrate`` each seed
+    trains once on ``splits.train[0]`` and is recalibrated on every split; under ``retrain`` every
     (split, seed) pair trains its own policy.
     """
-    if int(seeds) < 1:
-        raise UserError(f"seeds={seeds}: must be >= 1")
-    N = int(seeds)
     variants = row_variants(tuple(lambdas), config)
-    retrain = protocol == "retrain"
-    train_idx = np.asarray(splits.train) if retrain else np.asarray(splits.train)[:1]
-    S_t = train_idx.shape[0]
-    k_train, k_eval = jax.random.split(key)
-    state, metrics, timing = train_many(
-        config, params, variants, np.repeat(train_idx, N, axis=0), k_train, ckpt_dir=ckpt_dir,
-        tensorboard=tensorboard, progress=progress, mesh=mesh, member_block=member_block,
-    )
-    state = jax.tree.map(lambda x: x.reshape((x.shape[0], S_t, N) + x.shape[2:]), state)
-    t0 = time.perf_counter()
-    rows, kappas = evaluate_trained(
-        config, params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval, retrain
-    )
-    timing = dict(timing, eval_s=time.perf_counter() - t0)
-    curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
+    state, ev, curves, timing = _train_and_evaluate(
+        config, params, splits, key, variants, [v.name for v in variants], seeds=seeds, protocol=protocol,
+        ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh, member_block=member_block)
+    rows: dict = {}
+    kappas: dict = {}
+    for v, var in enumerate(variants):
+        r, k = variant_rows(var, ev, v)
+        rows.update(r)
+        kappas.update(k)
     return TrainedRows(rows=rows, kappas=kappas, state=state, variants=variants, curves=curves, timing=timing)
+
+
+def alpha_name(name: str, alpha: float) -> str:
+    """A sweep variant's name: the row variant's at one alpha, e.g. ``CCPO (lambda=0) @ alpha=0.05``."""
+    return f"{name} @ alpha={alpha:g}"
+
+
+def train_sweep(
+    config: TrainConfig,
+    params: EnvParams,
+    splits: Splits,
+    key: jax.Array,
+    *,
+    alphas: tuple[float, ...],
+    lambdas: tuple[float, ...],
+    seeds: int,
+    protocol: str = "recalibrate",
+    ckpt_dir: Path | None = None,
+    tensorboard: Any = None,
+    progress: bool = True,
+    mesh=None,
+    member_block: int | None = None,
+) -> tuple[dict[float, dict[str, dict[str, np.ndarray]]], dict[str, float]]:
+    """Every learned row x alpha x seed (x training split under ``retrain``) as members of ONE
+    vmapped program (alpha is traced data, ``Variant.alpha``), each member calibrated and
+    evaluated at its own alpha on every split. The row variant at alpha a has the keys of the
+    same row in ``train_seeds`` (:func:`member_keys`), so it equals a ``reproduce`` run at alpha a.
+
+    Returns ``{alpha: {row: {metric: [N seeds, S splits]}}}`` and the timing."""
+    base = row_variants(tuple(lam for lam in lambdas if lam != 0.0), config)
+    if 0.0 not in [float(x) for x in lambdas]:  # CCPO (lambda=0) only when asked for
+        base = [v for v in base if not (v.conformal and v.lam == 0.0)]
+    variants = [dataclasses.replace(v, name=alpha_name(v.name, a), alpha=float(a), rows=v.table_rows())
+                for a in alphas for v in base]
+    state, ev, _, timing = _train_and_evaluate(
+        config, params, splits, key, variants, [v.name for a in alphas for v in base], seeds=seeds,
+        protocol=protocol, ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh,
+        member_block=member_block)
+    out: dict[float, dict[str, dict[str, np.ndarray]]] = {}
+    for v, var in enumerate(variants):
+        out.setdefault(float(var.alpha), {}).update(variant_rows(var, ev, v)[0])
+    return out, timing
 
 
 def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array, config: TrainConfig,

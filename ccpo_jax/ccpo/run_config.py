@@ -193,3 +193,62 @@ class ReproduceConfig(RunOptions):
 
 #: reproduce's fields -> its flags (error messages name the flag).
 REPRODUCE_FLAGS = options.flag_names(ReproduceConfig)
+
+
+def _grid(name: str, v: Any, what: str, ok, rule: str) -> tuple[float, ...]:
+    """A comma-separated (or sequence) grid of numbers: non-empty, each ``ok``, strictly increasing."""
+    items = [x for x in v.split(",")] if isinstance(v, str) else list(v)
+    if isinstance(v, str) and not v.strip():
+        items = []
+    try:
+        grid = tuple(float(str(x).strip()) for x in items)
+    except ValueError:
+        raise UserError(f"{name}: expected numbers separated by commas, e.g. {what}, got {v!r}", field=name) from None
+    if not grid:
+        raise UserError(f"{name}: the grid is empty; give one or more values, e.g. {what}", field=name)
+    bad = [x for x in grid if not ok(x)]
+    if bad:
+        raise UserError(f"{name}: {bad[0]:g} is not {rule}", field=name)
+    if any(b <= a for a, b in zip(grid, grid[1:])):
+        dup = sorted({x for x in grid if grid.count(x) > 1})
+        why = f"{dup[0]:g} is given twice" if dup else "the values are not in increasing order"
+        raise UserError(f"{name}: {why}; give them increasing, e.g. {','.join(f'{x:g}' for x in sorted(set(grid)))}",
+                        field=name)
+    return grid
+
+
+def _alphas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
+    """The alpha grid; an alpha whose calibration split is too small for a threshold (the conformal
+    rank exceeds n_cal, so kappa-hat = 0 and every set holds everything) is refused with the size needed."""
+    from ccpo_jax.core.conformal import calibration_size_warning, conformal_rank_host
+
+    grid = _grid(name, v, "0.05,0.1,0.15,0.2", lambda a: 0.0 < a < 1.0, "in (0, 1) (target coverage 1 - alpha)")
+    n_cal = cfg.split_sizes[1]
+    for a in grid:
+        if conformal_rank_host(n_cal, a) > n_cal:
+            raise UserError(f"{name}: alpha {a:g}: {calibration_size_warning(n_cal, a)}", field=name)
+    return grid
+
+
+def _lambdas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
+    return _grid(name, v, "0,1e-4,2e-4", lambda x: x >= 0.0 and x != float("inf"), "a finite lambda >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig(RunOptions):
+    """``ccpo-jax sweep``: the cost-coverage frontier, every learned row x alpha x lambda x seed in one program."""
+
+    out_dir: Path | None = option("--out", help="output directory, must not exist", metavar="DIR",
+                                  default_doc="runs/sweep-<setting>-<timestamp>", saved=False, check=_path)
+    alphas: tuple[float, ...] = option("--alphas", help="the alpha grid (target coverage 1 - alpha), increasing",
+                                       metavar="A1,A2,...", default=(0.05, 0.1, 0.15, 0.2), check=_alphas)
+    lambdas: tuple[float, ...] = option("--lambdas", help="the CCPO set-size penalties, increasing; 0 is the row "
+                                        "CCPO (lambda=0)", metavar="L1,L2,...", default=(0.0, 1e-4, 2e-4),
+                                        check=_lambdas)
+
+    def train_config(self, alpha: float | None = None) -> TrainConfig:
+        """The trainer configuration (its alpha is the setting's; every sweep member has its own)."""
+        return super().train_config(get_setting(self.setting).alpha if alpha is None else alpha)
+
+
+SWEEP_FLAGS = options.flag_names(SweepConfig)

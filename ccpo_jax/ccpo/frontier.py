@@ -1,0 +1,226 @@
+"""The cost-coverage frontier of a sweep: ``frontier.json``, ``frontier.md`` and ``frontier.png``.
+
+A sweep (:mod:`ccpo_jax.ccpo.sweep`) gives every row of a results table at every alpha of its
+grid: ``{alpha: {row: {metric: [N seeds, S splits]}}}``. :func:`build_frontier` turns that into
+one point per (row, alpha) with ``alpha``, ``lambda``, the target coverage, and ``cost_cents``,
+``coverage``, ``set_size`` and ``cost_vs_bound``, each ``{mean, seed_sd, q05, q95}`` over seeds and
+splits; a point whose mean coverage is below the target by more than two standard errors of the
+split means is marked ``meets_target: false``. Each row gets a one-number summary: its mean cost
+over the grid and the ratio of that to the clairvoyant bound's (docs/reproduce.md, "Sweeps").
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from ccpo_jax.ccpo.report import environment_info
+from envs.atomic import atomic_path, atomic_write_json, atomic_write_text
+from envs.bound import BOUND_ROW
+
+FRONTIER_JSON = "frontier.json"
+FRONTIER_MD = "frontier.md"
+FRONTIER_PNG = "frontier.png"
+POINT_METRICS = ("cost_cents", "coverage", "set_size")
+#: A point misses its target when its mean coverage is below 1 - alpha by more than this many
+#: standard errors of the mean over splits.
+MISS_SE = 2.0
+
+
+def _num(x: Any) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _ns(v: Any) -> np.ndarray:
+    """A metric as float [N seeds, S splits] ([S] is one seed)."""
+    v = np.asarray(v, np.float64)
+    return v.reshape(1, -1) if v.ndim <= 1 else v.reshape(v.shape[0], -1)
+
+
+def point_stats(v: Any) -> dict[str, float | None]:
+    """mean, seed_sd (sd of the per-seed means, ddof 1; None for one seed), q05, q95 of ``v`` [N, S]."""
+    v = _ns(v)
+    flat = v[np.isfinite(v)]
+    if flat.size == 0:
+        return {"mean": None, "seed_sd": None, "q05": None, "q95": None}
+    per_seed = np.array([np.mean(r[np.isfinite(r)]) for r in v if np.isfinite(r).any()])
+    return {"mean": float(flat.mean()), "seed_sd": float(np.std(per_seed, ddof=1)) if per_seed.size > 1 else None,
+            "q05": float(np.quantile(flat, 0.05)), "q95": float(np.quantile(flat, 0.95))}
+
+
+def row_lambda(row: str) -> float:
+    """The set-size penalty of a row: a CCPO row's lambda (``CCPO (lambda=2e-4)``), 0 otherwise."""
+    if row.startswith("CCPO (lambda=") and row.endswith(")"):
+        return float(row[len("CCPO (lambda="):-1])
+    return 0.0
+
+
+def build_frontier(grid: Mapping[float, Mapping[str, Mapping[str, Any]]], *, setting: str, cache: dict,
+                   protocol: str, n_splits: int, seeds: int, lambdas: tuple[float, ...], preset: str,
+                   train_config: dict | None, timing: dict, learned: tuple[str, ...]) -> dict[str, Any]:
+    """frontier.json's content from ``grid`` = ``{alpha: {row: {metric: [N, S]}}}`` (every alpha
+    holds the same rows; the bound's row is ``envs.bound.BOUND_ROW``)."""
+    alphas = sorted(float(a) for a in grid)
+    names = list(grid[alphas[0]])
+    rows: dict[str, Any] = {}
+    for name in names:
+        points = []
+        for a in alphas:
+            m = grid[a][name]
+            cost, cov = _ns(m["cost_cents"]), _ns(m["coverage"])
+            bound = _ns(grid[a][BOUND_ROW]["cost_cents"]).mean(0) if BOUND_ROW in grid[a] else np.ones(1)
+            pt = {"alpha": a, "lambda": row_lambda(name), "target": 1.0 - a}
+            for k in POINT_METRICS:
+                pt[k] = point_stats(m[k])
+            if name != BOUND_ROW:
+                pt["cost_vs_bound"] = point_stats(cost.mean(axis=1, keepdims=True) / max(float(bound.mean()), 1e-12))
+                split_cov = np.nanmean(cov, axis=0)
+                se = float(np.std(split_cov, ddof=1) / math.sqrt(split_cov.size)) if split_cov.size > 1 else 0.0
+                pt["meets_target"] = bool(float(np.nanmean(cov)) >= 1.0 - a - MISS_SE * se - 1e-9)
+            points.append(pt)
+        mean_cost = float(np.mean([p["cost_cents"]["mean"] for p in points]))
+        entry: dict[str, Any] = {"is_policy": name != BOUND_ROW, "learned": name in learned, "points": points,
+                                 "summary": {"mean_cost_cents": mean_cost}}
+        if name != BOUND_ROW:
+            entry["misses_target_at"] = [p["alpha"] for p in points if not p["meets_target"]]
+        rows[name] = entry
+    if BOUND_ROW in rows:
+        b = rows[BOUND_ROW]["summary"]["mean_cost_cents"]
+        for name, entry in rows.items():
+            if name != BOUND_ROW:
+                entry["summary"]["mean_cost_vs_bound"] = _num(entry["summary"]["mean_cost_cents"] / b) if b else None
+    return {
+        "kind": "frontier",
+        "setting": setting,
+        "cache": cache,
+        "synthetic": cache.get("provenance", {}).get("kind") == "synthetic",
+        "protocol": protocol,
+        "n_splits": int(n_splits),
+        "seeds": int(seeds),
+        "alphas": alphas,
+        "lambdas": [float(x) for x in lambdas],
+        "preset": preset,
+        "train_config": train_config,
+        "miss_rule": f"mean coverage below 1 - alpha by more than {MISS_SE:g} standard errors of the split means",
+        "rows": rows,
+        "timing": {k: float(v) for k, v in timing.items()},
+        "environment": environment_info(),
+    }
+
+
+def _cell(p: Mapping[str, Any], seeds: int) -> str:
+    c, cov = p["cost_cents"], p["coverage"]["mean"]
+    sd = f" ±{c['seed_sd']:.2f}" if seeds > 1 and c.get("seed_sd") is not None else ""
+    mark = "" if p.get("meets_target", True) else " **miss**"
+    return f"{c['mean']:.2f}{sd} ({cov:.3f}{mark})"
+
+
+def title(fr: Mapping[str, Any]) -> str:
+    cache = fr["cache"]
+    kind = "SYNTHETIC cache" if fr["synthetic"] else "cache"
+    return f"Cost-coverage frontier: setting {fr['setting']}, {kind} '{cache.get('name', '?')}'"
+
+
+def format_frontier(fr: Mapping[str, Any]) -> str:
+    """frontier.md: rows x alphas, cost in cents ± sd over seeds (coverage), misses marked; summary columns."""
+    alphas = fr["alphas"]
+    lines = [f"# {title(fr)}", ""]
+    if fr["synthetic"]:
+        lines += ["The cache is SYNTHETIC (generated by envs.synthetic); these are not the paper's numbers.", ""]
+    lines += [f"Protocol {fr['protocol']}, {fr['n_splits']} splits, {fr['seeds']} training seed(s), preset "
+              f"{fr['preset']}. Cell: mean cost in cents ± sd over seeds (mean coverage); **miss** = "
+              f"{fr['miss_rule']}. Last columns: the mean cost over the alpha grid and its ratio to the "
+              "clairvoyant bound's.", ""]
+    head = "| row | " + " | ".join(f"alpha {a:g} (target {1 - a:.2f})" for a in alphas) + " | mean cost | / bound |"
+    lines += [head, "|" + "---|" * (len(alphas) + 3)]
+    for name, e in fr["rows"].items():
+        cells = [_cell(p, fr["seeds"]) if e["is_policy"] else f"{p['cost_cents']['mean']:.2f}" for p in e["points"]]
+        ratio = e["summary"].get("mean_cost_vs_bound")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {e['summary']['mean_cost_cents']:.2f} | "
+                     + (f"{ratio:.2f}x" if ratio is not None else "-") + " |")
+    missed = {n: e["misses_target_at"] for n, e in fr["rows"].items() if e.get("misses_target_at")}
+    lines.append("")
+    if missed:
+        lines.append("Rows that miss their coverage target: " + "; ".join(
+            f"{n} at alpha {', '.join(f'{a:g}' for a in al)}" for n, al in missed.items()) + ".")
+    else:
+        lines.append("Every row meets its coverage target at every alpha.")
+    t = fr["timing"]
+    lines += ["", f"Timing: total {t.get('total_s', 0):.1f} s (compile {t.get('compile_s', 0):.1f} s, train "
+              f"{t.get('train_s', 0):.1f} s, eval {t.get('eval_s', 0):.1f} s) on {fr['environment'].get('backend', '?')}.",
+              ""]
+    return "\n".join(lines)
+
+
+def plotted_rows(fr: Mapping[str, Any], scale: float = 3.0) -> tuple[list[str], list[str]]:
+    """(rows drawn, rows left off the cost panel): policies whose cost stays within ``scale`` x the
+    bound's largest cost (an always-ask-the-guide row at 100x would flatten every other curve)."""
+    if BOUND_ROW in fr["rows"]:
+        top = scale * max(p["cost_cents"]["mean"] for p in fr["rows"][BOUND_ROW]["points"])
+    else:
+        top = math.inf
+    drawn, off = [], []
+    for name, e in fr["rows"].items():
+        if not e["is_policy"]:
+            continue
+        (drawn if max(p["cost_cents"]["mean"] for p in e["points"]) <= top else off).append(name)
+    return drawn, off
+
+
+def write_frontier_png(path: str | os.PathLike, fr: Mapping[str, Any]) -> None:
+    """Cost against target coverage 1 - alpha per row (band: ± sd over seeds), the bound as a
+    dashed curve; achieved coverage against the target (the diagonal) beside it; misses as x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn, off = plotted_rows(fr)
+    fig, (ax_c, ax_v) = plt.subplots(1, 2, figsize=(12, 4.8))
+    target = [1 - a for a in fr["alphas"]]
+    cmap = plt.get_cmap("tab10")
+    for i, name in enumerate(drawn):
+        pts = fr["rows"][name]["points"]
+        mean = np.array([p["cost_cents"]["mean"] for p in pts])
+        sd = np.array([p["cost_cents"]["seed_sd"] or 0.0 for p in pts])
+        style = "-" if fr["rows"][name]["learned"] else ":"
+        col = cmap(i % 10)
+        ax_c.plot(target, mean, style, marker="o", ms=3, color=col, label=name)
+        ax_c.fill_between(target, mean - sd, mean + sd, color=col, alpha=0.2, lw=0)
+        cov = np.array([p["coverage"]["mean"] for p in pts])
+        ax_v.plot(target, cov, style, marker="o", ms=3, color=col, label=name)
+        miss = np.array([not p["meets_target"] for p in pts])
+        if miss.any():
+            ax_c.plot(np.array(target)[miss], mean[miss], "x", color="black", ms=8, mew=2)
+            ax_v.plot(np.array(target)[miss], cov[miss], "x", color="black", ms=8, mew=2)
+    if BOUND_ROW in fr["rows"]:
+        b = [p["cost_cents"]["mean"] for p in fr["rows"][BOUND_ROW]["points"]]
+        ax_c.plot(target, b, "--", color="red", lw=2, label=BOUND_ROW)
+    lo, hi = min(target), max(target)
+    ax_v.plot([lo, hi], [lo, hi], "--", color="grey", lw=1, label="target (diagonal)")
+    ax_c.set_xlabel("target coverage 1 - alpha")
+    ax_c.set_ylabel("cost per question (cents)")
+    ax_c.set_title("cost vs target coverage" + (f" ({len(off)} row(s) off scale)" if off else ""), fontsize=10)
+    ax_v.set_xlabel("target coverage 1 - alpha")
+    ax_v.set_ylabel("achieved coverage (mean over splits x seeds)")
+    ax_v.set_title("achieved vs target coverage (x = misses the target)", fontsize=10)
+    ax_c.legend(fontsize=7, loc="upper left")
+    fig.suptitle(title(fr) + (" [SYNTHETIC]" if fr["synthetic"] else ""), fontsize=10)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+
+
+def write_frontier(out_dir: str | os.PathLike, fr: Mapping[str, Any]) -> str:
+    """frontier.json, frontier.md and frontier.png in ``out_dir``; returns the markdown."""
+    out = Path(out_dir)
+    atomic_write_json(out / FRONTIER_JSON, fr)
+    md = format_frontier(fr)
+    atomic_write_text(out / FRONTIER_MD, md)
+    write_frontier_png(out / FRONTIER_PNG, fr)
+    return md

@@ -1,0 +1,36 @@
+"""``ccpo-jax sweep``: the cost-coverage frontier over an alpha (and lambda) grid (docs/reproduce.md, "Sweeps";
+``ccpo_jax.ccpo.sweep``). The flags are the fields of :class:`ccpo_jax.ccpo.run_config.SweepConfig`:
+reproduce's data, split, preset and execution options, plus ``--alphas`` and ``--lambdas``.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ccpo_jax.ccpo.run_config import SweepConfig
+    from ccpo_jax.runtime.options import add_flags
+
+    p = sub.add_parser(
+        "sweep",
+        help="the cost-coverage frontier: every row at every alpha (and CCPO lambda), all learned rows x alphas "
+        "x seeds trained as one program; write frontier.json, frontier.md, frontier.png",
+        description="Sweep the miscoverage alpha (and the CCPO set-size penalty lambda) for every row of one "
+        "setting's table. Default: Table 2's setting on the built-in SYNTHETIC cache, alphas 0.05-0.2, "
+        "lambdas 0, 1e-4, 2e-4, 5 seeds, 100 splits.",
+    )
+    add_flags(p, SweepConfig)
+    p.set_defaults(func=_sweep)
+
+
+def _sweep(args) -> int:
+    from ccpo_jax.ccpo.run_config import SWEEP_FLAGS, SweepConfig
+    from ccpo_jax.ccpo.sweep import sweep
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.runtime.options import given
+
+    try:
+        sweep(**given(SweepConfig, args))
+    except UserError as e:
+        raise e.for_cli(SWEEP_FLAGS) from None
+    return 0
