@@ -222,3 +222,41 @@ def test_saved_policy_round_trip(mechanics, uninterrupted, tmp_path):
     assert dataclasses.asdict(cfg)["alpha"] == meta["alpha"]
     pol2, meta2 = load_policy(tmp_path / "ccpo-lambda-2e-4")
     assert meta2["kappa"] == pytest.approx(0.4) and _tree_equal(pol2, jax.tree.map(lambda x: x[2, 0, 0], state.policy))
+
+
+@pytest.mark.parametrize("estimator", ["exact", "jbar"])
+def test_the_fisher_step_equals_the_kl_hessian_step(small, estimator):
+    """One iteration of the exact and the sampled (J-bar) estimator with H applied as the Fisher product (the default) and
+    by differentiating the KL twice: the same step to float32 rounding. A wrong weighting of
+    the Fisher (e.g. unnormalised or over masked rounds) scales H and moves the step."""
+    _, params = small
+    variants = [Variant("CPO", False), Variant("CCPO (lambda=0)", True, lam=1e-3)]
+    idx = np.tile(np.arange(60)[None], (2, 1))
+    out = {}
+    for hvp in ("fisher", "kl-hessian"):
+        cfg = TrainConfig(iterations=1, chunk=1, estimator=estimator, hvp=hvp, exact_batch=32)
+        state, metrics, _ = train_many(cfg, params, variants, idx, jax.random.PRNGKey(4), progress=False)
+        out[hvp] = (state.policy, metrics["step_accepted"])
+    moved = 0
+    for a, b in zip(jax.tree.leaves(out["fisher"][0]), jax.tree.leaves(out["kl-hessian"][0])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-3, atol=2e-5)
+    init = jax.vmap(make_train(TrainConfig(), params).init)(jax.random.split(jax.random.PRNGKey(4), 4))  # train_many's
+    for a, c in zip(jax.tree.leaves(out["fisher"][0]), jax.tree.leaves(init.policy)):
+        c = np.asarray(c).reshape(np.shape(a))
+        moved += int(np.abs(np.asarray(a) - np.asarray(c)).max() > 1e-4)
+    assert moved > 0  # a real step was compared, not two unchanged policies
+    np.testing.assert_array_equal(out["fisher"][1], out["kl-hessian"][1])
+
+
+def test_a_variants_alpha_is_the_configs_alpha(small):
+    """Variant.alpha (traced, what a sweep sets per member) trains exactly like TrainConfig.alpha."""
+    _, params = small
+    idx = np.tile(np.arange(60)[None], (1, 1))
+    cfg = TrainConfig(iterations=3, chunk=3, exact_batch=32)
+    a, _, _ = train_many(cfg.replace(alpha=0.25), params, [Variant("CCPO (lambda=0)", True)], idx,
+                         jax.random.PRNGKey(1), progress=False)
+    b, _, _ = train_many(cfg, params, [Variant("CCPO (lambda=0)", True, alpha=0.25)], idx, jax.random.PRNGKey(1),
+                         progress=False)
+    c, _, _ = train_many(cfg, params, [Variant("CCPO (lambda=0)", True)], idx, jax.random.PRNGKey(1), progress=False)
+    assert _tree_equal(a.policy, b.policy) and np.array_equal(np.asarray(a.kappa), np.asarray(b.kappa))
+    assert not np.array_equal(np.asarray(a.kappa), np.asarray(c.kappa))  # alpha 0.25 vs 0.1 does change kappa
