@@ -10,13 +10,15 @@
 # $CCPO_WHEELS (default: ./.whl, e.g. prepared with `pip download --no-deps -d .whl tensorboardX`)
 # when present; tensorboardX alone may be missing: run.py then replaces it with a
 # no-op writer for the reproduce timing and says so in the JSON config.
-# Stages have their own timeouts so the whole script stays under 8 minutes (run.py rewrites
+# Stages have their own timeouts so the whole script stays under 10 minutes (run.py rewrites
 # its JSON after every record, so a stage stopped by its timeout keeps what it measured):
 #   1. env + eval  (full sizes, 1 .. 65,536 episodes; 1 .. 1,000 splits)          <= 105 s
-#   2. train (full: 300 iterations, 1 split; retrain 10 and 100 splits, 100 it)     <= 150 s
-#   3. reproduce (full: 100 splits, the default 1,500 iterations)                    <= 150 s
+#   2. train (full: 300 iterations, 1 split; retrain 10 and 100 splits, 100 it)     <= 120 s
+#   3. reproduce (full: 100 splits, the default iterations)                          <= 120 s
 #   4. devices (quick: forced CPU host devices N = 1, 2, on the CPU cores)           <= 75 s
-# Files: OUT_DIR/bench_gpu.json (merged), bench_<stage>.json, bench_gpu.log (6 files).
+#   5. sweep (quick: trainer member-it/s at 20 and 200 members, the 4-alpha sweep vs
+#      4 reproduce runs at 20 splits x 20 iterations, the retrain protocol at 10 splits) <= 150 s
+# Files: OUT_DIR/bench_gpu.json (merged), bench_<stage>.json, bench_gpu.log (7 files).
 set -u
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -73,9 +75,10 @@ stage() {  # name timeout args...   (run.py saves its JSON after every section)
 
 t0=$(date +%s)
 stage env_eval 105 --only env,eval
-stage train 150 --only train
-stage reproduce 150 --only reproduce
+stage train 120 --only train
+stage reproduce 120 --only reproduce
 stage devices 75 --quick --only devices --device-counts 1,2
+stage sweep 150 --quick --only sweep
 grep -A12 "^summary" "$LOG"
 
 "$PY" - "$OUT_DIR" <<'EOF'
@@ -83,7 +86,7 @@ import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 recs = []
-for name in ("env_eval", "train", "reproduce", "devices"):
+for name in ("env_eval", "train", "reproduce", "devices", "sweep"):
     p = out / f"bench_{name}.json"
     if p.exists():
         for r in json.loads(p.read_text()):

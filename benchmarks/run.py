@@ -19,6 +19,12 @@ subprocesses started by it), compile time excluded from throughput
              CCPO(lambda=0) + CCPO(lambda), one split) and retrain-protocol
              training with 1, 10, 100 splits at reduced iterations;
   reproduce  the default ``ccpo-jax reproduce`` (100 splits), compile separated;
+  sweep      the trainer's member-iterations/s at 20, 200 and 2,000 members (one program,
+             compile time apart); ``ccpo-jax sweep`` over 4 alphas x 5 seeds against 4
+             separate ``ccpo-jax reproduce --alpha A`` runs (subprocesses, the same rows,
+             seeds and splits; the ratio of wall times), the sweep with the default lambda
+             grid, and ``reproduce --protocol retrain --seeds 1`` (every split trains its own
+             policies);
   devices    the same sharded evaluation and training in subprocesses with
              ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, N = 1, 2, 4, 8
              (on a CPU these are forced host devices sharing the same cores:
@@ -26,7 +32,7 @@ subprocesses started by it), compile time excluded from throughput
 
 The cache is SYNTHETIC (``envs.synthetic.generate('hotpotqa-llama2', 1400, 0)``).
 
-    python benchmarks/run.py [--quick] [--out FILE.json] [--only env,eval,train,reproduce,devices]
+    python benchmarks/run.py [--quick] [--out FILE.json] [--only env,eval,train,reproduce,devices,sweep]
 
 Writes a JSON list of records {"name","value","unit","backend","device","config"}.
 """
@@ -49,7 +55,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from envs.atomic import atomic_write_json  # noqa: E402
 
-SECTIONS = ("env", "eval", "train", "reproduce", "devices")
+SECTIONS = ("env", "eval", "train", "reproduce", "devices", "sweep")
 
 
 # -- helpers -------------------------------------------------------------------
@@ -405,6 +411,63 @@ def section_reproduce(rec: Recorder, ctx, quick: bool):
             rec.add(f"reproduce_{k}", tm[k], "s", **cfg)
 
 
+def _cli_wall(args: list[str]) -> float:
+    """Wall seconds of ``python -m ccpo_jax.cli ARGS`` in a fresh process (import, compile and all)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "ccpo_jax.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"ccpo-jax {' '.join(args)} exited {r.returncode}: {r.stderr[-2000:]}")
+    return wall
+
+
+def section_sweep(rec: Recorder, ctx, quick: bool):
+    import jax
+
+    from ccpo_jax.ccpo.members import clear_program_cache, train_many
+    from ccpo_jax.ccpo.presets import DEFAULT
+    from ccpo_jax.ccpo.rows import row_variants
+
+    params = ctx["params"]
+    variants = row_variants((2e-4,), DEFAULT)  # the default table's 4 trained variants
+    n_it = 3 if quick else 10
+    cfg = DEFAULT.replace(iterations=n_it, chunk=n_it)
+    for members in (20, 200) if quick else (20, 200, 2000):
+        S = members // len(variants)
+        clear_program_cache()
+        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S),
+                              progress=False)
+        common = dict(members=members, variants=len(variants), iterations=n_it, estimator=cfg.estimator,
+                      hvp=cfg.hvp, compile_s=round(tm["compile_s"], 3), train_s=round(tm["train_s"], 3))
+        rec.add("sweep_trainer_member_iterations_per_s", members * n_it / tm["train_s"], "member-it/s", **common,
+                note="default preset, one vmapped program, compile excluded")
+        rec.add("sweep_trainer_compile_s", tm["compile_s"], "s", **common)
+    alphas = (0.05, 0.1, 0.15, 0.2)
+    small = ["--splits", "20", "--iterations", "20"] if quick else []
+    with tempfile.TemporaryDirectory() as tmp:
+        common = dict(alphas=list(alphas), seeds=5, setting="hotpotqa-llama2-a0.1", cache="built-in SYNTHETIC",
+                      splits=20 if quick else 100, iterations=20 if quick else "default (100)")
+        runs = [_cli_wall(["reproduce", "--alpha", str(a), "--seeds", "5", "--no-progress", *small, "--out",
+                           f"{tmp}/r{a}"]) for a in alphas]
+        sw = _cli_wall(["sweep", "--alphas", ",".join(map(str, alphas)), "--lambdas", "0,2e-4", "--seeds", "5",
+                        "--no-progress", *small, "--out", f"{tmp}/sweep"])
+        rec.add("sweep_4_alphas_wall_s", sw, "s", **common, lambdas=[0, 2e-4],
+                note="the rows of 4 reproduce runs: CPO, CPO (calibrated), CCPO (lambda=0), CCPO (lambda=2e-4)")
+        rec.add("reproduce_4_runs_wall_s", sum(runs), "s", **common, per_run=[round(x, 2) for x in runs])
+        rec.add("sweep_over_4_reproduce_runs_wall", sw / sum(runs), "ratio", **common,
+                note="one process, one compile, shared evaluation vs 4 processes; target <= 0.5")
+        sw3 = _cli_wall(["sweep", "--seeds", "5", "--no-progress", *small, "--out", f"{tmp}/sweep3"])
+        rec.add("sweep_default_grid_wall_s", sw3, "s", **common, lambdas=[0, 1e-4, 2e-4])
+        retrain = ["--splits", "10", "--iterations", "20"] if quick else []
+        rt = _cli_wall(["reproduce", "--protocol", "retrain", "--seeds", "1", "--no-progress", *retrain, "--out",
+                        f"{tmp}/retrain"])
+        res = json.loads((Path(tmp) / "retrain" / "results.json").read_text())
+        rec.add("reproduce_retrain_1_seed_wall_s", rt, "s", splits=res["splits"], seeds=1,
+                iterations=res["train_config"]["iterations"], timing={k: round(v, 2) for k, v in res["timing"].items()},
+                note="every split trains its own policies (4 variants x splits members); target < 300 s")
+
+
 def _ensure_tensorboardx() -> bool:
     """If tensorboardX is missing (e.g. a GPU image without it), install a no-op stand-in; return True then."""
     try:
@@ -579,6 +642,15 @@ def print_summary(records: list[dict]):
     v = get("retrain_wall_ratio_100_over_1_split")
     if v is not None:
         lines.append(f"training wall time per iteration, 100 splits / 1 split:  {v:.2f}")
+    v = get("sweep_over_4_reproduce_runs_wall")
+    if v is not None:
+        lines.append(f"sweep of 4 alphas x 5 seeds / 4 reproduce runs, wall:     {v:.2f}")
+    for r in by.get("sweep_trainer_member_iterations_per_s", []):
+        lines.append(f"trainer member-it/s at {r['config']['members']:>5,} members:              {r['value']:,.0f}"
+                     f" (compile {r['config']['compile_s']:.1f} s)")
+    v = get("reproduce_retrain_1_seed_wall_s")
+    if v is not None:
+        lines.append(f"reproduce --protocol retrain --seeds 1, wall:            {v:.0f} s")
     v = get("train_iterations_per_s")
     if v is not None:
         lines.append(f"CCPO training iterations/s (3 rows, 1 split):            {v:.1f}")
@@ -655,7 +727,7 @@ def main(argv=None) -> int:
     print(f"ccpo-jax benchmarks on {backend}: {device}; jax {jax.__version__}; "
           f"{'quick' if args.quick else 'full'} mode; cache: SYNTHETIC hotpotqa-llama2 (1,400 questions)")
     fns = {"env": section_env, "eval": section_eval, "train": section_train, "reproduce": section_reproduce,
-           "devices": section_devices}
+           "devices": section_devices, "sweep": section_sweep}
     def save():  # after every section, atomically, so a run stopped by a timeout keeps what it measured
         if args.out:
             out = Path(args.out)
