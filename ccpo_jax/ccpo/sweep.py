@@ -6,8 +6,9 @@ trainer (alpha and lambda are traced data: ``ccpo_jax.ccpo.config.Variant``), ev
 calibrated and evaluated at its own alpha over the same splits (one jitted evaluation), and
 the non-learned rows (Random, the LLM policies, LLM-EXIT, UALA, whose threshold depends on
 alpha) and the clairvoyant bound are evaluated at every alpha. The splits, baseline draws and
-member keys are those of ``ccpo-jax reproduce`` with the same seed, so the point at alpha a
-is the ``reproduce --alpha a`` run (docs/reproduce.md, "Sweeps"). Reads top to bottom like
+member keys are those of ``ccpo-jax reproduce`` with the same seed, and the members are computed
+in blocks of one reproduce run's size (:func:`reproduce_block`), so the point at alpha a is the
+``reproduce --alpha a`` run bit for bit (docs/reproduce.md, "Sweeps"). Reads top to bottom like
 :mod:`ccpo_jax.ccpo.reproduce`: configuration -> cache -> splits -> baselines and bound per
 alpha -> the learned grid -> frontier.json / frontier.md / frontier.png (:mod:`ccpo_jax.ccpo.frontier`).
 
@@ -31,7 +32,7 @@ from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo.baselines import non_learned_rows
 from ccpo_jax.ccpo.reproduce import (CKPT_DIR, RUN_FILE, TB_DIR, as_rows, bound_row, check_resumed_cache,
                                      describe_cache, is_setting_profile, load_run_cache, open_run, resolve_mesh)
-from ccpo_jax.ccpo.rows import train_sweep
+from ccpo_jax.ccpo.rows import row_variants, train_sweep
 from ccpo_jax.ccpo.run_config import SweepConfig
 from ccpo_jax.ccpo.settings import get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
@@ -51,6 +52,15 @@ class SweepResult:
     out_dir: Path
     frontier: dict[str, Any]
     table: str
+
+
+def reproduce_block(cfg: SweepConfig, tc) -> int:
+    """The members of one ``reproduce`` run of this sweep's setting (its learned rows x seeds x training
+    splits): the sweep's default member block. XLA picks its kernels, and so the last bit of rounding
+    that the CPO step amplifies, by the vmapped batch size (``ccpo_jax.runtime.sharding.blocked_vmap``);
+    computed in blocks of this size every member runs the program of a reproduce run."""
+    n_variants = len(row_variants(tuple(get_setting(cfg.setting).lambdas), tc))
+    return n_variants * int(cfg.seeds) * (int(cfg.n_splits) if cfg.protocol == "retrain" else 1)
 
 
 def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **given: Any) -> SweepResult:
@@ -110,14 +120,17 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
         timing = {"compile_s": 0.0, "train_s": 0.0, "eval_s": time.perf_counter() - t0}
         learned: tuple[str, ...] = ()
         if train:
+            block = cfg.member_block
+            if block is None and mesh is None:  # one reproduce run's members per block: its numbers, bit for bit
+                block = reproduce_block(cfg, tc)
             say(f"  trainer: preset {cfg.preset}, {tc.iterations} iterations; {len(cfg.alphas)} alpha(s) x "
-                f"{cfg.seeds} seed(s) x the learned rows, one program")
+                f"{cfg.seeds} seed(s) x the learned rows, one program" + (f", {block} member(s) per block" if block else ""))
             writer = ScalarWriter(work / TB_DIR, ".train")
             try:
                 got, t_learn = train_sweep(tc, params, splits, k_train, alphas=cfg.alphas, lambdas=cfg.lambdas,
                                            seeds=cfg.seeds, protocol=cfg.protocol, ckpt_dir=work / CKPT_DIR,
                                            tensorboard=writer, progress=cfg.progress, mesh=mesh,
-                                           member_block=cfg.member_block)
+                                           member_block=block)
             finally:
                 writer.close()
             for a in cfg.alphas:
