@@ -83,6 +83,30 @@ BASELINE_FIELDS: dict[str, np.dtype] = {
     "llm_policy_actions": np.dtype(np.int32),
 }
 ALL_FIELDS = tuple(ROUND_FIELDS) + TEXT_FIELDS + tuple(BASELINE_FIELDS)
+#: Optional arrays: present only when the cache has them (a cache without them keeps its checksum).
+#: ``group`` (unicode [Q]): the question's group (MMLU subject, HotpotQA question type, ...), used
+#: by the group-conditional (Mondrian) calibration (docs/calibration.md).
+OPTIONAL_FIELDS = ("group",)
+#: Longest group name accepted.
+MAX_GROUP_CHARS = 200
+
+
+def group_problem(value: Any) -> str | None:
+    """Why ``value`` is not a valid group name (a non-empty string of at most 200 characters), or None."""
+    if not isinstance(value, str):
+        kind = "null" if value is None else type(value).__name__
+        return f"expected a non-empty string, got {kind}"
+    if not value:
+        return "expected a non-empty string, got an empty string"
+    if len(value) > MAX_GROUP_CHARS:
+        return f"at most {MAX_GROUP_CHARS} characters, got {len(value)}"
+    return None
+
+
+def cache_groups(arrays: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The [Q] group names of a cache, or None when it has none."""
+    g = arrays.get("group")
+    return None if g is None else np.asarray(g)
 
 
 class CacheError(ValueError):
@@ -396,6 +420,14 @@ def check_arrays(manifest: Manifest, arrays: dict[str, np.ndarray], where: str, 
     if (mask[:, 1:] & ~mask[:, :-1]).any():
         raise CacheError(f"{where}: round_mask must be a prefix (rounds 1..n) for every question")
     ids = arrays["question_ids"]
+    if "group" in arrays:
+        g = arrays["group"]
+        if g.shape != (Q,) or g.dtype.kind != "U":
+            raise CacheError(f"{where}: array 'group' must be a unicode array of shape ({Q},)")
+        for i, name in enumerate(g):
+            problem = group_problem(str(name))
+            if problem:
+                raise CacheError(f"{where}: question {str(ids[i])!r}: group: {problem}")
     if len(np.unique(ids)) != len(ids):
         vals, counts = np.unique(ids, return_counts=True)
         raise CacheError(f"{where}: duplicate question id {str(vals[counts > 1][0])!r}")

@@ -56,6 +56,7 @@ import numpy as np
 from envs.atomic import atomic_write_text
 from envs.cache import (
     CacheError,
+    group_problem,
     Manifest,
     ResponseCache,
     SCHEMA_VERSION,
@@ -326,6 +327,11 @@ def _read(path: Path, lines: Iterator[tuple[int, dict]]) -> ResponseCache:
                 raise CacheError(
                     f"{path}:{q['line']}: baselines.exit.{m}.rounds: expected an integer in [1, {T}], got {ex['rounds']}"
                 )
+    with_group = [q for q in questions if q["group"] is not None]
+    if with_group and len(with_group) != len(questions):
+        lacking = next(q for q in questions if q["group"] is None)
+        raise CacheError(f"{path}:{lacking['line']}: group: question {lacking['id']!r} has no group, but "
+                         f"{len(with_group)} other question(s) do (give every question a group or none)")
     arrays = _to_arrays(questions, man)
     problem = values_problem(man, arrays)  # the rules every format shares (envs.values), as the last word
     if problem:
@@ -346,6 +352,12 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
     if not isinstance(qid, str) or not qid:
         raise L.fail("id", f"expected a non-empty string, got {json_type_name(qid)} {_show(qid)}")
     gold = L.string(obj, "gold", "", required=False)
+    group = None
+    if "group" in obj:
+        group = obj["group"]
+        problem = group_problem(group)
+        if problem:
+            raise L.fail("group", f"{problem} (question {qid!r})")
     rounds = L.get(obj, "rounds", "")
     if not isinstance(rounds, list):
         raise L.fail("rounds", f"expected an array of rounds, got {json_type_name(rounds)}")
@@ -421,7 +433,7 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
             if problem:
                 raise L.fail(ctx + problem[0], problem[1])
             policies[m] = list(acts)
-    return {"id": qid, "gold": gold or "", "rounds": out_rounds, "texts": texts,
+    return {"id": qid, "gold": gold or "", "group": group, "rounds": out_rounds, "texts": texts,
             "exit": exits, "llm_policy": policies}
 
 
@@ -448,6 +460,8 @@ def _to_arrays(questions: list[dict], man: Manifest) -> dict[str, np.ndarray]:
             a["llm_policy_actions"][i, p_idx[m], : len(acts)] = acts
     a["question_ids"] = np.array([q["id"] for q in questions], dtype=str)
     a["gold"] = np.array([q["gold"] for q in questions], dtype=str)
+    if Q and questions[0].get("group") is not None:
+        a["group"] = np.array([q["group"] for q in questions], dtype=str)
     a["answer_text"] = np.array(answer_text, dtype=str).reshape(Q, 2 * T)
     return a
 
@@ -493,6 +507,8 @@ def cache_to_records(cache: ResponseCache) -> list[dict]:
         rec: dict[str, Any] = {"id": str(a["question_ids"][i])}
         if a["gold"][i]:
             rec["gold"] = str(a["gold"][i])
+        if "group" in a:
+            rec["group"] = str(a["group"][i])
         rec["rounds"] = rounds
         baselines: dict[str, Any] = {}
         exits = {

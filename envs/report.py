@@ -106,6 +106,16 @@ def _signal_warnings(s: dict, prov: dict) -> list[str]:
     return out
 
 
+def _groups_line(cache: ResponseCache) -> str:
+    """``groups: N (smallest: NAME, K questions)`` or that the cache has none (Mondrian calibration needs them)."""
+    g = cache.arrays.get("group")
+    if g is None:
+        return "groups:      none (no per-question 'group'; --calibration mondrian needs one)"
+    names, counts = np.unique(np.asarray(g), return_counts=True)
+    i = int(np.argmin(counts))
+    return f"groups:      {len(names)}   smallest group: {str(names[i])!r} with {int(counts[i])} question(s)"
+
+
 def describe(cache: ResponseCache, source: str) -> str:
     """Human-readable summary of ``cache`` (loaded from ``source``); SYNTHETIC caches say so loudly."""
     man = cache.manifest
@@ -126,6 +136,7 @@ def describe(cache: ResponseCache, source: str) -> str:
         f"guide model: {man.guide.name}  (${man.guide.price_in:g} in / ${man.guide.price_out:g} out per 1M tokens)",
         f"normalisation: {man.normalisation}",
         f"questions:   {s['questions']}   T: {T}   gold answers given: {s['gold_given']}",
+        _groups_line(cache),
         "rounds per question: " + ", ".join(
             f"{k + 1}: {n} ({n / max(s['questions'], 1):.1%})" for k, n in enumerate(s["rounds_hist"])),
         "",

@@ -3,9 +3,11 @@
 * JSONL (``.jsonl``, ``.json``, ``.ndjson``): one object per line; ``id`` a
   string or integer, ``question`` a non-empty string, ``gold`` a non-empty
   string or an array of them (aliases: an answer matching any is correct; the
-  first is the cache's ``gold``). Other fields are ignored.
+  first is the cache's ``gold``); optional ``group`` (a non-empty string of at
+  most 200 characters: the question's group for Mondrian calibration, written
+  to the cache). Other fields are ignored.
 * CSV (``.csv``; ``.tsv`` tab-separated): a header row naming at least ``id``,
-  ``question`` and ``gold``; one gold answer per row.
+  ``question`` and ``gold`` (and optionally ``group``); one gold answer per row.
 
 Bad input is a UserError naming the file, line and field.
 """
@@ -19,6 +21,7 @@ import json
 from pathlib import Path
 
 from ccpo_jax.errors import UserError
+from envs.cache import group_problem
 from envs.normalise import normalise_answer
 
 
@@ -27,6 +30,7 @@ class Question:
     id: str
     question: str
     golds: tuple[str, ...]
+    group: str | None = None
 
 
 def load_questions(path: str | Path) -> tuple[list[Question], str]:
@@ -73,9 +77,19 @@ def load_questions(path: str | Path) -> tuple[list[Question], str]:
         if not golds or not all(isinstance(g, str) and normalise_answer(g) for g in golds):
             raise UserError(f"{where}: gold: expected a non-empty answer (a string, or an array of strings in JSONL) "
                             "that is not empty after normalisation")
-        out.append(Question(qid, q.strip(), tuple(g.strip() for g in golds)))
+        group = obj.get("group")
+        if group is not None:
+            group = group.strip() if isinstance(group, str) else group
+            problem = group_problem(group)
+            if problem:
+                raise UserError(f"{where}: group: {problem} (question {qid!r})")
+        out.append(Question(qid, q.strip(), tuple(g.strip() for g in golds), group))
     if not out:
         raise UserError(f"{path}: no questions in the file", field="questions")
+    lacking = [(line, q) for (line, _), q in zip(rows, out) if q.group is None]
+    if lacking and len(lacking) != len(out):
+        raise UserError(f"{path}:{lacking[0][0]}: group: question {lacking[0][1].id!r} has no group but others do "
+                        "(give every question a group or none)")
     return out, hashlib.sha256(raw).hexdigest()
 
 

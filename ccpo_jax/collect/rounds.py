@@ -65,6 +65,8 @@ def collect_question(q: Question, s: Settings, c: Caller) -> dict:
         seen.append({"base": ans, "verdict": v.correct, "guide": g_ans, "uncertainty": unc})
 
     rec: dict[str, Any] = {"id": q.id, "gold": q.golds[0]}
+    if q.group is not None:
+        rec["group"] = q.group
     if len(q.golds) > 1:
         rec["gold_aliases"] = list(q.golds[1:])
     rec["question"] = q.question

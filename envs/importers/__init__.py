@@ -204,11 +204,13 @@ def build_cache(
     gold: Sequence[str],
     rounds: Sequence[Sequence[tuple[Side, Side]]],
     T: int,
+    groups: Sequence[str] | None = None,
 ) -> ResponseCache:
     """Dense arrays from per-question lists of (base, guide) rounds; verdict = same answer id.
 
     ``rounds[q]`` holds 1..T rounds of question q; answer keys are normalised with
-    ``envs.normalise.normalise_answer`` before ids are given. Returns the checksummed cache.
+    ``envs.normalise.normalise_answer`` before ids are given. ``groups``: each question's group
+    (MMLU subject, HotpotQA question type, ...; the optional ``group`` array). Returns the checksummed cache.
     """
     from envs.normalise import NORMALISATION, normalise_answer
 
@@ -231,6 +233,8 @@ def build_cache(
     a["question_ids"] = np.array(list(question_ids), dtype=str) if Q else a["question_ids"]
     a["gold"] = np.array(list(gold), dtype=str) if Q else a["gold"]
     a["answer_text"] = np.array(texts, dtype=str).reshape(Q, 2 * T) if Q else a["answer_text"]
+    if groups is not None and Q:
+        a["group"] = np.array(list(groups), dtype=str)
     manifest = Manifest(
         name=name, task=task, T=T, base=base, guide=guide, provenance=provenance, normalisation=NORMALISATION
     )

@@ -131,7 +131,7 @@ def load(src: Path) -> ResponseCache:
     files = sorted(p for p in src.glob("results*.json") if p.is_file()) if src.is_dir() else [src]
     if not files:
         raise CacheError(f"{src}: no results*.json files (expected OmnisBench run results)")
-    ids, gold, rounds, datasets = [], [], [], set()
+    ids, gold, rounds, datasets, groups = [], [], [], set(), []
     models: dict[str, set] = {BASE_POLICY: set(), GUIDE_POLICY: set()}
     prices: dict[str, tuple[float, float]] = {}
     max_dev, n_checked, snapshots = 0.0, 0, []
@@ -183,6 +183,7 @@ def load(src: Path) -> ResponseCache:
             gold.append(g_text)
             rounds.append([(b, g)])
             datasets.add(ds)
+            groups.append(str(ds))
     for pol, ms in models.items():
         if len(ms) != 1:
             raise CacheError(f"{src}: policy '{pol}' uses {len(ms)} models {sorted(ms)}; expected exactly one")
@@ -211,4 +212,5 @@ def load(src: Path) -> ResponseCache:
         gold=gold,
         rounds=rounds,
         T=1,
+        groups=groups,
     )

@@ -77,7 +77,7 @@ def _provenance(path: str, tokens: str, answers: str, n_files: int) -> dict:
 def load_mmlu(src: Path) -> ResponseCache:
     """``src``: the folder of ``mmlu_*.csv`` files (all of them, sorted by name) or one CSV.
 
-    Question id ``<subject>/<row>`` (row = 0-based data row in the subject file).
+    Question id ``<subject>/<row>`` (row = 0-based data row in the subject file); group = the subject.
     """
     if src.is_dir():
         files = sorted(p for p in src.glob("*.csv") if p.is_file())
@@ -85,7 +85,7 @@ def load_mmlu(src: Path) -> ResponseCache:
             raise CacheError(f"{src}: no *.csv files (expected RouteLLM's mmlu_<subject>.csv files)")
     else:
         files = [src]
-    ids, rounds = [], []
+    ids, rounds, groups = [], [], []
     for path in files:
         subject = path.stem.removeprefix("mmlu_")
         for i, row in enumerate(read_csv(path, ["prompt", BASE, GUIDE])):
@@ -94,6 +94,7 @@ def load_mmlu(src: Path) -> ResponseCache:
             g_ok = parse_bool(row[GUIDE], f"{where}, column '{GUIDE}'")
             n_in = estimate_tokens(row["prompt"])
             ids.append(f"{subject}/{i}")
+            groups.append(subject)
             rounds.append([(Side(correctness_key(b_ok), b_ok, n_in, 1), Side(correctness_key(g_ok), g_ok, n_in, 1))])
     name = "routellm-mmlu" if len(files) > 1 else f"routellm-{files[0].stem.replace('_', '-')}"
     rel = "routellm/evals/mmlu/responses/*.csv" if len(files) > 1 else f"routellm/evals/mmlu/responses/{files[0].name}"
@@ -113,6 +114,7 @@ def load_mmlu(src: Path) -> ResponseCache:
         gold=[""] * len(ids),
         rounds=rounds,
         T=1,
+        groups=groups,
     )
 
 
@@ -137,7 +139,7 @@ def _gsm8k_key(correct: bool, response: str, role: str) -> str:
 
 
 def load_gsm8k(src: Path) -> ResponseCache:
-    """``src``: ``gsm8k_responses.csv`` or the folder holding it. Question id ``gsm8k/<row>``."""
+    """``src``: ``gsm8k_responses.csv`` or the folder holding it. Question id ``gsm8k/<row>``; one group, ``gsm8k``."""
     path = src / GSM8K_FILE if src.is_dir() else src
     if not path.is_file():
         raise CacheError(f"{path}: no such file (expected RouteLLM's {GSM8K_FILE})")
@@ -170,4 +172,5 @@ def load_gsm8k(src: Path) -> ResponseCache:
         gold=[""] * len(ids),
         rounds=rounds,
         T=1,
+        groups=["gsm8k"] * len(ids),
     )

@@ -148,6 +148,38 @@ def _tool_part(rec: dict) -> tuple[list[str], float]:
     return rest, float(uncs[-1]) if uncs else float("nan")
 
 
+#: HotpotQA dev set (question, answer, type) inside the uala folder: the source of each question's group.
+DEV_FILE = "hotpotqa/hotpot_dev_v1_simplified.json"
+
+
+def _question_types(src: Path, llama: dict[int, dict]) -> dict[int, str] | None:
+    """question_idx -> HotpotQA question type (bridge / comparison) from ``src/DEV_FILE``, or None without it.
+
+    ``question_idx`` indexes the dev list; each gold answer must equal the dev set's (else the file is not the
+    one the runs used, and the import is refused naming the question)."""
+    path = src / DEV_FILE
+    if not path.is_file():
+        return None
+    try:
+        dev = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CacheError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    if not isinstance(dev, list):
+        raise CacheError(f"{path}: expected a JSON list of {{question, answer, type}} records")
+    out = {}
+    for qi, rec in llama.items():
+        if not 0 <= qi < len(dev) or not isinstance(dev[qi], dict):
+            raise CacheError(f"{path}: no record {qi} (question_idx of the runs; the dev list has {len(dev)})")
+        if dev[qi].get("answer") != rec["gt_answer"]:
+            raise CacheError(f"{path}: record {qi}: answer {dev[qi].get('answer')!r} differs from the runs' "
+                             f"gt_answer {rec['gt_answer']!r}; not the dev set the runs used")
+        kind = dev[qi].get("type")
+        if not isinstance(kind, str) or not kind:
+            raise CacheError(f"{path}: record {qi}, field 'type': expected a non-empty string, got {kind!r}")
+        out[qi] = kind
+    return out
+
+
 def load_hotpotqa(src: Path) -> ResponseCache:
     """Build the T = 2 cascade cache from the ``uala`` folder ``src`` (see module docstring)."""
     if not src.is_dir():
@@ -158,6 +190,7 @@ def load_hotpotqa(src: Path) -> ResponseCache:
     for p, d in zip(paths[1:], (gpt, react)):
         if set(d) != set(llama):
             raise CacheError(f"{p}: its question_idx set differs from {paths[0]}'s")
+    types = _question_types(src, llama)
     ids, gold, rounds = [], [], []
     for qi, lr in llama.items():  # file order of the Llama run
         gr, rr = gpt[qi], react[qi]
@@ -208,4 +241,5 @@ def load_hotpotqa(src: Path) -> ResponseCache:
         gold=gold,
         rounds=rounds,
         T=2,
+        groups=None if types is None else [types[qi] for qi in llama],
     )

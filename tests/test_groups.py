@@ -1,0 +1,125 @@
+"""Per-question groups (issue 24): the optional ``group`` field, its validation, round trips, importers."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from envs.cache import CacheError, load_fast, save_fast
+from envs.jsonl import read_jsonl, write_jsonl
+from envs.report import describe
+from envs.synthetic import generate
+
+DATA = Path(os.environ.get("CCPO_SHARED_DATA", "/work/shared/data"))
+
+
+def _with_groups(cache, groups):
+    from envs.cache import ResponseCache
+
+    return ResponseCache(cache.manifest, {**cache.arrays, "group": np.array(groups, dtype=str)}).with_checksum()
+
+
+def test_group_round_trips_jsonl_and_fast(tmp_path):
+    c = generate(n_questions=12, seed=1)
+    groups = ["chemistry"] * 5 + ["history"] * 4 + ["law"] * 3
+    g = _with_groups(c, groups)
+    p = write_jsonl(g, tmp_path / "c.jsonl")
+    lines = [json.loads(x) for x in p.read_text().splitlines()[1:]]
+    assert [r["group"] for r in lines] == groups
+    back = read_jsonl(p)
+    assert back.arrays["group"].tolist() == groups
+    assert back.manifest.checksum == g.manifest.checksum
+    out = save_fast(back, tmp_path / "fast")
+    fast = load_fast(out)
+    assert fast.arrays["group"].tolist() == groups
+    assert fast.manifest.checksum == g.manifest.checksum
+    # a cache without groups keeps its checksum (the field is optional, not an empty array)
+    assert "group" not in read_jsonl(write_jsonl(c, tmp_path / "n.jsonl")).arrays
+    text = describe(fast, "x")
+    assert "groups:      3   smallest group: 'law' with 3 question(s)" in text
+    assert "groups:      none" in describe(c, "x")
+
+
+def _lines(tmp_path, mutate):
+    c = generate(n_questions=3, seed=2)
+    p = write_jsonl(_with_groups(c, ["a", "b", "c"]), tmp_path / "c.jsonl")
+    rows = p.read_text().splitlines()
+    recs = [json.loads(r) for r in rows[1:]]
+    mutate(recs)
+    p.write_text("\n".join([rows[0]] + [json.dumps(r) for r in recs]) + "\n")
+    return p
+
+
+@pytest.mark.parametrize("value, message", [
+    (7, "expected a non-empty string, got int"),
+    ("", "got an empty string"),
+    (None, "got null"),
+    ("x" * 201, "at most 200 characters, got 201"),
+])
+def test_bad_group_is_refused_naming_line_and_question(tmp_path, value, message):
+    def mutate(recs):
+        recs[1]["group"] = value
+    p = _lines(tmp_path, mutate)
+    with pytest.raises(CacheError) as e:
+        read_jsonl(p)
+    assert f"{p}:3: group:" in str(e.value) and message in str(e.value) and "s2-q1'" in str(e.value)
+
+
+def test_some_questions_without_a_group_are_refused(tmp_path):
+    def mutate(recs):
+        del recs[2]["group"]
+    p = _lines(tmp_path, mutate)
+    with pytest.raises(CacheError, match=r":4: group: question '\S+-q2' has no group"):
+        read_jsonl(p)
+
+
+def test_group_of_200_characters_is_accepted(tmp_path):
+    def mutate(recs):
+        recs[0]["group"] = "y" * 200
+    assert read_jsonl(_lines(tmp_path, mutate)).arrays["group"][0] == "y" * 200
+
+
+def test_collect_questions_file_group_column(tmp_path):
+    from ccpo_jax.collect.questions import load_questions
+    from ccpo_jax.errors import UserError
+
+    p = tmp_path / "q.csv"
+    p.write_text("id,question,gold,group\n1,What?,alpha,physics\n2,Why?,beta,law\n")
+    qs, _ = load_questions(p)
+    assert [q.group for q in qs] == ["physics", "law"]
+    p.write_text("id,question,gold,group\n1,What?,alpha,physics\n2,Why?,beta,\n")
+    with pytest.raises(UserError, match=r"q.csv:3: group: expected a non-empty string"):
+        load_questions(p)
+    p2 = tmp_path / "q.jsonl"
+    p2.write_text('{"id": 1, "question": "What?", "gold": "alpha"}\n')
+    assert load_questions(p2)[0][0].group is None
+
+
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="shared public data not present")
+
+
+@needs_data
+@pytest.mark.parametrize("fmt, src, expected", [
+    ("routellm-gsm8k", "routellm/gsm8k", {"gsm8k": 1319}),
+    ("uala-hotpotqa", "uala", {"bridge": 396, "comparison": 104}),
+])
+def test_importers_fill_groups(fmt, src, expected):
+    from envs.importers import import_cache
+
+    c = import_cache(fmt, DATA / src)
+    names, counts = np.unique(c.arrays["group"], return_counts=True)
+    assert dict(zip(names.tolist(), counts.tolist())) == expected
+
+
+@needs_data
+def test_mmlu_groups_are_the_57_subject_files():
+    from envs.importers import import_cache
+
+    c = import_cache("routellm-mmlu", DATA / "routellm/mmlu")
+    g = c.arrays["group"]
+    assert len(np.unique(g)) == 57 == len(list((DATA / "routellm/mmlu").glob("*.csv")))
+    # the group is the subject of the question id (independent of the importer's grouping code)
+    assert all(str(qid).split("/")[0] == str(s) for qid, s in zip(c.arrays["question_ids"], g))
