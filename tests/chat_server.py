@@ -83,7 +83,7 @@ FLAVOURS = ("openai", "llama-cpp-python", "llama.cpp")
 class FakeChatServer:
     def __init__(self, scripts: dict[str, Script], key: str | None = None, delay_s: float = 0.0,
                  timeout_sleep_s: float = 1.0, flavour: str = "openai", served: list[str] | None = None,
-                 list_models: bool = True, logprobs: bool = True):
+                 list_models: bool = True, logprobs: bool = True, port: int = 0):
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour {flavour!r}: one of {FLAVOURS}")
         self.flavour = flavour
@@ -102,7 +102,7 @@ class FakeChatServer:
         self.requests = 0
         self.fault_log: list[tuple[str, str]] = []
         self.auth_seen: set[str] = set()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
@@ -295,7 +295,7 @@ def write_questions(path, n: int) -> None:
 
 
 if __name__ == "__main__":
-    # python tests/chat_server.py N [--delay-ms D] [--questions-out FILE]: serve N scripted questions
+    # python tests/chat_server.py N [--delay-ms D] [--questions-out FILE] [--port P]: serve N scripted questions
     # on 127.0.0.1 (port chosen by the OS) in this process, print the API base URL, run until killed.
     import argparse
     import signal
@@ -307,12 +307,15 @@ if __name__ == "__main__":
     ap.add_argument("--flavour", default="openai", choices=FLAVOURS,
                     help="behave as this server does where servers differ (see FLAVOURS in this file)")
     ap.add_argument("--served", default=None, help="comma-separated models GET /v1/models lists")
+    ap.add_argument("--port", type=int, default=0, help="listen on this port (default: one the OS chooses); "
+                    "the cache's provenance records the endpoint's port, so a fixed port makes its sha256 repeatable")
     a = ap.parse_args()
     if a.questions_out:
         write_questions(a.questions_out, a.n)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     served = a.served.split(",") if a.served else None
-    with FakeChatServer(make_scripts(a.n), delay_s=a.delay_ms / 1000.0, flavour=a.flavour, served=served) as srv:
+    with FakeChatServer(make_scripts(a.n), delay_s=a.delay_ms / 1000.0, flavour=a.flavour, served=served,
+                       port=a.port) as srv:
         print(srv.url, flush=True)
         try:
             while True:

@@ -1,0 +1,75 @@
+"""``data collect`` against a real llama.cpp ``llama-server`` (slow; skipped without the binary).
+
+The binary is ``$LLAMA_SERVER`` or ``llama-server`` on PATH; nothing is downloaded or built
+here. The models are the designed bigram GGUFs of ``tests/llama_server.py`` (written in the
+test's temporary folder), so the right confidence (0.45) and uncertainty (0.30) are known.
+The default tier replays this server's recorded replies instead
+(``tests/test_llama_server_replies.py``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import llama_server as LS
+from ccpo_jax.cli.main import main
+
+BINARY = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not BINARY, reason="no llama-server binary ($LLAMA_SERVER or llama-server on "
+                                                     "PATH); build llama.cpp's llama-server target to run this")]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    procs, urls = [], {}
+    try:
+        for role, design in (("base", LS.BASE), ("guide", LS.GUIDE)):
+            gguf = LS.write_gguf(d / f"{role}.gguf", design, f"bigram-{role}")
+            proc, url = LS.start(BINARY, gguf, f"bigram-{role}", d / f"{role}.log")
+            procs.append(proc)
+            urls[role] = url
+        yield urls
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+def _questions(path: Path, n: int) -> Path:
+    golds = ["Paris", "Rome", "Berlin"]
+    path.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Capital number {i}?", "gold": golds[i % 3]}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def test_collect_gets_the_designed_confidence_and_uncertainty(servers, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796083200")
+    out = tmp_path / "real.jsonl"
+    q = _questions(tmp_path / "questions.jsonl", 6)
+    args = ["data", "collect", "--questions", str(q), "--base", f"{servers['base']},bigram-base",
+            "--guide", f"{servers['guide']},bigram-guide", "--base-price", "0,0", "--guide-price", "0,0",
+            "--rounds", "2", "--concurrency", "1", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr()
+    assert "log-probs: base confidence given for 100% (12/12) of the rounds collected in this run, " \
+           "guide uncertainty for 100% (12/12)" in printed.out, printed.out
+    assert "returned no log-probs" not in printed.out + printed.err
+    lines = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    first = [q["rounds"][0] for q in lines]  # round 1: temperature 0 on both
+    assert {r["base"]["answer"] for r in first} == {"Paris"}
+    assert all(r["base"]["confidence"] == pytest.approx(0.45, abs=2e-3) for r in first)
+    assert all(r["guide"]["verdict"] is True and r["guide"]["uncertainty"] == pytest.approx(0.30, abs=2e-3)
+               for r in first)
+
+    # a model the server does not list: refused before any call
+    assert main([*args[:args.index("--base") + 1], f"{servers['base']},gpt-4o",
+                 *args[args.index("--base") + 2:-1], str(tmp_path / "wrong.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the base endpoint {servers['base']}/chat/completions does not serve the model "
+                          "'gpt-4o'; it lists: 'bigram-base'"), err
