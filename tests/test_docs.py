@@ -92,7 +92,7 @@ def test_ci_runs_every_tier_the_default_command_leaves_out():
     ci = (REPO / ".ci" / "run").read_text()
     for marker in left_out:
         assert re.search(rf"python -m pytest -q tests\S* -m {marker}\b", ci), marker
-    slow_mark = re.compile(r"(@|= |marks=)pytest\.mark\.slow\b")
+    slow_mark = re.compile(r"(@|= |marks=|\[)pytest\.mark\.slow\b")
     marked = {p.name for p in (REPO / "tests").glob("test_*.py") if slow_mark.search(p.read_text())}
     table = set(re.findall(r"^\| `(test_\w+\.py)` \| \d+ \|", (REPO / "docs" / "testing.md").read_text(), re.M))
     assert table == marked
