@@ -173,8 +173,8 @@ def largest_covering_kappa(
     return jnp.where(unsolvable, UNSOLVABLE_SCORE, score)
 
 
-def conformal_rank(n: int, alpha: Array | float) -> Array:
-    """k = ceil((n + 1)(1 - alpha)) as int32 (a 1e-4 slack absorbs float32 rounding,
+def conformal_rank(n: int | Array, alpha: Array | float) -> Array:
+    """k = ceil((n + 1)(1 - alpha)) as int32 (``n`` may be an array) (a 1e-4 slack absorbs float32 rounding,
     e.g. 100 * (1 - 0.2) = 80.0000012 in float32 must give 80, not 81)."""
     return jnp.ceil((n + 1) * (1.0 - jnp.asarray(alpha, jnp.float32)) - 1e-4).astype(jnp.int32)
 
@@ -235,3 +235,54 @@ def covered_at(kappa: Array | float, kappa_i: Array) -> Array:
     """Coverage of each question at threshold kappa: ``kappa <= kappa_i`` (same shape as kappa_i).
     Use it for the online err_k = 1 - covered_at(kappa_k, kappa_i) of the questions just seen."""
     return jnp.asarray(kappa) <= kappa_i
+
+
+# ----------------------------------------------------------------------------- group-conditional (Mondrian)
+
+
+def mondrian_kappa(
+    kappa_i: Array, group: Array, n_groups: int, alpha: Array | float, group_min: int
+) -> tuple[Array, Array, Array]:
+    """Group-conditional (Mondrian) split-conformal thresholds (Vovk et al. 2003; as in MAPIE / crepes).
+
+    Every group with at least ``group_min`` calibration questions gets its own threshold, the
+    :func:`calibrate_kappa` rule applied to its own scores: the ceil((n_g+1)(1-alpha))-th largest
+    of its n_g scores (0 when that rank exceeds n_g). The smaller groups are pooled into one
+    "rest" group (index ``n_groups``) calibrated the same way on their pooled scores; if no
+    calibration question is pooled, the rest threshold is the marginal one (:func:`calibrate_kappa`
+    on every score), which is what a test question of a group absent from the calibration split
+    gets. By exchangeability within each group, a fresh test question of group g is covered with
+    probability >= 1 - alpha, conditionally on g (for the rest group: on being in the rest).
+
+    Args:
+      kappa_i: ``[n]`` calibration scores (:func:`largest_covering_kappa`).
+      group: ``[n]`` int group ids in ``[0, n_groups)``.
+      n_groups: G, static. alpha: may be traced. group_min: static minimum size of an own group.
+
+    Returns:
+      ``(kappa_hat [G + 1], own [G] bool, n_cal [G] int32)``: the threshold of every group and of
+      the rest (last), which groups have their own, and each group's calibration count.
+    """
+    g = jnp.asarray(group, jnp.int32)
+    n_cal = jnp.zeros((n_groups,), jnp.int32).at[g].add(1)
+    own = n_cal >= group_min
+    eff = jnp.where(own[g], g, n_groups)  # [n]: own group, or the rest
+    member = eff[None, :] == jnp.arange(n_groups + 1)[:, None]  # [G+1, n]
+    # clip first (monotone, so the k-th largest of the clipped scores is the clipped k-th largest);
+    # non-members sort below every score
+    s = jnp.where(member, jnp.clip(kappa_i, 0.0, 1.0)[None, :], -1.0)
+    desc = -jnp.sort(-s, axis=1)
+    n_j = jnp.sum(member, axis=1)
+    k = conformal_rank(n_j, alpha)  # the rank of each group (array n)
+    val = jnp.take_along_axis(desc, jnp.clip(k - 1, 0, kappa_i.shape[0] - 1)[:, None], axis=1)[:, 0]
+    kap = jnp.where(k > n_j, 0.0, val).astype(jnp.float32)
+    rest_empty = n_j[n_groups] == 0
+    kap = kap.at[n_groups].set(jnp.where(rest_empty, calibrate_kappa(kappa_i, alpha), kap[n_groups]))
+    return kap, own, n_cal
+
+
+def group_thresholds(kappa_hat: Array, own: Array, group: Array) -> Array:
+    """Each question's Mondrian threshold ``[m]``: its group's own kappa-hat, else the rest's."""
+    g = jnp.asarray(group, jnp.int32)
+    n_groups = own.shape[0]
+    return kappa_hat[jnp.where(own[g], g, n_groups)]
