@@ -92,3 +92,43 @@ def test_mondrian_covers_a_hard_group_that_marginal_calibration_misses():
     assert np.mean(cov_m) < 1 - alpha - 0.15  # marginal: the hard group far below 0.9
     assert np.all(cov_g.mean(axis=0) >= 1 - alpha - 0.005)  # Mondrian: every group at 1 - alpha
     assert np.all(cov_g.mean(axis=0) <= 1 - alpha + 0.03)  # and not by including everything
+
+
+def test_on_a_cache_mondrian_covers_the_hard_group_that_the_marginal_threshold_misses():
+    """Through the replay env: a fixed random policy with pi(base|o_t) in [0.5, 0.8] and pi(guide),
+    pi(next) below 0.5. A question whose base is right at round 1 is covered up to kappa >= 0.5; the
+    others need the guide or a later round (kappa_i < 0.5). Grouped that way, the marginal
+    threshold covers the hard group far below 1 - alpha; the Mondrian thresholds cover both
+    (counted on the test questions over 100 random splits, against the oracle 1 - alpha)."""
+    from ccpo_jax.ccpo.evaluation import eval_batch_calibrated, eval_mondrian, per_group
+    from envs.orchestration import make_env_params
+    from envs.reference import random_cache
+
+    cache = random_cache(3000, T=3, seed=5)
+    params = make_env_params(cache)
+    hard = ~np.asarray(params.base_correct[:, 0]) & ~np.asarray(params.unsolvable)
+    codes = jnp.asarray(hard.astype(np.int32))
+    Q, T = params.base_correct.shape
+    rng = np.random.default_rng(0)
+    base, guide = rng.uniform(0.5, 0.8, (Q, T)), rng.uniform(0.02, 0.25, (Q, T))
+    probs = jnp.asarray(np.stack([base, guide, 1.0 - base - guide], -1), jnp.float32)
+    probs = jnp.where(params.available, probs, 0.0)
+    probs = probs / jnp.sum(probs, -1, keepdims=True)
+    kappa_i = jax.vmap(C.largest_covering_kappa)(probs, params.base_correct, params.guide_correct,
+                                                 params.round_mask, params.unsolvable)
+    alpha = 0.1
+
+    @jax.jit
+    def split(key):
+        perm = jax.random.permutation(key, Q)
+        cal, test = perm[:500], perm[500:1500]
+        m_marg, _ = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha)
+        m_mond, _, own, _ = eval_mondrian(probs, kappa_i, params, cal, test, alpha, codes, 2, 20)
+        return per_group(m_marg, codes[test], 2)["coverage"], per_group(m_mond, codes[test], 2)["coverage"], own
+
+    marg, mond, own = jax.vmap(split)(jax.random.split(jax.random.PRNGKey(0), 100))
+    assert bool(np.all(own))
+    marg, mond = np.asarray(marg).mean(0), np.asarray(mond).mean(0)
+    assert hard.mean() > 0.15
+    assert marg[1] < 1 - alpha - 0.1, marg  # the hard group under-covered by one marginal threshold
+    assert np.all(mond >= 1 - alpha - 0.01), mond  # Mondrian: each group at its 1 - alpha

@@ -58,29 +58,90 @@ def eval_pointwise(key, probs, params: EnvParams, idx):
     return evaluate_actions(a.astype(jnp.int32), params, idx)
 
 
+class GroupSpec(NamedTuple):
+    """The cache's question groups for the group-conditional (Mondrian) calibration:
+    ``codes`` [Q] int32 into ``names`` (sorted), and the smallest group with its own threshold."""
+
+    codes: np.ndarray
+    names: tuple[str, ...]
+    group_min: int
+
+    @classmethod
+    def of(cls, groups: np.ndarray, group_min: int) -> "GroupSpec":
+        names, codes = np.unique(np.asarray(groups).astype(str), return_inverse=True)
+        return cls(codes.astype(np.int32), tuple(str(n) for n in names), int(group_min))
+
+
+class GroupEval(NamedTuple):
+    """Per-group outcome of the calibrated rows, leaves [V, N, S, G] (``n_cal``, ``own``: [S, G]
+    and [V, N, S, G]): the Mondrian-calibrated sets' metrics (``summarise``'s dict, [V, N, S]),
+    their thresholds [V, N, S, G + 1] (the rest last), which groups had their own threshold, the
+    calibration and test counts of each group, and per group the coverage and summed cost of the
+    marginal (batch) and the Mondrian sets on the test split (coverage NaN where a split has no
+    test question of the group)."""
+
+    mondrian: dict
+    kappa: np.ndarray
+    own: np.ndarray
+    n_cal: np.ndarray
+    n_test: np.ndarray
+    marginal_groups: dict
+    mondrian_groups: dict
+
+
 class MemberEval(NamedTuple):
     """What :func:`evaluate_members` returns, every leaf [V, N, S] (metrics: ``summarise``'s dicts):
     the batch-calibrated sets, the online sets, the pointwise policy, the calibrated kappa-hat,
-    and the online kappa of training [V, N] (recalibrate) or [V, N, S] (retrain)."""
+    the online kappa of training [V, N] (recalibrate) or [V, N, S] (retrain), and with groups the
+    Mondrian calibration (:class:`GroupEval`, else None)."""
 
     batch: dict
     online: dict
     pointwise: dict
     kappa_hat: np.ndarray
     kappa_online: np.ndarray
+    groups: GroupEval | None = None
+
+
+def per_group(m, group, n_groups: int) -> dict:
+    """Coverage (NaN for a group without questions) and summed cost of each group ``[G]``."""
+    onehot = jax.nn.one_hot(group, n_groups, dtype=jnp.float32)  # [n, G]
+    n = jnp.sum(onehot, axis=0)
+    covered = jnp.sum(onehot * m.covered.astype(jnp.float32)[:, None], axis=0)
+    return {"coverage": jnp.where(n > 0, covered / jnp.maximum(n, 1.0), jnp.nan),
+            "cost_cents": jnp.sum(onehot * m.cost_cents[:, None], axis=0)}
+
+
+def eval_mondrian(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha, codes, n_groups: int, group_min: int):
+    """C_{pi,kappa_g} on ``test_idx`` with kappa_g calibrated per group on ``cal_idx``
+    (:func:`ccpo_jax.core.conformal.mondrian_kappa`): (metrics, kappa [G+1], own [G], n_cal [G])."""
+    kap, own, n_cal = conformal.mondrian_kappa(kappa_i[cal_idx], codes[cal_idx], n_groups, alpha, group_min)
+    thr = conformal.group_thresholds(kap, own, codes[test_idx])
+    sets = conformal.conformal_set(probs[test_idx], thr[:, None], params.available[test_idx])
+    return evaluate_sets(sets, params, test_idx), kap, own, n_cal
 
 
 def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Variant], state, cal_idx, test_idx, key,
-                     retrain: bool) -> MemberEval:
-    """Every trained variant, seed and split in one jitted, vmapped call: see :func:`evaluate_trained`."""
+                     retrain: bool, groups: GroupSpec | None = None) -> MemberEval:
+    """Every trained variant, seed and split in one jitted, vmapped call: see :func:`evaluate_trained`.
+    With ``groups`` the calibrated rows are also calibrated per group (:class:`GroupEval`)."""
     S = cal_idx.shape[0]
+    codes = None if groups is None else jnp.asarray(groups.codes, jnp.int32)
+    G = 0 if groups is None else len(groups.names)
 
     def one(policy, kappa_online, cal, test, k, alpha):
         probs, kappa_i = policy_tables(policy, params, config.hidden)
         batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha)
         online_m = eval_conformal(probs, kappa_online, params, test)
         point_m = eval_pointwise(k, probs, params, test)
-        return summarise(batch_m), summarise(online_m), summarise(point_m), khat
+        out = (summarise(batch_m), summarise(online_m), summarise(point_m), khat)
+        if groups is None:
+            return out
+        mond_m, kap, own, n_cal = eval_mondrian(probs, kappa_i, params, cal, test, alpha, codes, G, groups.group_min)
+        g_test = codes[test]
+        n_test = jnp.sum(jax.nn.one_hot(g_test, G, dtype=jnp.int32), axis=0)
+        return out + (summarise(mond_m), kap, own, n_cal, n_test, per_group(batch_m, g_test, G),
+                      per_group(mond_m, g_test, G))
 
     split_axes = 0 if retrain else None
     per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0, None))
@@ -96,10 +157,44 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
     N = kap.shape[1]
     keys = jax.random.split(key, N * S).reshape(N, S, -1)
     alphas = jnp.asarray([var.target_alpha(config) for var in variants], jnp.float32)  # each at its own alpha
-    batch_m, online_m, point_m, khat = jax.device_get(
-        per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys, alphas)
-    )
-    return MemberEval(batch_m, online_m, point_m, np.asarray(khat), np.asarray(jax.device_get(kap)))
+    got = jax.device_get(per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys, alphas))
+    batch_m, online_m, point_m, khat = got[:4]
+    group_ev = None
+    if groups is not None:
+        mond_m, gkap, own, n_cal, n_test, marg_g, mond_g = got[4:]
+        group_ev = GroupEval(mond_m, np.asarray(gkap), np.asarray(own), np.asarray(n_cal)[0, 0],
+                             np.asarray(n_test)[0, 0], marg_g, mond_g)
+    return MemberEval(batch_m, online_m, point_m, np.asarray(khat), np.asarray(jax.device_get(kap)), group_ev)
+
+
+#: Suffix of a calibrated row's group-conditional (Mondrian) twin, e.g. ``CPO batch [Mondrian]``.
+MONDRIAN = " [Mondrian]"
+
+
+def calibrated_rows(var: Variant) -> list[str]:
+    """The rows of ``var`` whose sets are batch-calibrated (CPO batch, the CCPO rows)."""
+    return [row for row in var.table_rows() if var.conformal or row == "CPO batch"]
+
+
+def variant_group_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict, dict]:
+    """With groups: the Mondrian twin of each calibrated row of ``var`` (``{row [Mondrian]: {metric:
+    [N, S]}}``) and the per-group outcome of the calibrated rows and their twins (``{row:
+    {"coverage", "cost_cents": [N, S, G], "kappa": [N, S, G] (Mondrian: the group's threshold, own
+    or rest), "own": [N, S, G]}}``; ``ev.groups.n_cal``/``n_test`` [S, G] are shared)."""
+    ge = ev.groups
+    if ge is None:
+        return {}, {}
+    rows, per = {}, {}
+    G = ge.n_cal.shape[-1]
+    own = np.asarray(ge.own[v])
+    kap = np.asarray(ge.kappa[v])
+    for row in calibrated_rows(var):
+        rows[row + MONDRIAN] = {k: np.asarray(x[v]) for k, x in ge.mondrian.items()}
+        per[row] = {**{k: np.asarray(x[v]) for k, x in ge.marginal_groups.items()},
+                    "kappa": np.broadcast_to(np.asarray(ev.kappa_hat[v])[..., None], own.shape).copy(), "own": own}
+        per[row + MONDRIAN] = {**{k: np.asarray(x[v]) for k, x in ge.mondrian_groups.items()},
+                               "kappa": np.where(own, kap[..., :G], kap[..., G:]), "own": own}
+    return rows, per
 
 
 def variant_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:

@@ -264,8 +264,27 @@ def _why_degenerate(meta: dict) -> str:
     return f"{meta['row']!r}: " + ("; ".join(bits) if bits else "usable")
 
 
+#: ``calibration`` values of :func:`export_router`.
+EXPORT_CALIBRATIONS = ("marginal", "mondrian")
+
+
+def mondrian_manifest(meta: dict, policy_dir: Path) -> dict:
+    """The manifest's ``mondrian`` block from a policy saved by ``reproduce --calibration mondrian``."""
+    m = meta.get("mondrian")
+    if not m:
+        raise UserError(f"calibration: {policy_dir}/policy.json has no per-group thresholds; the run was calibrated "
+                        "marginally. Re-run it with `ccpo-jax reproduce --calibration mondrian` (the cache needs a "
+                        "'group' per question), or export with --calibration marginal", field="calibration")
+    return {"group_min": int(m["group_min"]), "kappas": {str(g): float(k) for g, k in m["kappas"].items()},
+            "rest_kappa": float(m["rest_kappa"]), "rest_groups": [str(g) for g in m["rest_groups"]],
+            "n_cal": {str(g): int(n) for g, n in m.get("n_cal", {}).items()},
+            "rule": "a request's group with its own threshold (kappas) uses it; any other group, or none, "
+                    "uses rest_kappa (the pooled small groups; the marginal kappa when none was pooled)",
+            "note": "thresholds of seed 0 on split 0, like kappa"}
+
+
 def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str | None = None,
-                  force: bool = False, echo=None) -> Path:
+                  force: bool = False, echo=None, calibration: str = "marginal") -> Path:
     """Write the artefact of ``row`` of ``run_dir`` to ``out`` (must not exist).
 
     ``row`` None: the cheapest calibrated row whose calibration coverage holds
@@ -274,6 +293,9 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     unless ``force``, naming the row that would serve better. ``echo`` gets one line
     saying which row was chosen and why.
 
+    ``calibration`` "mondrian": the router carries the row's per-group thresholds (saved by
+    ``reproduce --calibration mondrian``) and a request's ``group`` picks its threshold.
+
     Atomic: everything is written into a temporary sibling directory, loaded
     back with :class:`ccpo_jax.serving.Router` and checked against the trainer's
     forward pass, then renamed to ``out``; on any failure nothing is left.
@@ -281,6 +303,9 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
         raise UserError(f"out {out}: already exists; choose a new path (an artefact is never overwritten)", field="out")
+    if calibration not in EXPORT_CALIBRATIONS:
+        raise UserError(f"calibration: unknown calibration {calibration!r}; valid: {', '.join(EXPORT_CALIBRATIONS)}",
+                        field="calibration")
     policy_dir = find_policy(run_dir, row)
     try:
         params, meta = load_policy(policy_dir)
@@ -309,6 +334,8 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     exp = jax_export.deserialize(bytearray(blob))
     info = {"platforms": list(exp.platforms), "calling_convention_version": int(exp.calling_convention_version)}
     manifest = build_manifest(meta, names, leaves, policy_dir, run_dir, info)
+    if calibration == "mondrian":
+        manifest["mondrian"] = mondrian_manifest(meta, policy_dir)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_dir(out, overwrite=False) as tmp:  # an artefact is never overwritten

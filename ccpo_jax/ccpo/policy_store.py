@@ -42,14 +42,16 @@ def policy_row(var: Variant) -> str | None:
 
 
 def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, kappas, cache, protocol: str,
-                  diagnostics: dict | None = None) -> None:
+                  diagnostics: dict | None = None, mondrian: dict | None = None) -> None:
     """Write every trained policy of split 0, seed 0 to ``out/<slug>/``.
 
     ``state`` leaves are [V, S_train, N, ...]; ``kappas[row]`` [N, S] the calibrated kappas;
     ``policy.json`` gets the row name, alpha, the batch-calibrated kappa of split 0, the
     final online kappa, T, the network shape, the feature names and the cache's provenance
     and checksum; ``diagnostics[row]`` (optional) goes to ``calibration``, which
-    ``ccpo-jax export`` reads to refuse a degenerate router and to pick its default row.
+    ``ccpo-jax export`` reads to refuse a degenerate router and to pick its default row;
+    ``mondrian[row]`` (optional, ``reproduce --calibration mondrian``) goes to ``mondrian``: the
+    per-group thresholds that ``ccpo-jax export --calibration mondrian`` puts in the router.
     """
     out.mkdir(parents=True, exist_ok=True)
     for v, var in enumerate(variants):
@@ -84,6 +86,8 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
         }
         if diagnostics and row in diagnostics:
             meta["calibration"] = diagnostics[row]
+        if mondrian and row in mondrian:
+            meta["mondrian"] = mondrian[row]
         atomic_write_text(d / POLICY_META, json.dumps(meta, indent=2, default=str) + "\n")
 
 

@@ -419,3 +419,146 @@ def write_boxplots(
             fig.savefig(tmp, format="png", dpi=110)
         paths.append(path)
     return paths
+
+
+# -- group-conditional coverage (--calibration mondrian) -------------------------------------
+
+GROUP_PNG = "group_coverage.png"
+#: A group counts as under-covered when its mean coverage is below 1 - alpha - this.
+GROUP_SLACK = 0.05
+
+
+def group_entry(coverage: np.ndarray, cost: np.ndarray, n_cal: np.ndarray, n_test: np.ndarray, own: np.ndarray,
+                kappa: np.ndarray, names: list[str], alpha: float) -> tuple[dict, dict]:
+    """One row's per-group outcome: ``{group: {coverage, cost_cents (summary_stats + seed spread),
+    n_cal, n_test (mean over splits), own_share, kappa}}`` and the summary over groups of the
+    mean coverages (min with its group, median, how many below ``1 - alpha - GROUP_SLACK``).
+    Arrays are [N seeds, S splits, G] (``n_cal``/``n_test`` [S, G])."""
+    groups: dict[str, Any] = {}
+    means = []
+    for g, name in enumerate(names):
+        entry = {}
+        for metric, v in (("coverage", coverage[..., g]), ("cost_cents", cost[..., g])):
+            v = np.asarray(v, np.float64).reshape(coverage.shape[0], -1)
+            entry[metric] = {**summary_stats(v), **seed_stats(_nanmean(v, axis=1))}
+        entry["n_cal"] = float(np.mean(n_cal[:, g]))
+        entry["n_test"] = float(np.mean(n_test[:, g]))
+        entry["own_share"] = float(np.mean(own[..., g]))
+        entry["kappa"] = summary_stats(kappa[..., g])["mean"]
+        groups[name] = entry
+        means.append(entry["coverage"]["mean"])
+    m = np.asarray([np.nan if x is None else x for x in means], np.float64)
+    ok = np.isfinite(m)
+    worst = int(np.nanargmin(m)) if ok.any() else None
+    summary = {
+        "n_groups": len(names),
+        "min": None if worst is None else float(m[worst]),
+        "min_group": None if worst is None else names[worst],
+        "median": float(np.median(m[ok])) if ok.any() else None,
+        "below": int(np.sum(m[ok] < 1 - alpha - GROUP_SLACK)),
+        "below_threshold": float(1 - alpha - GROUP_SLACK),
+    }
+    return groups, summary
+
+
+def add_groups(results: dict, group_rows: Mapping[str, Any], alpha: float) -> None:
+    """Add ``groups`` and ``group_summary`` to every calibrated row of ``results["policies"]``
+    (and to its ``[Mondrian]`` twin), and to each twin ``mondrian_extra_cost``: its mean cost minus
+    the marginal row's (cents summed over the test split; mean and sd over seeds)."""
+    names = list(group_rows["names"])
+    n_cal, n_test = np.asarray(group_rows["n_cal"]), np.asarray(group_rows["n_test"])
+    pol = results["policies"]
+    for row, d in group_rows["rows"].items():
+        if row not in pol:
+            continue
+        pol[row]["groups"], pol[row]["group_summary"] = group_entry(
+            np.asarray(d["coverage"]), np.asarray(d["cost_cents"]), n_cal, n_test, np.asarray(d["own"]),
+            np.asarray(d["kappa"]), names, alpha)
+    for row in list(pol):
+        base = row[: -len(" [Mondrian]")] if row.endswith(" [Mondrian]") else None
+        if base in pol:
+            a = np.asarray([x for x in pol[row]["per_seed"]["cost_cents"]], np.float64)
+            b = np.asarray([x for x in pol[base]["per_seed"]["cost_cents"]], np.float64)
+            diff = a - b
+            pol[row]["mondrian_extra_cost"] = {
+                "mean": float(np.mean(diff)), "seed_sd": float(np.std(diff, ddof=1)) if diff.size > 1 else None,
+                "ratio": float(np.mean(a) / np.mean(b)) if np.mean(b) > 0 else None}
+
+
+def format_groups(results: Mapping[str, Any]) -> str:
+    """table.md's section on group-conditional coverage: how the groups were pooled, then per
+    calibrated row (marginal) and its Mondrian twin: coverage min (group) / median over groups,
+    groups below 1 - alpha - 0.05, cost and what Mondrian costs extra."""
+    cal = results["calibration"]
+    lines = ["", "## Group-conditional coverage (--calibration mondrian)", "",
+             f"- {cal['n_groups']} question groups; a group with at least {cal['group_min']} of the "
+             f"{cal['n_cal']} calibration questions gets its own threshold: {cal['own_groups']['mean']:.1f} groups "
+             f"on average over splits ({cal['own_groups']['min']}-{cal['own_groups']['max']}); "
+             f"{cal['pooled_groups']['mean']:.1f} groups with {cal['pooled_questions']['mean']:.1f} calibration "
+             "questions pooled into one 'rest' group (a rest without questions uses the marginal threshold).",
+             "- coverage per group: the mean over seeds x splits of the group's test questions; min and "
+             "median are over groups.", ""]
+    rows = [r for r, e in results["policies"].items() if "group_summary" in e]
+    if not rows:
+        lines.append("No calibrated learned row in this run (nothing calibrated per group).")
+        return "\n".join(lines) + "\n"
+    thr = results["policies"][rows[0]]["group_summary"]["below_threshold"]
+    lines.append(f"| Row | Cost (cents) | Coverage | Group coverage min (group) | median | groups < {thr:.2f} | "
+                 "Mondrian extra cost |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for r in rows:
+        e = results["policies"][r]
+        gs = e["group_summary"]
+        extra = e.get("mondrian_extra_cost")
+        ex = "-" if not extra else (f"{extra['mean']:+.4g}" + (f" ±{extra['seed_sd']:.2g}" if extra['seed_sd'] else "")
+                                     + (f" ({extra['ratio']:.3f}x)" if extra.get("ratio") else ""))
+        lines.append(f"| {r} | {_fmt('cost_cents', e['cost_cents']['mean'])} | {_fmt('coverage', e['coverage']['mean'])}"
+                     f" | {_fmt('coverage', gs['min'])} ({gs['min_group']}) | {_fmt('coverage', gs['median'])} | "
+                     f"{gs['below']} of {gs['n_groups']} | {ex} |")
+    lines.append("")
+    lines.append(f"Per-group coverage: `{GROUP_PNG}` and results.json (`policies.ROW.groups`).")
+    return "\n".join(lines) + "\n"
+
+
+def write_group_plot(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> Path:
+    """group_coverage.png: per calibrated row, each group's mean coverage under the marginal
+    threshold and under Mondrian (groups sorted by the marginal coverage), 1 - alpha dashed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    pol = results["policies"]
+    bases = [r for r in pol if "groups" in pol[r] and not r.endswith(" [Mondrian]") and r + " [Mondrian]" in pol]
+    n = max(len(bases), 1)
+    G = results["calibration"]["n_groups"]
+    fig = Figure(figsize=(max(6.0, 0.14 * G + 3), 2.6 * n + 0.8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(n, 1, squeeze=False)[:, 0]
+    for ax, row in zip(axes, bases):
+        names = list(pol[row]["groups"])
+        marg = np.asarray([np.nan if pol[row]["groups"][g]["coverage"]["mean"] is None
+                           else pol[row]["groups"][g]["coverage"]["mean"] for g in names])
+        mond = np.asarray([np.nan if pol[row + " [Mondrian]"]["groups"][g]["coverage"]["mean"] is None
+                           else pol[row + " [Mondrian]"]["groups"][g]["coverage"]["mean"] for g in names])
+        order = np.argsort(np.where(np.isfinite(marg), marg, np.inf), kind="stable")
+        x = np.arange(len(names))
+        ax.plot(x, marg[order], "o", color="tab:orange", ms=4, label="marginal threshold")
+        ax.plot(x, mond[order], "o", color="tab:blue", ms=4, mfc="none", label="Mondrian (per group)")
+        ax.axhline(1 - results["alpha"], color="k", ls="--", lw=1, label=f"1 - alpha = {1 - results['alpha']:g}")
+        ax.set_ylabel("coverage")
+        both = np.concatenate([marg, mond])
+        lo = float(np.nanmin(both)) if np.isfinite(both).any() else 0.0
+        ax.set_ylim(min(lo - 0.02, 1 - results["alpha"] - 0.1), 1.005)  # the whole range above the worst group
+        ax.set_title(row, fontsize=8)
+        if len(names) <= 12:
+            ax.set_xticks(x, [names[i] for i in order], fontsize=7)
+        else:
+            ax.set_xticks([])
+            ax.set_xlabel(f"{len(names)} groups, sorted by coverage under the marginal threshold", fontsize=7)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    synth = " [SYNTHETIC cache]" if is_synthetic(results) else ""
+    fig.suptitle(f"{run_title(results)}\nper-group coverage over {results['splits']} splits{synth}", fontsize=8)
+    fig.tight_layout()
+    path = Path(out_dir) / GROUP_PNG
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    return path

@@ -33,6 +33,7 @@ import numpy as np
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
 from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
+from ccpo_jax.ccpo.evaluation import GroupSpec
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.presets import deviations
 from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn
@@ -44,7 +45,7 @@ from ccpo_jax.errors import UserError, add_hint
 from ccpo_jax.runtime import options, sharding, workdir
 from envs.atomic import atomic_write_text
 from envs.bound import BOUND_ROW, bound_of_params
-from envs.cache import ResponseCache
+from envs.cache import ResponseCache, cache_groups
 from envs.formats import load_cache
 from envs.orchestration import make_env_params
 from envs.synthetic import generate
@@ -213,6 +214,33 @@ def bound_row(params, test_idx, alpha: float) -> dict[str, np.ndarray]:
     return {"cost_cents": b["cost_cents"], "coverage": b["coverage"], "avg_len": nan, "set_size": nan}
 
 
+def group_spec(cfg: ReproduceConfig, cache: ResponseCache) -> GroupSpec | None:
+    """The cache's groups for ``--calibration mondrian`` (None for marginal); a cache without a
+    ``group`` per question is refused."""
+    if cfg.calibration != "mondrian":
+        return None
+    g = cache_groups(cache.arrays)
+    if g is None:
+        raise UserError(f"calibration: mondrian needs a question group ('group') for every question, and the cache "
+                        f"'{cache.manifest.name}' has none; add a 'group' field beside each question's 'id' "
+                        "(docs/caches.md) or use --calibration marginal", field="calibration")
+    return GroupSpec.of(g, cfg.group_min)
+
+
+def describe_pooling(spec: GroupSpec, cal_idx: Any) -> dict[str, Any]:
+    """How the Mondrian calibration groups the calibration questions, mean (and range) over splits:
+    groups with their own threshold, groups and questions pooled into the rest."""
+    counts = np.stack([np.bincount(spec.codes[np.asarray(c)], minlength=len(spec.names)) for c in np.asarray(cal_idx)])
+    own = counts >= spec.group_min
+    pooled_q = np.where(own, 0, counts).sum(axis=1)
+    return {"kind": "mondrian", "group_min": spec.group_min, "n_groups": len(spec.names),
+            "own_groups": {"mean": float(own.sum(1).mean()), "min": int(own.sum(1).min()), "max": int(own.sum(1).max())},
+            "pooled_groups": {"mean": float((~own).sum(1).mean()), "min": int((~own).sum(1).min()),
+                              "max": int((~own).sum(1).max())},
+            "pooled_questions": {"mean": float(pooled_q.mean()), "min": int(pooled_q.min()), "max": int(pooled_q.max())},
+            "n_cal": int(counts.sum(1)[0])}
+
+
 def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cache: ResponseCache, trains: bool,
               small: str | None, mesh) -> None:
     say(f"reproduce {st.name} ({st.run_title(cache.manifest.name, is_setting_profile(st, cache), cfg.alpha)})")
@@ -234,8 +262,10 @@ def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cach
 
 
 def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: ResponseCache, rows: dict, timing: dict,
-                   trains: bool, splits_test: Any = None) -> tuple[dict, str]:
-    """results.json, table.md and the box plots of a finished run, in its work directory."""
+                   trains: bool, splits_test: Any = None, pooling: dict | None = None,
+                   group_rows: dict | None = None) -> tuple[dict, str]:
+    """results.json, table.md and the box plots of a finished run, in its work directory (with
+    ``--calibration mondrian`` also the per-group coverage and its picture)."""
     results = report.build_results(
         setting=st.name, alpha=cfg.alpha, protocol=cfg.protocol, n_splits=cfg.n_splits,
         cache=report.cache_info(cache), rows=rows, timing=timing, seeds=cfg.seeds if trains else 1,
@@ -244,9 +274,20 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
     compare = is_setting_profile(st, cache)
     left = left_out_rows(cache, splits_test) if splits_test is not None else {}
     results["left_out"] = left
+    if pooling is not None:
+        results["calibration"] = pooling
+        if group_rows:
+            report.add_groups(results, group_rows, cfg.alpha)
     report.write_results(work, results)
     report.write_table(work, results, st, cfg.split_sizes, compare_paper=compare)
     table = report.format_table(results, st, cfg.split_sizes, compare_paper=compare)
+    if results.get("calibration", {}).get("kind") == "mondrian":
+        extra = report.format_groups(results)
+        with open(work / report.TABLE_FILE, "a", encoding="utf-8") as f:
+            f.write(extra)
+        table = table.rstrip("\n") + "\n" + extra
+        if group_rows:
+            report.write_group_plot(work, results)
     if left:
         extra = "\nRows left out:\n" + "".join(f"- {r}: {why}\n" for r, why in left.items())
         with open(work / report.TABLE_FILE, "a", encoding="utf-8") as f:
@@ -319,6 +360,13 @@ def reproduce(
         k_split, k_base, k_train = jax.random.split(jax.random.PRNGKey(cfg.seed), 3)
         splits = splits_for_protocol(cfg.protocol, k_split, cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits)
         params = make_env_params(cache_obj)
+        groups = group_spec(cfg, cache_obj)
+        pooling = None if groups is None else describe_pooling(groups, splits.cal)
+        if pooling is not None:
+            say(f"  calibration mondrian: {pooling['n_groups']} groups, --group-min {groups.group_min}: "
+                f"{pooling['own_groups']['mean']:.1f} groups with their own threshold, "
+                f"{pooling['pooled_groups']['mean']:.1f} groups ({pooling['pooled_questions']['mean']:.1f} of "
+                f"{pooling['n_cal']} calibration questions) pooled into one 'rest' group (means over splits)")
         # 5. the non-learned rows: all splits in one vmapped call
         t0 = time.perf_counter()
         base = non_learned_rows(cache_obj, params, k_base, splits.cal, splits.test, cfg.alpha)
@@ -326,13 +374,16 @@ def reproduce(
         rows[BOUND_ROW] = bound_row(params, splits.test, cfg.alpha)  # not a policy: what none can beat
         timing = {"compile_s": 0.0, "train_s": 0.0, "eval_s": time.perf_counter() - t0}
         # 6. training and evaluation of the learned rows
+        group_rows = None
         if trainer is not None:
             got: LearnedRows = trainer(
                 cache=cache_obj, params=params, splits=splits, key=k_train, config=cfg.train_config(),
                 lambdas=cfg.lambdas, protocol=cfg.protocol, seeds=cfg.seeds, ckpt_dir=work / CKPT_DIR,
                 tb_dir=work / TB_DIR, progress=cfg.progress, mesh=mesh, member_block=cfg.member_block,
+                **({} if groups is None else {"groups": groups}),
             )
             rows.update(as_rows(got.rows, cfg.n_splits, "the trainer"))
+            group_rows = got.groups
             for k in ("compile_s", "train_s", "eval_s"):
                 timing[k] += float(got.timing.get(k, 0.0))
         else:
@@ -340,7 +391,8 @@ def reproduce(
             say(f"  note: {notes[-1]}")
         # 7. outputs
         timing["total_s"] = time.perf_counter() - t_start
-        results, table = _write_outputs(work, st, cfg, cache_obj, rows, timing, trainer is not None, splits.test)
+        results, table = _write_outputs(work, st, cfg, cache_obj, rows, timing, trainer is not None, splits.test,
+                                        pooling, group_rows)
         out.parent.mkdir(parents=True, exist_ok=True)
         os.replace(work, out)
     except KeyboardInterrupt:
@@ -364,6 +416,7 @@ def reproduce(
     if small:  # again below the table, where a reader of the coverage column looks
         say(f"warning: {small}")
     dirs = [f"{d}/" for d in (TB_DIR, POLICIES_DIR, CKPT_DIR) if (out / d).is_dir()]
-    say(f"wrote {out}/: {report.RESULTS_FILE}, {report.TABLE_FILE}, {report.COST_PNG}, {report.COVERAGE_PNG}, "
+    pngs = [report.COST_PNG, report.COVERAGE_PNG] + ([report.GROUP_PNG] if (out / report.GROUP_PNG).is_file() else [])
+    say(f"wrote {out}/: {report.RESULTS_FILE}, {report.TABLE_FILE}, {', '.join(pngs)}, "
         + ", ".join([RUN_FILE] + dirs))
     return ReproduceResult(out_dir=out, results=results, table=table, notes=notes)

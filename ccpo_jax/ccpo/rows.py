@@ -20,7 +20,8 @@ import jax
 import numpy as np
 
 from ccpo_jax.ccpo.config import TrainConfig, Variant
-from ccpo_jax.ccpo.evaluation import calibration_diagnostics, evaluate_members, variant_rows
+from ccpo_jax.ccpo.evaluation import (GroupSpec, calibration_diagnostics, evaluate_members, variant_group_rows,
+                                      variant_rows)
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, policy_row, save_policies
 from ccpo_jax.ccpo.settings import lambda_row_name
@@ -45,6 +46,10 @@ class LearnedRows:
 
     rows: dict[str, dict[str, np.ndarray]]
     timing: dict[str, float] = dataclasses.field(default_factory=dict)
+    groups: dict[str, Any] | None = None
+    """With a group-conditional calibration (``groups=`` given): ``{"names": [G], "n_cal": [S, G],
+    "n_test": [S, G], "group_min": int, "rows": {row: {"coverage", "cost_cents", "kappa", "own":
+    [N, S, G]}}}`` for every calibrated row and its Mondrian twin (``rows`` holds the twins' metrics)."""
 
 
 class LearnedRowsFn(Protocol):
@@ -52,7 +57,8 @@ class LearnedRowsFn(Protocol):
 
     def __call__(self, *, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array,
                  config: TrainConfig, lambdas: tuple[float, ...], protocol: str, seeds: int, ckpt_dir: Path,
-                 tb_dir: Path | None, progress: bool, mesh: Any, member_block: int | None) -> LearnedRows: ...
+                 tb_dir: Path | None, progress: bool, mesh: Any, member_block: int | None,
+                 groups: GroupSpec | None = None) -> LearnedRows: ...
 
 
 #: Name of the CPO variant that serves the calibrated CPO rows when the margins differ.
@@ -84,6 +90,8 @@ class TrainedRows:
     state:   the trained TrainState, leaves [V, S_train, N, ...]
     curves:  variant name -> metric -> np.ndarray [S_train * N, iterations]
     timing:  compile_s, train_s, eval_s
+    groups:  with ``groups=``: row -> per-group arrays (:func:`ccpo_jax.ccpo.evaluation.variant_group_rows`)
+    ev:      the :class:`ccpo_jax.ccpo.evaluation.MemberEval` the rows come from
     """
 
     rows: dict
@@ -92,6 +100,8 @@ class TrainedRows:
     variants: list
     curves: dict
     timing: dict
+    groups: dict = dataclasses.field(default_factory=dict)
+    ev: Any = None
 
 
 def member_keys(key: jax.Array, names: list[str], n: int) -> jax.Array:
@@ -103,7 +113,7 @@ def member_keys(key: jax.Array, names: list[str], n: int) -> jax.Array:
 
 
 def _train_and_evaluate(config, params, splits, key, variants, key_names, *, seeds, protocol, ckpt_dir, tensorboard,
-                        progress, mesh, member_block):
+                        progress, mesh, member_block, groups=None):
     """Train ``variants`` x training splits x ``seeds`` in one program and evaluate every member on
     every split: (state [V, S_train, N, ...], :class:`MemberEval`, curves, timing)."""
     if int(seeds) < 1:
@@ -120,7 +130,7 @@ def _train_and_evaluate(config, params, splits, key, variants, key_names, *, see
     state = jax.tree.map(lambda x: x.reshape((x.shape[0], S_t, N) + x.shape[2:]), state)
     t0 = time.perf_counter()
     ev = evaluate_members(config, params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
-                          retrain)
+                          retrain, groups)
     timing = dict(timing, eval_s=time.perf_counter() - t0)
     curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
     return state, ev, curves, timing
@@ -140,25 +150,33 @@ def train_seeds(
     progress: bool = True,
     mesh=None,
     member_block: int | None = None,
+    groups: GroupSpec | None = None,
 ) -> TrainedRows:
     """Train the learned rows (:func:`row_variants`) for ``seeds`` seeds and evaluate them on every split.
 
     All variants x training splits x seeds are members of one vmapped program; seed n of
     every member starts from its own key (:func:`member_keys`). Under ``recalibrate`` each seed
     trains once on ``splits.train[0]`` and is recalibrated on every split; under ``retrain`` every
-    (split, seed) pair trains its own policy.
+    (split, seed) pair trains its own policy. With ``groups`` every calibrated row also gets its
+    group-conditional (Mondrian) twin, ``ROW [Mondrian]``, from the same trained policies.
     """
     variants = row_variants(tuple(lambdas), config)
     state, ev, curves, timing = _train_and_evaluate(
         config, params, splits, key, variants, [v.name for v in variants], seeds=seeds, protocol=protocol,
-        ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh, member_block=member_block)
+        ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh, member_block=member_block,
+        groups=groups)
     rows: dict = {}
     kappas: dict = {}
+    per_group: dict = {}
     for v, var in enumerate(variants):
         r, k = variant_rows(var, ev, v)
         rows.update(r)
         kappas.update(k)
-    return TrainedRows(rows=rows, kappas=kappas, state=state, variants=variants, curves=curves, timing=timing)
+        twins, g = variant_group_rows(var, ev, v)
+        rows.update(twins)
+        per_group.update(g)
+    return TrainedRows(rows=rows, kappas=kappas, state=state, variants=variants, curves=curves, timing=timing,
+                       groups=per_group, ev=ev)
 
 
 def alpha_name(name: str, alpha: float) -> str:
@@ -205,19 +223,23 @@ def train_sweep(
 
 def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array, config: TrainConfig,
                  lambdas: tuple[float, ...], protocol: str, seeds: int, ckpt_dir: Path, tb_dir: Path | None,
-                 progress: bool, mesh: Any = None, member_block: int | None = None) -> LearnedRows:
+                 progress: bool, mesh: Any = None, member_block: int | None = None,
+                 groups: GroupSpec | None = None) -> LearnedRows:
     """Train and evaluate the learned rows; save seed 0's split-0 policies beside ``ckpt_dir``.
 
     ``splits.train`` is [S, n_train], ``splits.cal``/``splits.test`` [S, n]; ``lambdas`` are the
     table's nonzero lambdas (CCPO (lambda=0) always trains). Checkpoints go to ``ckpt_dir``
     (a run killed there resumes from them), live training curves to ``tb_dir``, the policies
-    to ``ckpt_dir/../policies``. Rows hold [N seeds, S splits] arrays.
+    to ``ckpt_dir/../policies``. Rows hold [N seeds, S splits] arrays. With ``groups`` (the
+    cache's groups, ``reproduce --calibration mondrian``) every calibrated row gets its Mondrian
+    twin and the per-group outcome (:attr:`LearnedRows.groups`); the saved policies carry their
+    per-group thresholds (seed 0, split 0) for ``ccpo-jax export``.
     """
     writer = None if tb_dir is None else ScalarWriter(tb_dir, ".train")
     try:
         trained = train_seeds(config, params, splits, key, lambdas=tuple(lambdas), seeds=seeds, protocol=protocol,
                               ckpt_dir=Path(ckpt_dir), tensorboard=writer, progress=progress, mesh=mesh,
-                              member_block=member_block)
+                              member_block=member_block, groups=groups)
     finally:
         if writer is not None:
             writer.close()
@@ -232,6 +254,31 @@ def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key
         d["test_cost_cents_mean"] = float(np.mean(trained.rows[row]["cost_cents"]))
         d["test_coverage_mean"] = float(np.mean(trained.rows[row]["coverage"]))
         diagnostics[row] = d
+    mondrian = None if groups is None else mondrian_thresholds(trained, groups)
     save_policies(Path(ckpt_dir).parent / POLICIES_DIR, config, trained.variants, trained.state, trained.kappas,
-                  cache, protocol, diagnostics)
-    return LearnedRows(rows=trained.rows, timing=trained.timing)
+                  cache, protocol, diagnostics, mondrian)
+    group_out = None
+    if groups is not None:
+        group_out = {"names": list(groups.names), "group_min": groups.group_min, "n_cal": trained.ev.groups.n_cal,
+                     "n_test": trained.ev.groups.n_test, "rows": trained.groups}
+    return LearnedRows(rows=trained.rows, timing=trained.timing, groups=group_out)
+
+
+def mondrian_thresholds(trained: TrainedRows, groups: GroupSpec) -> dict[str, dict]:
+    """Each calibrated row's group-conditional thresholds of seed 0 on split 0, as saved with its
+    policy: ``{row: {"group_min", "kappas": {group: kappa} (own groups), "rest_kappa", "rest_groups":
+    [...] (pooled), "n_cal": {group: n}}}``."""
+    ge = trained.ev.groups
+    out = {}
+    for v, var in enumerate(trained.variants):
+        row = policy_row(var)
+        if row is None:
+            continue
+        kap, own, n_cal = np.asarray(ge.kappa[v, 0, 0]), np.asarray(ge.own[v, 0, 0]), ge.n_cal[0]
+        names = groups.names
+        out[row] = {"group_min": groups.group_min,
+                    "kappas": {names[g]: float(kap[g]) for g in range(len(names)) if own[g]},
+                    "rest_kappa": float(kap[len(names)]),
+                    "rest_groups": [names[g] for g in range(len(names)) if not own[g]],
+                    "n_cal": {names[g]: int(n_cal[g]) for g in range(len(names))}}
+    return out

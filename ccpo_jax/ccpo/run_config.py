@@ -110,6 +110,19 @@ def _setting_lambdas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
     return tuple(get_setting(cfg.setting).lambdas) if v is None else tuple(float(x) for x in v)
 
 
+#: ``--calibration`` values: one marginal threshold, or per group as well (Mondrian).
+CALIBRATIONS = ("marginal", "mondrian")
+#: Default ``--group-min``: 19 calibration questions are the fewest with a threshold at alpha 0.05
+#: (the rank ceil((n+1)(1-alpha)) <= n), so a group of 20 has one at every alpha >= 0.05.
+GROUP_MIN = 20
+
+
+def _calibration(name: str, v: Any, cfg: Any) -> str:
+    if v not in CALIBRATIONS:
+        raise UserError(f"calibration: unknown calibration {v!r}; valid: {', '.join(CALIBRATIONS)}", field=name)
+    return v
+
+
 def _preset_iterations(cfg: Any) -> int:
     return get_preset(cfg.preset).iterations
 
@@ -186,6 +199,14 @@ class ReproduceConfig(RunOptions):
                           default_doc="the setting's", check=_alpha)
     lambdas: tuple[float, ...] = option(None, help="the table's nonzero CCPO lambdas (CCPO (lambda=0) always "
                                         "runs)", derived=True, check=_setting_lambdas)
+    calibration: str = option("--calibration", help="marginal: one threshold for all questions; mondrian: also "
+                              "calibrate every calibrated row per question group (the cache's 'group'), reported as "
+                              "'ROW [Mondrian]' beside it, with per-group coverage for both", choices=CALIBRATIONS,
+                              default="marginal", check=_calibration, if_missing="marginal")
+    group_min: int = option("--group-min", help="with --calibration mondrian: a group needs at least N calibration "
+                            "questions for its own threshold; smaller groups are pooled into one 'rest' group",
+                            metavar="N", type=int, default=GROUP_MIN, check=check_int("the smallest group", 1),
+                            if_missing=GROUP_MIN)
 
     def train_config(self, alpha: float | None = None) -> TrainConfig:
         return super().train_config(self.alpha if alpha is None else alpha)

@@ -81,7 +81,11 @@ def exit_row_name(model: str) -> str:
 
 #: Rows in the paper's table order; rows not listed here sort after them.
 def row_order_key(name: str) -> tuple[int, str]:
-    """Sort key putting rows in the paper's order: EXIT rows, Random, LLM policies, UALA, CPO..., CCPO."""
+    """Sort key putting rows in the paper's order: EXIT rows, Random, LLM policies, UALA, CPO..., CCPO;
+    a row's group-conditional twin (``ROW [Mondrian]``) right after it."""
+    if name.endswith(" [Mondrian]"):
+        k = row_order_key(name[: -len(" [Mondrian]")])
+        return (k[0], k[1] + "\x7f")
     fixed = {"Random": 1, "UALA": 3, "CPO": 4, "CPO batch": 5, "CPO online": 6}
     guide = row_key(GUIDE_MODEL)
     if name.endswith(" EXIT"):

@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--force", action="store_true",
                    help="export a degenerate router anyway (kappa-hat 0, or every action in the set for >= 90%% of "
                    "calibration questions)")
+    e.add_argument("--calibration", choices=("marginal", "mondrian"), default="marginal",
+                   help="mondrian: the router carries the row's per-group thresholds (a run of 'reproduce "
+                   "--calibration mondrian') and takes a request's 'group' (default: marginal, one threshold)")
     e.add_argument("--out", required=True, metavar="ARTIFACT", help="output directory (must not exist)")
     e.set_defaults(func=_export)
 
@@ -62,13 +65,17 @@ def _export(args) -> int:
     from ccpo_jax.errors import UserError
 
     try:
-        out = export_router(args.run_dir, args.out, row=args.row, force=args.force, echo=print)
+        out = export_router(args.run_dir, args.out, row=args.row, force=args.force, echo=print,
+                            calibration=args.calibration)
     except UserError as e:  # the library names its arguments; say which flag that is
-        raise e.for_cli({"row": "--row", "out": "--out", "force": "--force"}) from None
+        raise e.for_cli({"row": "--row", "out": "--out", "force": "--force", "calibration": "--calibration"}) from None
     m = read_verified(out)[0]
     kind = m["cache"].get("provenance", {}).get("kind", "?")
     tag = " (trained on a SYNTHETIC cache)" if kind == "synthetic" else ""
-    print(f"exported {m['policy']['row']!r} (alpha={m['alpha']}, kappa={m['kappa']:.6g}, T={m['T']}, "
+    mond = m.get("mondrian")
+    groups = "" if not mond else (f"; Mondrian: {len(mond['kappas'])} group thresholds, rest {mond['rest_kappa']:.6g}"
+                                  f" for {len(mond['rest_groups'])} pooled group(s), unknown or missing groups")
+    print(f"exported {m['policy']['row']!r} (alpha={m['alpha']}, kappa={m['kappa']:.6g}{groups}, T={m['T']}, "
           f"F={m['features']['count']}){tag} to {out}")
     return 0
 
@@ -104,7 +111,8 @@ def _read_requests(path: Path, every_round: bool) -> tuple[list[dict], list[dict
         ident = {"line": i, **({"id": obj["id"]} if "id" in obj else {})}
         if every_round and isinstance(rounds, list) and rounds:
             for t in range(len(rounds)):
-                reqs.append({"rounds": rounds[: t + 1], "can_continue": t + 1 < len(rounds), "_where": where})
+                reqs.append({"rounds": rounds[: t + 1], "can_continue": t + 1 < len(rounds), "_where": where,
+                             **({"group": obj["group"]} if "group" in obj else {})})
                 echo.append(ident)
         else:
             reqs.append({**obj, "_where": where})
@@ -124,6 +132,7 @@ def _route(args) -> int:
         if "rounds" not in r:
             raise RouterInputError(f"{r['_where']}: missing field 'rounds'")
         feats.parse_request(r["rounds"], r.get("can_continue"), router.T, r["_where"])
+        router.kappa_for(r.get("group"), r["_where"])  # a group that is not a string: named by its line
     decisions = router.decide_many([{k: v for k, v in r.items() if k != "_where"} for r in reqs]) if reqs else []
     text = "".join(json.dumps({**e, **d}) + "\n" for e, d in zip(echo, decisions))
     if args.out is None:

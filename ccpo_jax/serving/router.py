@@ -52,6 +52,13 @@ def _check_manifest_values(manifest: dict, where: str) -> None:
         if not ok:
             interval = f"[{lo:g}, {hi:g}]" if closed else f"({lo:g}, {hi:g})"
             raise ArtifactError(f"{where}: {key}: expected a number in {interval}, got {v!r}")
+    mond = manifest.get("mondrian")
+    if mond is not None:
+        if not isinstance(mond, dict) or not isinstance(mond.get("kappas"), dict):
+            raise ArtifactError(f"{where}: mondrian: expected an object with 'kappas' and 'rest_kappa'")
+        for name, v in [*((f"kappas.{g}", k) for g, k in mond["kappas"].items()), ("rest_kappa", mond.get("rest_kappa"))]:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and 0.0 <= v <= 1.0):
+                raise ArtifactError(f"{where}: mondrian.{name}: expected a number in [0, 1], got {v!r}")
     for role in ("base", "guide"):
         for key in ("price_in", "price_out"):
             v = manifest["models"][role][key]
@@ -84,6 +91,10 @@ class Router:
         self.actions = tuple(manifest["actions"])
         self.kappa = np.float32(manifest["kappa"])
         self.alpha = float(manifest["alpha"])
+        mond = manifest.get("mondrian")
+        #: Per-group thresholds of a Mondrian router (``{group: kappa}``), else None.
+        self.group_kappas = None if mond is None else {g: np.float32(k) for g, k in mond["kappas"].items()}
+        self.rest_kappa = None if mond is None else np.float32(mond["rest_kappa"])
         m = manifest["models"]
         self._base = ModelInfo(m["base"]["name"], float(m["base"]["price_in"]), float(m["base"]["price_out"]))
         self._guide = ModelInfo(m["guide"]["name"], float(m["guide"]["price_in"]), float(m["guide"]["price_out"]))
@@ -207,13 +218,35 @@ class Router:
         obs, avail = feats.observe(raw, last, self.T)
         return obs, avail, parsed
 
+    def kappa_for(self, group: Any, where: str = "request") -> tuple[np.float32, str]:
+        """The threshold of a request's ``group`` and where it comes from (a Mondrian router: the
+        group's own, else the pooled rest; a marginal router: its one kappa, whatever the group)."""
+        if group is not None and not isinstance(group, str):
+            raise RouterInputError(f"{where}.group: expected a string (the question's group), got {feats._type(group)}")
+        if self.group_kappas is None:
+            return self.kappa, "marginal"
+        if group is None:
+            return self.rest_kappa, "pooled: the request gives no group"
+        if group in self.group_kappas:
+            return self.group_kappas[group], f"group {group!r}"
+        return self.rest_kappa, f"pooled: group {group!r} has no threshold of its own"
+
     def decide_many(self, requests: Sequence[Mapping], where: str = "batch") -> list[dict]:
-        """One decision (see :meth:`decide`) per request, computed in one batch."""
+        """One decision (see :meth:`decide`) per request, computed in one batch. A Mondrian
+        router takes each request's ``group`` (optional) and says which threshold it used."""
         obs, avail, parsed = self.featurise(requests, where)
         probs, in_set = self._run(obs, avail)
+        kappas = [(self.kappa, "marginal")] * len(parsed)
+        if self.group_kappas is not None:
+            kappas = [self.kappa_for(req.get("group"), where if len(requests) == 1 and where != "batch"
+                                     else f"{where}[{i}]") for i, req in enumerate(requests)]
+            k = np.asarray([x for x, _ in kappas], np.float32)[:, None]
+            in_set = (probs >= k) & avail  # C = {a available : pi(a|o) >= kappa_g}, as conformal_set computes it
         out = []
         for i, (vals, texts, cont) in enumerate(parsed):
             s = [a for a, k in zip(self.actions, in_set[i]) if k]
+            extra = {} if self.group_kappas is None else {"group": requests[i].get("group"),
+                                                          "kappa_source": kappas[i][1]}
             out.append({
                 "round": len(texts),
                 "action_set": s,
@@ -221,11 +254,13 @@ class Router:
                 "answers": {a: texts[-1][a] for a in ("base", "guide") if a in s},
                 "probs": {a: float(p) for a, p in zip(self.actions, probs[i])},
                 "available": [a for a, k in zip(self.actions, avail[i]) if k],
-                "kappa": float(self.kappa),
+                "kappa": float(kappas[i][0]),
+                **extra,
             })
         return out
 
-    def decide(self, rounds_so_far: Sequence[Mapping], can_continue: bool | None = None) -> dict:
+    def decide(self, rounds_so_far: Sequence[Mapping], can_continue: bool | None = None,
+               group: str | None = None) -> dict:
         """Decision after the last of ``rounds_so_far`` (per-round dicts as in the human JSONL format).
 
         Returns ``{"round", "action_set", "continue", "answers", "probs", "available", "kappa"}``:
@@ -235,6 +270,8 @@ class Router:
         req = {"rounds": rounds_so_far}
         if can_continue is not None:
             req["can_continue"] = can_continue
+        if group is not None:
+            req["group"] = group
         return self.decide_many([req], where="request")[0]
 
     def describe(self) -> dict:
@@ -247,6 +284,8 @@ class Router:
             "policy": m["policy"]["row"],
             "alpha": self.alpha,
             "kappa": float(self.kappa),
+            "calibration": "marginal" if self.group_kappas is None else
+                           {"kind": "mondrian", "groups": sorted(self.group_kappas), "rest_kappa": float(self.rest_kappa)},
             "T": self.T,
             "features": self.F,
             "actions": list(self.actions),
