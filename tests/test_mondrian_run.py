@@ -140,3 +140,40 @@ def test_export_mondrian_from_a_marginal_run_is_refused(run, tmp_path):
                  "--out", str(tmp_path / "art")])
     assert r.returncode == 2 and "error: --calibration:" in r.stderr and "has no per-group thresholds" in r.stderr
     assert not (tmp_path / "art").exists()
+
+
+def test_served_mondrian_router_says_which_threshold(run, tmp_path):
+    import urllib.error
+    import urllib.request
+
+    from ccpo_jax.serving import Router
+    from ccpo_jax.serving.http import start_in_thread
+
+    res, _, _ = run
+    assert run_cli(["export", str(res.out_dir), "--row", "CPO batch", "--calibration", "mondrian",
+                    "--out", str(tmp_path / "art")]).returncode == 0
+    router = Router.load(tmp_path / "art")
+    rounds = json.loads((res.out_dir.parent / "grouped.jsonl").read_text().splitlines()[1])["rounds"][:1]
+    srv, thread = start_in_thread(router, "127.0.0.1", 0, max_batch=8)
+    try:
+        def post(body):
+            req = urllib.request.Request(srv.url + "/v1/route", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        status, got = post({"batch": [{"rounds": rounds, "group": "a"}, {"rounds": rounds}, {"rounds": rounds,
+                                                                                              "group": "zz"}]})
+        assert status == 200
+        want = [router.kappa_for(g)[1] for g in ("a", None, "zz")]
+        assert [d["kappa_source"] for d in got["decisions"]] == want
+        status, err = post({"rounds": rounds, "group": 7})
+        assert status == 422 and err["error"]["message"] == "request.group: expected a string (the question's group), got number"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(5)
+    assert router.describe()["calibration"]["kind"] == "mondrian"

@@ -494,7 +494,7 @@ def format_groups(results: Mapping[str, Any]) -> str:
              f"- {cal['n_groups']} question groups; a group with at least {cal['group_min']} of the "
              f"{cal['n_cal']} calibration questions gets its own threshold: {cal['own_groups']['mean']:.1f} groups "
              f"on average over splits ({cal['own_groups']['min']}-{cal['own_groups']['max']}); "
-             f"{cal['pooled_groups']['mean']:.1f} groups with {cal['pooled_questions']['mean']:.1f} calibration "
+             f"{cal['pooled_groups']['mean']:.2f} groups with {cal['pooled_questions']['mean']:.1f} calibration "
              "questions pooled into one 'rest' group (a rest without questions uses the marginal threshold).",
              "- coverage per group: the mean over seeds x splits of the group's test questions; min and "
              "median are over groups.", ""]

@@ -365,7 +365,7 @@ def reproduce(
         if pooling is not None:
             say(f"  calibration mondrian: {pooling['n_groups']} groups, --group-min {groups.group_min}: "
                 f"{pooling['own_groups']['mean']:.1f} groups with their own threshold, "
-                f"{pooling['pooled_groups']['mean']:.1f} groups ({pooling['pooled_questions']['mean']:.1f} of "
+                f"{pooling['pooled_groups']['mean']:.2f} groups ({pooling['pooled_questions']['mean']:.1f} of "
                 f"{pooling['n_cal']} calibration questions) pooled into one 'rest' group (means over splits)")
         # 5. the non-learned rows: all splits in one vmapped call
         t0 = time.perf_counter()
