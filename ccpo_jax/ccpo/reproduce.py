@@ -227,18 +227,24 @@ def group_spec(cfg: ReproduceConfig, cache: ResponseCache) -> GroupSpec | None:
     return GroupSpec.of(g, cfg.group_min)
 
 
-def describe_pooling(spec: GroupSpec, cal_idx: Any) -> dict[str, Any]:
+def describe_pooling(spec: GroupSpec, cal_idx: Any, say: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """How the Mondrian calibration groups the calibration questions, mean (and range) over splits:
-    groups with their own threshold, groups and questions pooled into the rest."""
+    groups with their own threshold, groups and questions pooled into the rest (said in one line)."""
     counts = np.stack([np.bincount(spec.codes[np.asarray(c)], minlength=len(spec.names)) for c in np.asarray(cal_idx)])
     own = counts >= spec.group_min
     pooled_q = np.where(own, 0, counts).sum(axis=1)
-    return {"kind": "mondrian", "group_min": spec.group_min, "n_groups": len(spec.names),
+    out = {"kind": "mondrian", "group_min": spec.group_min, "n_groups": len(spec.names),
             "own_groups": {"mean": float(own.sum(1).mean()), "min": int(own.sum(1).min()), "max": int(own.sum(1).max())},
             "pooled_groups": {"mean": float((~own).sum(1).mean()), "min": int((~own).sum(1).min()),
                               "max": int((~own).sum(1).max())},
             "pooled_questions": {"mean": float(pooled_q.mean()), "min": int(pooled_q.min()), "max": int(pooled_q.max())},
             "n_cal": int(counts.sum(1)[0])}
+    if say is not None:
+        say(f"  calibration mondrian: {out['n_groups']} groups, --group-min {spec.group_min}: "
+            f"{out['own_groups']['mean']:.1f} groups with their own threshold, "
+            f"{out['pooled_groups']['mean']:.2f} groups ({out['pooled_questions']['mean']:.1f} of "
+            f"{out['n_cal']} calibration questions) pooled into one 'rest' group (means over splits)")
+    return out
 
 
 def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cache: ResponseCache, trains: bool,
@@ -361,12 +367,7 @@ def reproduce(
         splits = splits_for_protocol(cfg.protocol, k_split, cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits)
         params = make_env_params(cache_obj)
         groups = group_spec(cfg, cache_obj)
-        pooling = None if groups is None else describe_pooling(groups, splits.cal)
-        if pooling is not None:
-            say(f"  calibration mondrian: {pooling['n_groups']} groups, --group-min {groups.group_min}: "
-                f"{pooling['own_groups']['mean']:.1f} groups with their own threshold, "
-                f"{pooling['pooled_groups']['mean']:.2f} groups ({pooling['pooled_questions']['mean']:.1f} of "
-                f"{pooling['n_cal']} calibration questions) pooled into one 'rest' group (means over splits)")
+        pooling = None if groups is None else describe_pooling(groups, splits.cal, say)
         # 5. the non-learned rows: all splits in one vmapped call
         t0 = time.perf_counter()
         base = non_learned_rows(cache_obj, params, k_base, splits.cal, splits.test, cfg.alpha)
