@@ -27,7 +27,7 @@ def test_the_flags_are_the_fields():
         "alpha": "--alpha", "iterations": "--iterations", "split_sizes": "--split-sizes", "out_dir": "--out",
         "seed": "--seed", "resume": "--resume", "devices": "--devices", "member_block": "--member-block",
         "seeds": "--seeds", "preset": "--preset", "overrides": "--set", "progress": "--no-progress",
-        "discard_failed": "--discard-failed"}
+        "discard_failed": "--discard-failed", "calibration": "--calibration", "group_min": "--group-min"}
     assert _parse(ReproduceConfig, []) == {}  # flags left out are not passed (the fields' defaults apply)
     got = _parse(ReproduceConfig, ["--splits", "3", "--set", "batch_size=20", "--set", "lr=0.01", "--no-progress",
                                    "--alpha", "0.2", "--split-sizes", "60,20,20", "--devices", "all"])
@@ -66,13 +66,14 @@ def test_run_json_round_trip_and_the_resume_check(tmp_path):
                           out_dir=tmp_path / "o", devices=2)
     saved = json.loads(json.dumps(options.saved(cfg)))
     assert set(saved) == {"setting", "cache", "n_splits", "protocol", "alpha", "iterations", "split_sizes", "seed",
-                          "lambdas", "seeds", "preset", "overrides"}  # execution options are not saved
+                          "lambdas", "seeds", "preset", "overrides", "calibration", "group_min"}  # execution options are not saved
     assert saved["split_sizes"] == [60, 20, 20] and saved["cache"] == str(cache.absolute())
     back = options.from_saved(ReproduceConfig, saved, out_dir=tmp_path / "o", devices=2)
     assert back == cfg
     # a run.json written before `seeds`, `preset` and `overrides` existed
-    old = options.from_saved(ReproduceConfig, {k: v for k, v in saved.items() if k not in ("seeds", "preset", "overrides")})
-    assert (old.seeds, old.preset, old.overrides) == (1, "default", ())
+    old = options.from_saved(ReproduceConfig, {k: v for k, v in saved.items()
+                                               if k not in ("seeds", "preset", "overrides", "calibration", "group_min")})
+    assert (old.seeds, old.preset, old.overrides, old.calibration, old.group_min) == (1, "default", (), "marginal", 20)
     assert options.resume_mismatch(back, {}) is None
     # given again: equal once checked (a relative path, "a,b,c", the preset's iterations for a saved None)
     same = {"split_sizes": "60,20,20", "seeds": 2, "iterations": back.train_config().iterations,
