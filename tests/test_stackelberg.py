@@ -435,14 +435,77 @@ def test_jsonable_is_plain_json():
 
 def test_per_task_leader_weights_match_the_hand_utility():
     """Oracle: U_L = w_s(task) clip(1 - T/T0) + w_q(task) Q - 0.1 alpha, by hand, for the SYNTHETIC
-    state-feedback profile; the paper profile is unchanged."""
-    from envs.governance.session import LEADER_PROFILES
+    state-feedback profile (w_s = -1 on tasks 0-2, +1 on 3-5) and for per-task quality weights; the paper
+    profile is unchanged, and a weight tuple of the wrong length is refused."""
+    from envs.governance.session import LEADER_PROFILES, with_leader_profile
 
     env = SessionEnv(SessionConfig(**LEADER_PROFILES["state-feedback"]), 2)
     tok, q, t0, ell = jnp.asarray(150.0), jnp.asarray(0.9), jnp.asarray(300.0), jnp.asarray([0.5, 0.4])
     u0, _ = env.utilities(tok, q, t0, ell, jnp.asarray(0))
     u5, _ = env.utilities(tok, q, t0, ell, jnp.asarray(5))
-    assert float(u0) == pytest.approx(0.0 * 0.5 + 8.0 * 0.9 - 0.04, abs=1e-5)
-    assert float(u5) == pytest.approx(1.0 * 0.5 + 0.5 * 0.9 - 0.04, abs=1e-5)
+    assert float(u0) == pytest.approx(-1.0 * 0.5 + 2.0 * 0.9 - 0.04, abs=1e-5)
+    assert float(u5) == pytest.approx(1.0 * 0.5 + 2.0 * 0.9 - 0.04, abs=1e-5)
+    wq = SessionEnv(SessionConfig(leader_w_q_task=(8.0, 1, 1, 1, 1, 0.5)), 2)
+    assert float(wq.utilities(tok, q, t0, ell, jnp.asarray(0))[0]) == pytest.approx(0.5 + 8.0 * 0.9 - 0.04, abs=1e-5)
+    assert float(wq.utilities(tok, q, t0, ell, jnp.asarray(5))[0]) == pytest.approx(0.5 + 0.5 * 0.9 - 0.04, abs=1e-5)
     up, _ = SessionEnv(SessionConfig(), 2).utilities(tok, q, t0, ell)
     assert float(up) == pytest.approx(0.5 + 2.0 * 0.9 - 0.04, abs=1e-5)
+    assert with_leader_profile(SessionConfig(**LEADER_PROFILES["state-feedback"]), "paper") == SessionConfig()
+    with pytest.raises(ValueError, match="leader_w_s_task must have one weight per task type"):
+        SessionConfig(leader_w_s_task=(1.0, -1.0))
+    with pytest.raises(ValueError, match="leader profile must be one of"):
+        with_leader_profile(SessionConfig(), "nope")
+
+
+def test_stackelberg_config_carries_its_leader_profile():
+    """The profile's name and the session's weights travel together; a mismatch is refused."""
+    import dataclasses
+
+    from ccpo_jax.stackelberg.config import StackelbergConfig
+    from ccpo_jax.stackelberg.pipeline import leader_profile_record
+
+    cfg = StackelbergConfig()
+    assert cfg.leader_profile == "paper" and not cfg.synthetic_leader
+    assert leader_profile_record(cfg) == {"name": "paper", "synthetic": False, "w_savings": 1.0, "w_quality": 2.0,
+                                          "w_subsidy": 0.1}
+    sf = cfg.with_leader_profile("state-feedback")
+    assert sf.synthetic_leader and sf.session.leader_w_s_task == (-1.0, -1.0, -1.0, 1.0, 1.0, 1.0)
+    assert sf.quick().session == sf.session and sf.with_leader_profile("paper") == cfg
+    with pytest.raises(ValueError, match="use with_leader_profile"):
+        dataclasses.replace(cfg, leader_profile="state-feedback")
+    with pytest.raises(ValueError, match="leader_profile must be one of"):
+        dataclasses.replace(cfg, leader_profile="nope")
+
+def test_state_feedback_profile_table_beats_every_constant(session_params):
+    """The SYNTHETIC 'state-feedback' leader profile (savings weight -1 on task types 0-2, +1 on 3-5) against
+    the noise-free expert follower, whose token cost (1 - alpha) w_c T / T0 falls as the subsidy alpha rises:
+    derived, the leader's best commitment is the largest subsidy where it gains from tokens and none where it
+    pays them, so the brute-force table puts alpha = 1 on tasks 0-2 and alpha = 0 on tasks 3-5 and beats the
+    best constant (one alpha for both halves) by many standard errors. Under the paper's profile the same
+    search finds no such gain."""
+    from ccpo_jax.stackelberg.gail import action_candidates, candidate_table, expert_action
+    from ccpo_jax.stackelberg.oracle import leader_candidates, oracle_search, paired_gap
+    from envs.governance.session import LEADER_PROFILES, with_leader_profile
+
+    acand = action_candidates(11)
+    cand = leader_candidates(3)
+    sel, sco = (jax.random.split(jax.random.PRNGKey(i), 300) for i in (5, 6))
+    gaps = {}
+    for name in ("paper", "state-feedback"):
+        env = SessionEnv(with_leader_profile(SessionConfig(horizon=3), name))
+        table = candidate_table(env, session_params, acand)
+
+        def follower(pp, obs, st, env=env, table=table):
+            _, a = expert_action(env, st, obs[-2:], session_params, acand, table, jax.random.PRNGKey(0), 0.0)
+            return a, a
+
+        res = oracle_search(env, session_params, follower, {}, cand, sel, sco)
+        gaps[name] = paired_gap(res["table"]["per_session"], res["constant"]["per_session"])
+        if name == "state-feedback":
+            w_s = LEADER_PROFILES[name]["leader_w_s_task"]
+            for k, row in enumerate(res["table"]["actions"]):
+                for q_alpha in row:
+                    assert q_alpha[1] == (1.0 if w_s[k] < 0 else 0.0), (k, row)
+    g = gaps["state-feedback"]
+    assert g["mean"] > 0.3 and g["mean"] > 10 * g["se"], gaps
+    assert gaps["paper"]["mean"] < 0.1 * g["mean"], gaps

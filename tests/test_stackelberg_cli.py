@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAST_COMPILE_XLA_FLAGS
+from conftest import FAST_COMPILE_XLA_FLAGS, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,9 @@ def test_quick_cli_writes_everything(quick_run):
             o = res["leader_oracle"][kind][mode]
             assert o["n_candidates"] == 11 * 11 and len(o["constant"]["action"]) == 2
             assert {"learned", "untrained", "table"} <= set(o) and o["learned"]["u_leader_se"] > 0
-    assert "Leader oracles" in (out / "table.md").read_text()
+    assert "Leader oracles" in (out / "table.md").read_text() and "gap_to_table" in o["learned"]
+    assert res["leader_profile"] == {"name": "paper", "synthetic": False, "w_savings": 1.0, "w_quality": 2.0, "w_subsidy": 0.1}
+    assert res["config"]["leader_profile"] == "paper" and "SYNTHETIC leader" not in (out / "table.md").read_text()
 
 
 @pytest.mark.slow
@@ -66,6 +68,12 @@ def test_bad_flag_is_a_one_line_user_error(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no such file" in proc.stderr
 
 
+def test_unknown_leader_profile_is_a_one_line_user_error(tmp_path):
+    r = run_cli(["stackelberg", "--out", str(tmp_path / "x"), "--leader-profile", "nope"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "--leader-profile" in r.stderr and "state-feedback" in r.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_bad_seed_list_is_a_one_line_user_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "stackelberg", "--out", str(tmp_path / "x"),
                            "--seed-list", "0,a"], capture_output=True, text=True, timeout=120,
@@ -78,7 +86,7 @@ def test_bad_seed_list_is_a_one_line_user_error(tmp_path):
 def test_seed_list_writes_the_spread(tmp_path):
     out = tmp_path / "runs"
     cmd = [sys.executable, "-m", "ccpo_jax.cli", "stackelberg", "--out", str(out), "--quick", "--episodes", "200",
-           "--no-progress", "--seed-list", "0,1"]
+           "--no-progress", "--seed-list", "0,1", "--leader-profile", "state-feedback"]
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=FAST_COMPILE_XLA_FLAGS)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -87,4 +95,8 @@ def test_seed_list_writes_the_spread(tmp_path):
     for s in (0, 1):
         r = json.loads((out / f"seed_{s}" / "results.json").read_text())
         assert sp["large"]["Scalar+R"]["token_change_per_seed"][s] == r["evaluation"]["large"]["strategies"]["Scalar+R"]["token_change_vs_conservative"]
-    assert "SYNTHETIC" in (out / "spread.md").read_text()
+    assert "SYNTHETIC leader profile 'state-feedback'" in (out / "spread.md").read_text()
+    r = json.loads((out / "seed_0" / "results.json").read_text())
+    assert r["leader_profile"]["synthetic"] and r["leader_profile"]["w_savings"] == [-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]
+    assert json.loads((out / "seed_0" / "run.json").read_text())["config"]["leader_profile"] == "state-feedback"
+    assert "SYNTHETIC profile 'state-feedback'" in (out / "seed_0" / "table.md").read_text()

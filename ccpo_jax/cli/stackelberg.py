@@ -27,6 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, default=None, help="training seeds vmapped in one program (default 2)")
     p.add_argument("--grid", default=None, help="a response grid (.jsonl human format or fast-format directory); default: SYNTHETIC")
     p.add_argument("--write-grid", default=None, metavar="PATH", help="also write the grid used to PATH (.jsonl or directory)")
+    p.add_argument("--leader-profile", default="paper", metavar="NAME",
+                   help="the leader's utility: 'paper' (default) or the SYNTHETIC 'state-feedback' (the leader gains from "
+                        "tokens on chat, QA and writing and pays them on the other three task types, so its best policy "
+                        "depends on the task; docs/stackelberg.md)")
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (same code paths)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_run)
@@ -41,7 +45,11 @@ def _run(args) -> int:
     if args.resume is None and args.out is None:
         raise UserError("--out: the output directory is required (or --resume OUT to continue a killed run)")
     args.out = args.out or args.resume
-    cfg = StackelbergConfig()
+    from envs.governance.session import LEADER_PROFILES
+
+    if args.leader_profile not in LEADER_PROFILES:
+        raise UserError(f"--leader-profile: must be one of {', '.join(sorted(LEADER_PROFILES))}, got {args.leader_profile!r}")
+    cfg = StackelbergConfig().with_leader_profile(args.leader_profile)
     if args.quick:
         cfg = cfg.quick()
     r = dataclasses.replace
@@ -110,7 +118,9 @@ def _run_seed_list(args, cfg) -> int:
     spread = {size: seed_spread(results, size) for size in ("large", "paper_size")}
     atomic_write_text(out / "spread.json", json.dumps({"seeds": seeds, **spread}, indent=2) + "\n")
     syn = results[0]["data"]["synthetic"]
-    write_spread_table(out / "spread.md", spread["large"], seeds, results[0]["evaluation"]["large"]["episodes"], syn)
+    lp = results[0].get("leader_profile") or {}
+    write_spread_table(out / "spread.md", spread["large"], seeds, results[0]["evaluation"]["large"]["episodes"], syn,
+                       lp.get("name") if lp.get("synthetic") else None)
     print(f"wrote {out}/spread.md and spread.json (seeds {seeds})")
     return 0
 

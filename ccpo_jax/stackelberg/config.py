@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from envs.governance.session import SessionConfig
+from envs.governance.session import LEADER_PROFILE_FIELDS, LEADER_PROFILES, SessionConfig, with_leader_profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +185,30 @@ class StackelbergConfig:
     seed: int = 0
     chunks: int = 10
     """Training is split into this many jitted chunks (progress bar, TensorBoard, checkpoint per chunk)."""
+    leader_profile: str = "paper"
+    """The leader's utility (envs.governance.session.LEADER_PROFILES): 'paper' (savings + 2 quality - 0.1 subsidy
+    on every task) or the SYNTHETIC 'state-feedback' (savings weight -1 on the first three task types), whose
+    best leader policy depends on the task. ``session`` must carry that profile's weights: build it with
+    :meth:`with_leader_profile`."""
+
+    def __post_init__(self):
+        if self.leader_profile not in LEADER_PROFILES:
+            raise ValueError(f"StackelbergConfig.leader_profile must be one of {sorted(LEADER_PROFILES)}, "
+                             f"got {self.leader_profile!r}")
+        want = with_leader_profile(self.session, self.leader_profile)
+        for f in LEADER_PROFILE_FIELDS:
+            if getattr(self.session, f) != getattr(want, f):
+                raise ValueError(f"StackelbergConfig: session.{f}={getattr(self.session, f)!r} is not leader profile "
+                                 f"{self.leader_profile!r}'s {getattr(want, f)!r}; use with_leader_profile()")
+
+    def with_leader_profile(self, name: str) -> "StackelbergConfig":
+        """This configuration under leader utility profile ``name`` (its name and the session's weights)."""
+        return dataclasses.replace(self, leader_profile=name, session=with_leader_profile(self.session, name))
+
+    @property
+    def synthetic_leader(self) -> bool:
+        """Whether the leader utility is a SYNTHETIC profile (every profile but the paper's)."""
+        return self.leader_profile != "paper"
 
     def quick(self) -> "StackelbergConfig":
         """A small configuration for smoke tests (--quick): same code paths, tiny sizes."""

@@ -235,12 +235,14 @@ def make_act(ctrl: Controller | None, cfg: StackelbergConfig, u_head, mode: str,
     return act
 
 
-def leader_oracles(cfg: StackelbergConfig, params, ctrls: dict, u_head, key) -> dict:
+def leader_oracles(cfg: StackelbergConfig, params, ctrls: dict, u_head, key,
+                   modes: tuple[str, ...] = ("surrogate", "replay")) -> dict:
     """Per controller kind and environment, the brute-force best constant and (task, model) table
     (:func:`ccpo_jax.stackelberg.oracle.oracle_search`) next to the learned and the untrained leader,
     all on the same fresh sessions. Environments: 'surrogate' (the follower's mean action, what the
     leader's PPO maximises) and 'replay' (grid replay, repaired follower actions, as evaluated).
-    Each is chosen within its own environment; the Table 4 reference rows use the surrogate's."""
+    Each is chosen within its own environment; the Table 4 reference rows use the surrogate's.
+    ``modes``: the environments to search (a subset of those two)."""
     oc = cfg.oracle
     cand = leader_candidates(oc.levels)
     k_sel, k_score = jax.random.split(jax.random.fold_in(key, oc.seed))
@@ -250,6 +252,8 @@ def leader_oracles(cfg: StackelbergConfig, params, ctrls: dict, u_head, key) -> 
     for kind, c in ctrls.items():
         out[kind] = {}
         for mode, fmode, horizon in (("surrogate", "raw", cfg.session.horizon), ("replay", "repair", cfg.eval.turns)):
+            if mode not in modes:
+                continue
             env = SessionEnv(dataclasses.replace(cfg.session, state=kind, mode=mode, horizon=horizon), c.env.n_models)
             follower = make_follower(c.policy, cfg, u_head, fmode)
             fol_pp = {"fol": c.follower_params}
@@ -263,6 +267,7 @@ def leader_oracles(cfg: StackelbergConfig, params, ctrls: dict, u_head, key) -> 
                 res[name] = {**score(s), "per_session": s}
             for name in ("learned", "untrained", "table"):
                 res[name]["gap_to_constant"] = paired_gap(res[name]["per_session"], res["constant"]["per_session"])
+            res["learned"]["gap_to_table"] = paired_gap(res["learned"]["per_session"], res["table"]["per_session"])
             out[kind][mode] = res
     return out
 
@@ -376,18 +381,40 @@ def _fmt_p(p) -> str:
 def _oracle_table(res: dict) -> str:
     """The leader oracle section of table.md: U_L per session (se) and tokens per turn on fresh sessions."""
     oc = res["config"]["oracle"]
-    L = [f"\n## Leader oracles (U_L per session and tokens per turn on {oc['score_sessions']} fresh sessions; "
+    lp = res.get("leader_profile") or {"name": "paper", "synthetic": False}
+    tag = f"SYNTHETIC leader profile '{lp['name']}'; " if lp["synthetic"] else ""
+    L = [f"\n## Leader oracles ({tag}U_L per session and tokens per turn on {oc['score_sessions']} fresh sessions; "
          f"best constant over a {oc['levels']}x{oc['levels']} grid of (q, alpha) and best (task, model) table, "
          f"both chosen on {oc['select_sessions']} other sessions)\n",
          "| Controller | Environment | Best constant (q, alpha) | Best constant | Best table | Learned (PPO) | Untrained | "
-         "PPO - best constant (paired se) |", "|---|---|---|---|---|---|---|---|"]
+         "PPO - best constant (paired se) | PPO - best table (paired se) |", "|---|---|---|---|---|---|---|---|---|"]
     cell = lambda o: f"{o['u_leader']:.3f} ({o['u_leader_se']:.3f}) / {o['tokens_per_turn']:.1f}"
     for kind, r in res.get("leader_oracle", {}).items():
         for mode, o in r.items():
-            g = o["learned"]["gap_to_constant"]
+            g, gt = o["learned"]["gap_to_constant"], o["learned"].get("gap_to_table")
+            gt = f"{gt['mean']:+.3f} ({gt['se']:.3f})" if gt else "-"
             L.append(f"| {kind} | {mode} | {o['constant']['action']} | {cell(o['constant'])} | {cell(o['table'])} | "
-                     f"{cell(o['learned'])} | {cell(o['untrained'])} | {g['mean']:+.3f} ({g['se']:.3f}) |")
+                     f"{cell(o['learned'])} | {cell(o['untrained'])} | {g['mean']:+.3f} ({g['se']:.3f}) | {gt} |")
     return "\n".join(L)
+
+
+def leader_profile_record(cfg: StackelbergConfig) -> dict:
+    """results.json's ``leader_profile``: the leader utility's profile name, whether it is SYNTHETIC, its weights."""
+    s = cfg.session
+    return {"name": cfg.leader_profile, "synthetic": cfg.synthetic_leader,
+            "w_savings": list(s.leader_w_s_task) if s.leader_w_s_task is not None else s.leader_w_s,
+            "w_quality": list(s.leader_w_q_task) if s.leader_w_q_task is not None else s.leader_w_q,
+            "w_subsidy": s.leader_w_alpha}
+
+
+def leader_profile_line(res: dict) -> str:
+    """table.md's line naming a SYNTHETIC leader utility profile ('' for the paper's)."""
+    lp = res.get("leader_profile") or {"name": "paper", "synthetic": False}
+    if not lp["synthetic"]:
+        return ""
+    return (f"Leader utility: SYNTHETIC profile '{lp['name']}' (not the paper's): per task type, savings weight "
+            f"{lp['w_savings']}, quality weight {lp['w_quality']}, subsidy cost {lp['w_subsidy']} "
+            f"(docs/stackelberg.md, \"A leader profile where state feedback matters\").\n")
 
 
 def write_table(path: Path, res: dict) -> None:
@@ -395,6 +422,8 @@ def write_table(path: Path, res: dict) -> None:
     L = []
     label = "SYNTHETIC response grid (not real LLM data)" if syn else "real response grid"
     L.append(f"# Stackelberg resource governance (arXiv 2606.23026): results on a {label}\n")
+    if leader_profile_line(res):
+        L.append(leader_profile_line(res))
     L.append(f"Grid `{res['data']['name']}` ({res['data']['n_cells']} cells, provenance {res['data']['provenance'].get('kind')}); "
              f"pipeline wall time {res['timing']['total_s']:.1f} s on {res['environment']['backend']}.\n")
     for key, title in (("paper_size", "paper size"), ("large", "large")):
@@ -529,6 +558,8 @@ def _run_in(cfg: StackelbergConfig, out: Path, progress: bool, log: Callable) ->
     syn = grid.manifest.is_synthetic
     tag = "SYNTHETIC" if syn else "real"
     log(f"response grid '{grid.manifest.name}' ({tag}, {grid.n_cells} cells)")
+    if cfg.synthetic_leader:
+        log(f"leader utility: SYNTHETIC profile '{cfg.leader_profile}' ({leader_profile_record(cfg)})")
     fit = fit_surrogate(grid, cfg.surrogate)
     log(f"surrogate (held-out): token R^2 {fit.metrics['token_r2']:.3f} MAE {fit.metrics['token_mae']:.1f}; "
         f"quality R^2 {fit.metrics['quality_r2']:.3f} MAE {fit.metrics['quality_mae']:.3f}")
@@ -584,6 +615,7 @@ def _run_in(cfg: StackelbergConfig, out: Path, progress: bool, log: Callable) ->
         "data": {"name": grid.manifest.name, "provenance": grid.manifest.provenance, "synthetic": syn,
                  "checksum": grid.checksum(), "n_cells": grid.n_cells, "task_types": list(grid.manifest.task_types),
                  "model_conditions": list(grid.manifest.model_conditions)},
+        "leader_profile": leader_profile_record(cfg),
         "probes": {"measured": pr, "targets": PROBE_TARGETS},
         "surrogate": {**fit.metrics, "paper": dict(STACKELBERG_SURROGATE)},
         "training": {k: v.report for k, v in ctrls.items()},

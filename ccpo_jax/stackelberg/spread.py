@@ -37,8 +37,11 @@ def seed_spread(results: list[dict], size: str = "large") -> dict:
     return out
 
 
-def write_spread_table(path: Path, spread: dict, seeds: list[int], episodes: int, synthetic: bool) -> None:
-    L = [f"# Seed spread over seeds {seeds} ({episodes} episodes each{', SYNTHETIC grid' if synthetic else ''})\n",
+def write_spread_table(path: Path, spread: dict, seeds: list[int], episodes: int, synthetic: bool,
+                       synthetic_leader: str | None = None) -> None:
+    """spread.md; ``synthetic_leader``: the name of a SYNTHETIC leader utility profile, if one was used."""
+    tags = (", SYNTHETIC grid" if synthetic else "") + (f", SYNTHETIC leader profile '{synthetic_leader}'" if synthetic_leader else "")
+    L = [f"# Seed spread over seeds {seeds} ({episodes} episodes each{tags})\n",
          "| Policy | Tok./turn mean (min-max, sd) | Q mean (min-max) | dTok vs Cons. per seed | same sign on every seed |",
          "|---|---|---|---|---|"]
     for n, s in spread.items():

@@ -46,13 +46,27 @@ STATE_DIMS = {"scalar": 9, "task": 14}
 
 LEADER_PROFILES: dict[str, dict] = {
     "paper": {},
-    # SYNTHETIC (not from the paper): on the first three task types the leader values quality only
-    # (quality weight 8, savings weight 0), on the last three savings (weight 1, quality weight 0.5), so
-    # its best policy depends on the task (docs/stackelberg.md, "A leader profile where state feedback matters").
-    "state-feedback": {"leader_w_q_task": (8.0, 8.0, 8.0, 0.5, 0.5, 0.5), "leader_w_s_task": (0.0, 0.0, 0.0, 1.0, 1.0, 1.0)},
+    # SYNTHETIC (not from the paper): on the first three task types (casual chat, simple QA, text writing)
+    # the operator bills the tokens on to its customer, so the leader gains from spending (savings weight
+    # -1); on the last three (code generation, data analysis, complex reasoning) it pays them (+1, the
+    # paper's). Its best policy depends on the task: the largest subsidy and quality target on the first
+    # three, none on the last three (docs/stackelberg.md, "A leader profile where state feedback matters").
+    "state-feedback": {"leader_w_s_task": (-1.0, -1.0, -1.0, 1.0, 1.0, 1.0)},
 }
-"""Leader utility profiles: SessionConfig field overrides, applied from Python
-(``SessionConfig(**LEADER_PROFILES[name])``); not a command-line option yet."""
+"""Leader utility profiles: SessionConfig field overrides (``SessionConfig(**LEADER_PROFILES[name])``);
+``ccpo-jax stackelberg --leader-profile NAME`` (default 'paper'). Every profile but 'paper' is SYNTHETIC."""
+
+LEADER_PROFILE_FIELDS = ("leader_w_s", "leader_w_q", "leader_w_alpha", "leader_w_q_task", "leader_w_s_task")
+"""The SessionConfig fields a leader profile may set (all others keep their values)."""
+
+
+def with_leader_profile(cfg: "SessionConfig", name: str) -> "SessionConfig":
+    """``cfg`` with the leader utility of profile ``name``: the profile's fields of
+    :data:`LEADER_PROFILE_FIELDS` set, the others back at the SessionConfig defaults."""
+    if name not in LEADER_PROFILES:
+        raise ValueError(f"leader profile must be one of {sorted(LEADER_PROFILES)}, got {name!r}")
+    base = {f.name: f.default for f in dataclasses.fields(SessionConfig) if f.name in LEADER_PROFILE_FIELDS}
+    return dataclasses.replace(cfg, **{**base, **LEADER_PROFILES[name]})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +126,10 @@ class SessionConfig:
             raise ValueError(f"SessionConfig.state must be one of {sorted(STATE_DIMS)}, got {self.state!r}")
         if self.mode not in ("surrogate", "replay"):
             raise ValueError(f"SessionConfig.mode must be 'surrogate' or 'replay', got {self.mode!r}")
+        for name in ("leader_w_q_task", "leader_w_s_task"):
+            w = getattr(self, name)
+            if w is not None and len(w) != N_TASKS:
+                raise ValueError(f"SessionConfig.{name} must have one weight per task type ({N_TASKS}), got {len(w)}")
 
     @property
     def obs_dim(self) -> int:
