@@ -105,11 +105,10 @@ class MemberEval(NamedTuple):
 
 def per_group(m, group, n_groups: int) -> dict:
     """Coverage (NaN for a group without questions) and summed cost of each group ``[G]``."""
-    onehot = jax.nn.one_hot(group, n_groups, dtype=jnp.float32)  # [n, G]
-    n = jnp.sum(onehot, axis=0)
-    covered = jnp.sum(onehot * m.covered.astype(jnp.float32)[:, None], axis=0)
-    return {"coverage": jnp.where(n > 0, covered / jnp.maximum(n, 1.0), jnp.nan),
-            "cost_cents": jnp.sum(onehot * m.cost_cents[:, None], axis=0)}
+    seg = lambda x: jax.ops.segment_sum(x, group, num_segments=n_groups)  # noqa: E731 - [G], no [n, G] one-hot
+    n = seg(jnp.ones(group.shape, jnp.float32))
+    covered = seg(m.covered.astype(jnp.float32))
+    return {"coverage": jnp.where(n > 0, covered / jnp.maximum(n, 1.0), jnp.nan), "cost_cents": seg(m.cost_cents)}
 
 
 def eval_mondrian(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha, codes, n_groups: int, group_min: int):
@@ -139,7 +138,7 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
             return out
         mond_m, kap, own, n_cal = eval_mondrian(probs, kappa_i, params, cal, test, alpha, codes, G, groups.group_min)
         g_test = codes[test]
-        n_test = jnp.sum(jax.nn.one_hot(g_test, G, dtype=jnp.int32), axis=0)
+        n_test = jax.ops.segment_sum(jnp.ones(g_test.shape, jnp.int32), g_test, num_segments=G)
         return out + (summarise(mond_m), kap, own, n_cal, n_test, per_group(batch_m, g_test, G),
                       per_group(mond_m, g_test, G))
 

@@ -264,17 +264,19 @@ def mondrian_kappa(
       the rest (last), which groups have their own, and each group's calibration count.
     """
     g = jnp.asarray(group, jnp.int32)
+    n = kappa_i.shape[0]
     n_cal = jnp.zeros((n_groups,), jnp.int32).at[g].add(1)
     own = n_cal >= group_min
     eff = jnp.where(own[g], g, n_groups)  # [n]: own group, or the rest
-    member = eff[None, :] == jnp.arange(n_groups + 1)[:, None]  # [G+1, n]
-    # clip first (monotone, so the k-th largest of the clipped scores is the clipped k-th largest);
-    # non-members sort below every score
-    s = jnp.where(member, jnp.clip(kappa_i, 0.0, 1.0)[None, :], -1.0)
-    desc = -jnp.sort(-s, axis=1)
-    n_j = jnp.sum(member, axis=1)
+    n_j = jnp.zeros((n_groups + 1,), jnp.int32).at[eff].add(1)
+    # One sort by (group, descending score): each group's scores are then contiguous and in
+    # descending order, so its k-th largest sits at start_j + k - 1 (memory O(n), not O(G n)).
+    # Clipping first is monotone: the k-th largest of the clipped scores is the clipped k-th largest.
+    s = jnp.clip(kappa_i, 0.0, 1.0)
+    _, neg_sorted = jax.lax.sort((eff, -s), num_keys=2)
+    start = jnp.cumsum(n_j) - n_j
     k = conformal_rank(n_j, alpha)  # the rank of each group (array n)
-    val = jnp.take_along_axis(desc, jnp.clip(k - 1, 0, kappa_i.shape[0] - 1)[:, None], axis=1)[:, 0]
+    val = -neg_sorted[jnp.clip(start + k - 1, 0, n - 1)]
     kap = jnp.where(k > n_j, 0.0, val).astype(jnp.float32)
     rest_empty = n_j[n_groups] == 0
     kap = kap.at[n_groups].set(jnp.where(rest_empty, calibrate_kappa(kappa_i, alpha), kap[n_groups]))
