@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -111,3 +112,25 @@ def test_adding_an_option_is_adding_a_field():
     with pytest.raises(UserError) as e:
         Sweep(alphas="0.1,2")
     assert str(e.value.for_cli(flags)).startswith("--alphas: ")
+
+
+def test_devices_all_forces_one_host_device_per_core(monkeypatch):
+    """``--devices all`` on a CPU host: one forced host device per usable core (JAX not started yet);
+    a user's own XLA_FLAGS count wins; an integer is taken as it is."""
+    from jax._src import xla_bridge
+
+    from ccpo_jax.cli import main as cli_main
+
+    assert 1 <= cli_main.usable_cores() <= (os.cpu_count() or 1)
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
+    monkeypatch.setattr(cli_main, "usable_cores", lambda: 3)
+    monkeypatch.delenv("CCPO_JAX_DISTRIBUTED", raising=False)
+    for devices, want in (("all", "--xla_force_host_platform_device_count=3"),
+                          (" ALL ", "--xla_force_host_platform_device_count=3"),
+                          ("2", "--xla_force_host_platform_device_count=2"), (None, ""), ("1", "")):
+        monkeypatch.setenv("XLA_FLAGS", "")
+        cli_main.force_host_devices(devices)
+        assert os.environ["XLA_FLAGS"] == want, devices
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=5")
+    cli_main.force_host_devices("all")
+    assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=5"

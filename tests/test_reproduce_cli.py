@@ -147,7 +147,7 @@ def test_pipeline_calls_the_trainer_and_merges_its_rows(tmp_path, small_cache):
                     iterations=7, trainer=fake, echo=None)
     (kw,) = fake.calls
     assert kw["config"].alpha == 0.1 and kw["lambdas"] == (2e-4,) and kw["protocol"] == "recalibrate"
-    assert kw["config"].iterations == 7
+    assert kw["config"].iterations == 7 and kw["member_block"] is None  # recalibrate: one plain vmap
     sp = kw["splits"]
     assert sp.train.shape == (3, 60) and sp.cal.shape == (3, 20) and sp.test.shape == (3, 20)
     assert kw["params"].n_questions == 100 and kw["cache"].n_questions == 100
@@ -166,6 +166,17 @@ def test_pipeline_calls_the_trainer_and_merges_its_rows(tmp_path, small_cache):
     assert back["timing"]["eval_s"] >= 0.5 and back["timing"]["total_s"] > 0
     assert back["cache"]["provenance"]["kind"] == "synthetic"
     assert "SYNTHETIC" in (out / "table.md").read_text()
+
+
+@pytest.mark.parametrize("given, block", [({}, 2 * 4), ({"member_block": 3}, 3), ({"seeds": 1}, 4)])
+def test_retrain_trains_one_splits_rows_x_seeds_per_block(tmp_path, small_cache, given, block):
+    """--protocol retrain without --member-block: blocks of the learned rows (CPO, CPO (calibrated),
+    CCPO (lambda=0), CCPO (lambda=2e-4): 4) x seeds; an explicit --member-block wins. Said on screen."""
+    fake, lines = FakeTrainer(), []
+    reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=tmp_path / "r", iterations=2,
+              protocol="retrain", trainer=fake, echo=lines.append, **{"seeds": 2, **given})
+    assert fake.calls[0]["member_block"] == block
+    assert f"training sharded over 1 cpu device(s), {block} member(s) per block" in "\n".join(lines)
 
 
 def test_interrupted_run_leaves_no_out_and_resumes(tmp_path, small_cache):
@@ -242,6 +253,26 @@ def test_devices_flag_with_member_block_equals_one_device(tmp_path, small_cache,
     two = json.loads((tmp_path / "d2" / "results.json").read_text())
     assert len(two["environment"]["devices"]) == 2
     one = json.loads((e2e[3] / "results.json").read_text())
+    assert {"CPO", "CCPO (lambda=0)"} <= set(one["policies"]) and sorted(one["policies"]) == sorted(two["policies"])
+    for row in one["policies"]:
+        assert one["policies"][row]["per_split"] == two["policies"][row]["per_split"], row
+
+
+@pytest.mark.slow
+def test_retrain_on_2_devices_equals_one_device_by_default(tmp_path, small_cache):
+    """``--protocol retrain`` trains in blocks of one split's rows x seeds by default (here 4 x 2 = 8 of
+    4 x 3 x 2 = 24 members), so ``--devices 2`` (each device runs the one-device block program,
+    24 members padded to 32) gives results.json identical, split for split, to the one-device run."""
+    args = ["--cache", str(small_cache), *E2E[:E2E.index("--member-block")], "--no-progress", "--protocol", "retrain"]
+    runs = {}
+    for name, extra in (("one", []), ("two", ["--devices", "2"])):
+        r = _cli([*args, *extra, "--out", str(tmp_path / name)], tmp_path, in_subprocess=True, env=FAST_ENV)
+        assert r.returncode == 0, r.stderr[-3000:]
+        n_dev = 2 if extra else 1
+        assert f"training sharded over {n_dev} cpu device(s), 8 member(s) per block" in r.stdout
+        runs[name] = json.loads((tmp_path / name / "results.json").read_text())
+    one, two = runs["one"], runs["two"]
+    assert len(two["environment"]["devices"]) == 2 and one["protocol"] == "retrain"
     assert {"CPO", "CCPO (lambda=0)"} <= set(one["policies"]) and sorted(one["policies"]) == sorted(two["policies"])
     for row in one["policies"]:
         assert one["policies"][row]["per_split"] == two["policies"][row]["per_split"], row

@@ -115,6 +115,24 @@ def test_the_point_at_an_alpha_equals_reproduce_at_it(tmp_path, small_cache):
     assert json.loads((tmp_path / "sweep" / "frontier.json").read_text())["alphas"] == [0.1, 0.2]
 
 
+def test_the_point_equals_reproduce_under_retrain_with_blocks_across_rows(tmp_path, small_cache):
+    """Under --protocol retrain both commands compute members in blocks of one split's rows x seeds
+    (reproduce's 4 learned rows x 2 seeds = 8). The sweep here trains 3 rows (no lambda 2e-4) x 2
+    alphas x 3 splits x 2 seeds = 36 members, padded to 40, so its blocks mix rows and alphas that
+    reproduce's never do: a member's bits depend on the block's size, not on its neighbours."""
+    kw = dict(cache=str(small_cache), n_splits=3, split_sizes="60,20,20", seeds=2, iterations=4, progress=False,
+              echo=None, protocol="retrain")
+    sw = sweep(alphas=(0.1, 0.2), lambdas=(0.0,), out_dir=tmp_path / "sweep", **kw)
+    rp = reproduce(alpha=0.2, out_dir=tmp_path / "rep", **kw)
+    pol = rp.results["policies"]
+    learned = {"CPO", "CPO batch", "CPO online", "CCPO (lambda=0)"}
+    assert learned <= set(sw.frontier["rows"]) and "CCPO (lambda=2e-4)" not in sw.frontier["rows"]
+    for row in learned:
+        (pt,) = [p for p in sw.frontier["rows"][row]["points"] if p["alpha"] == 0.2]
+        for m in ("cost_cents", "coverage", "set_size"):
+            assert pt[m]["mean"] == pol[row][m]["mean"], (row, m)
+
+
 def test_learners_follow_the_optimum_along_the_alpha_grid():
     """On an oracle cache whose optimum spends the alpha slack (envs.oracle partial-uncertainty),
     the best observable cost falls as alpha grows; CCPO (lambda=0) and CPO batch trained in one

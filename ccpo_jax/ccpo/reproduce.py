@@ -248,7 +248,7 @@ def describe_pooling(spec: GroupSpec, cal_idx: Any, say: Callable[[str], Any] | 
 
 
 def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cache: ResponseCache, trains: bool,
-              small: str | None, mesh) -> None:
+              small: str | None, mesh, block: int | None) -> None:
     say(f"reproduce {st.name} ({st.run_title(cache.manifest.name, is_setting_profile(st, cache), cfg.alpha)})")
     say(f"  {describe_cache(cache)}")
     say(f"  protocol {cfg.protocol}, {cfg.n_splits} splits of {'/'.join(map(str, cfg.split_sizes))} "
@@ -261,10 +261,11 @@ def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cach
                                  "; the paper's published setting"))
     if small:
         say(f"  warning: {small}")
-    if mesh is not None or cfg.member_block is not None:
+    if trains and (mesh is not None or block is not None):
         n_dev = 1 if mesh is None else mesh.devices.size
         say(f"  training sharded over {n_dev} {jax.default_backend()} device(s)"
-            + (f", {cfg.member_block} member(s) per block" if cfg.member_block is not None else ""))
+            + (f", {block} member(s) per block" if block is not None else "")
+            + (" (retrain's default: one split's rows x seeds)" if block and cfg.member_block is None else ""))
 
 
 def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: ResponseCache, rows: dict, timing: dict,
@@ -344,6 +345,10 @@ def reproduce(
         )
     mesh = resolve_mesh(cfg.devices)
     trainer = (trainer or learned.learned_rows) if train else None
+    block = cfg.member_block  # None: the protocol's default (rows.default_member_block)
+    if block is None and trainer is not None:
+        block = learned.default_member_block(cfg.protocol, len(learned.row_variants(cfg.lambdas, cfg.train_config())),
+                                             cfg.seeds)
 
     # 2. the cache
     cache_obj = load_run_cache(st, cfg.cache)
@@ -361,7 +366,7 @@ def reproduce(
             created = True
             atomic_write_text(work / RUN_FILE, json.dumps(dict(options.saved(cfg), cache_checksum=cache_obj.manifest.checksum),
                                                           indent=2) + "\n")
-        _announce(say, st, cfg, cache_obj, trainer is not None, small, mesh)
+        _announce(say, st, cfg, cache_obj, trainer is not None, small, mesh, block)
         # 3. env params and 4. splits
         k_split, k_base, k_train = jax.random.split(jax.random.PRNGKey(cfg.seed), 3)
         splits = splits_for_protocol(cfg.protocol, k_split, cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits)
@@ -380,7 +385,7 @@ def reproduce(
             got: LearnedRows = trainer(
                 cache=cache_obj, params=params, splits=splits, key=k_train, config=cfg.train_config(),
                 lambdas=cfg.lambdas, protocol=cfg.protocol, seeds=cfg.seeds, ckpt_dir=work / CKPT_DIR,
-                tb_dir=work / TB_DIR, progress=cfg.progress, mesh=mesh, member_block=cfg.member_block,
+                tb_dir=work / TB_DIR, progress=cfg.progress, mesh=mesh, member_block=block,
                 **({} if groups is None else {"groups": groups}),
             )
             rows.update(as_rows(got.rows, cfg.n_splits, "the trainer"))

@@ -81,6 +81,27 @@ def row_variants(lambdas: tuple[float, ...], config: TrainConfig | None = None) 
     return out
 
 
+def run_batch(n_variants: int, seeds: int) -> int:
+    """The vmapped batch every member of a ``reproduce`` run is computed in: its learned rows x seeds
+    (the members of one training split). XLA picks its kernels, and so the last bit of rounding that
+    the CPO step amplifies, by the batch shape (``ccpo_jax.runtime.sharding.blocked_vmap``): a member
+    computed in a batch of this size, alone or in blocks, runs the program of a reproduce run."""
+    return int(n_variants) * int(seeds)
+
+
+def default_member_block(protocol: str, n_variants: int, seeds: int) -> int | None:
+    """The member block of a run that gives none (``--member-block``): ``retrain`` trains its
+    rows x splits x seeds members in blocks of :func:`run_batch` (one split's members), ``recalibrate``
+    in one plain vmap (None; its members are one such batch already).
+
+    Why retrain blocks: one vmap of all 400 members of ``--protocol retrain --seeds 1`` keeps a working
+    set of 400 members' activations, which outgrows the CPU caches; blocks of 4 members trained
+    1.3x the member-iterations per second on the 2-core CPU of docs/performance.md. And with
+    ``--devices N`` every device runs the one-device block program (``sharding.PerDevice``), so a
+    retrain run's numbers do not depend on the number of devices (or cores) it ran on."""
+    return run_batch(n_variants, seeds) if protocol == "retrain" else None
+
+
 @dataclasses.dataclass
 class TrainedRows:
     """What :func:`train_seeds` returns.
@@ -157,10 +178,13 @@ def train_seeds(
     All variants x training splits x seeds are members of one vmapped program; seed n of
     every member starts from its own key (:func:`member_keys`). Under ``recalibrate`` each seed
     trains once on ``splits.train[0]`` and is recalibrated on every split; under ``retrain`` every
-    (split, seed) pair trains its own policy. With ``groups`` every calibrated row also gets its
-    group-conditional (Mondrian) twin, ``ROW [Mondrian]``, from the same trained policies.
+    (split, seed) pair trains its own policy. ``member_block`` None: :func:`default_member_block`.
+    With ``groups`` every calibrated row also gets its group-conditional (Mondrian) twin,
+    ``ROW [Mondrian]``, from the same trained policies.
     """
     variants = row_variants(tuple(lambdas), config)
+    if member_block is None:
+        member_block = default_member_block(protocol, len(variants), seeds)
     state, ev, curves, timing = _train_and_evaluate(
         config, params, splits, key, variants, [v.name for v in variants], seeds=seeds, protocol=protocol,
         ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh, member_block=member_block,

@@ -169,13 +169,15 @@ class RunOptions:
     resume: Path | None = option("--resume", help="continue the killed run whose --out was DIR, with its saved "
                                  "configuration (options given with it must equal the saved ones)", metavar="DIR",
                                  saved=False, check=_path)
-    devices: int | str | None = option("--devices", help="shard the training's members over N devices; on a CPU "
-                                       "host N devices are forced with "
-                                       "XLA_FLAGS=--xla_force_host_platform_device_count=N", metavar="N|all",
+    devices: int | str | None = option("--devices", help="shard the training's members over N devices (all: every "
+                                       "device; on a CPU host one per core); on a CPU host N devices are forced "
+                                       "with XLA_FLAGS=--xla_force_host_platform_device_count=N", metavar="N|all",
                                        default_doc="1", saved=False)
     member_block: int | None = option("--member-block", help="train members B at a time, one single-device program "
                                       "per device: bit-identical to a one-device run with the same B", metavar="B",
-                                      type=int, default_doc="one SPMD program, a vmap per device, fastest",
+                                      type=int, default_doc="recalibrate: none (one vmap of all members; with "
+                                      "--devices one SPMD program); retrain: one split's learned rows x seeds; "
+                                      "sweep: one reproduce run's rows x seeds",
                                       saved=False, check=check_int("the member block", 1))
     progress: bool = option("--no-progress", help="no progress bar", switch=False, default=True, saved=False)
     discard_failed: bool = option("--discard-failed", help="when the run fails, remove its work directory and "

@@ -32,7 +32,7 @@ from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo.baselines import non_learned_rows
 from ccpo_jax.ccpo.reproduce import (CKPT_DIR, RUN_FILE, TB_DIR, as_rows, bound_row, check_resumed_cache,
                                      describe_cache, is_setting_profile, load_run_cache, open_run, resolve_mesh)
-from ccpo_jax.ccpo.rows import row_variants, train_sweep
+from ccpo_jax.ccpo.rows import row_variants, run_batch, train_sweep
 from ccpo_jax.ccpo.run_config import SweepConfig
 from ccpo_jax.ccpo.settings import get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
@@ -55,12 +55,13 @@ class SweepResult:
 
 
 def reproduce_block(cfg: SweepConfig, tc) -> int:
-    """The members of one ``reproduce`` run of this sweep's setting (its learned rows x seeds x training
-    splits): the sweep's default member block. XLA picks its kernels, and so the last bit of rounding
-    that the CPO step amplifies, by the vmapped batch size (``ccpo_jax.runtime.sharding.blocked_vmap``);
-    computed in blocks of this size every member runs the program of a reproduce run."""
-    n_variants = len(row_variants(tuple(get_setting(cfg.setting).lambdas), tc))
-    return n_variants * int(cfg.seeds) * (int(cfg.n_splits) if cfg.protocol == "retrain" else 1)
+    """The sweep's default member block: the batch a ``reproduce`` run of this sweep's setting computes
+    each member in (its learned rows x seeds, :func:`ccpo_jax.ccpo.rows.run_batch`), under either
+    protocol. XLA picks its kernels, and so the last bit of rounding that the CPO step amplifies, by
+    the vmapped batch size (``ccpo_jax.runtime.sharding.blocked_vmap``); computed in blocks of this
+    size every member runs the program of a reproduce run, on one device or, with ``--devices``, on
+    each device (``sharding.PerDevice``)."""
+    return run_batch(len(row_variants(tuple(get_setting(cfg.setting).lambdas), tc)), cfg.seeds)
 
 
 def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **given: Any) -> SweepResult:
@@ -121,7 +122,7 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
         learned: tuple[str, ...] = ()
         if train:
             block = cfg.member_block
-            if block is None and mesh is None:  # one reproduce run's members per block: its numbers, bit for bit
+            if block is None:  # one reproduce run's batch per block: its numbers, bit for bit, on any devices
                 block = reproduce_block(cfg, tc)
             say(f"  trainer: preset {cfg.preset}, {tc.iterations} iterations; {len(cfg.alphas)} alpha(s) x "
                 f"{cfg.seeds} seed(s) x the learned rows, one program" + (f", {block} member(s) per block" if block else ""))

@@ -36,18 +36,30 @@ def build_parser() -> argparse.ArgumentParser:
 FORCE_HOST_DEVICES = "--xla_force_host_platform_device_count"
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def force_host_devices(devices) -> None:
-    """``--devices N`` on a CPU host: ask XLA for N host devices, before JAX starts its backends.
+    """``--devices N`` on a CPU host: ask XLA for N host devices, before JAX starts its backends;
+    ``--devices all``: one per usable core (:func:`usable_cores`).
 
     Appends ``--xla_force_host_platform_device_count=N`` to ``XLA_FLAGS`` unless
     the variable already sets it (the user's value wins) or JAX has already
     started (then ``--devices`` checks the devices that exist). The flag only
-    shapes the CPU backend, so it is harmless where the devices are GPUs or TPUs.
+    shapes the CPU backend, so it is harmless where the devices are GPUs or TPUs
+    (there ``all`` is every accelerator).
     """
+    if isinstance(devices, str) and devices.strip().lower() == "all":
+        devices = usable_cores()
     try:
         n = int(devices)
     except (TypeError, ValueError):
-        return  # None, "all" or junk (the command reports junk)
+        return  # None or junk (the command reports junk)
     flags = os.environ.get("XLA_FLAGS", "")
     if n <= 1 or FORCE_HOST_DEVICES in flags or os.environ.get("CCPO_JAX_DISTRIBUTED"):
         return
