@@ -16,8 +16,9 @@
 #   2. train (full: 300 iterations, 1 split; retrain 10 and 100 splits, 100 it)     <= 120 s
 #   3. reproduce (full: 100 splits, the default iterations)                          <= 120 s
 #   4. devices (quick: forced CPU host devices N = 1, 2, on the CPU cores)           <= 75 s
-#   5. sweep (quick: trainer member-it/s at 20 and 200 members, the 4-alpha sweep vs
-#      4 reproduce runs at 20 splits x 20 iterations, the retrain protocol at 10 splits) <= 150 s
+#   5. sweep (quick: trainer member-it/s at 20 and 200 members and at 80 members as one vmap vs
+#      retrain's blocks, the 4-alpha sweep vs 4 reproduce runs at 20 splits x 20 iterations,
+#      the retrain protocol at 10 splits; the --devices all runs only on a multi-core CPU) <= 150 s
 # Files: OUT_DIR/bench_gpu.json (merged), bench_<stage>.json, bench_gpu.log (7 files).
 set -u
 cd "$(dirname "$0")/.."

@@ -20,11 +20,12 @@ subprocesses started by it), compile time excluded from throughput
              training with 1, 10, 100 splits at reduced iterations;
   reproduce  the default ``ccpo-jax reproduce`` (100 splits), compile separated;
   sweep      the trainer's member-iterations/s at 20, 200 and 2,000 members (one program,
-             compile time apart); ``ccpo-jax sweep`` over 4 alphas x 5 seeds against 4
+             compile time apart), and at the retrain protocol's 400 members as one vmap and
+             in its default blocks; ``ccpo-jax sweep`` over 4 alphas x 5 seeds against 4
              separate ``ccpo-jax reproduce --alpha A`` runs (subprocesses, the same rows,
              seeds and splits; the ratio of wall times), the sweep with the default lambda
              grid, and ``reproduce --protocol retrain --seeds 1`` (every split trains its own
-             policies);
+             policies) on one device and with ``--devices all``;
   devices    the same sharded evaluation and training in subprocesses with
              ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, N = 1, 2, 4, 8
              (on a CPU these are forced host devices sharing the same cores:
@@ -427,7 +428,8 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
 
     from ccpo_jax.ccpo.members import clear_program_cache, train_many
     from ccpo_jax.ccpo.presets import DEFAULT
-    from ccpo_jax.ccpo.rows import row_variants
+    from ccpo_jax.ccpo.rows import default_member_block, row_variants
+    from ccpo_jax.cli.main import usable_cores
 
     params = ctx["params"]
     variants = row_variants((2e-4,), DEFAULT)  # the default table's 4 trained variants
@@ -443,6 +445,24 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
         rec.add("sweep_trainer_member_iterations_per_s", members * n_it / tm["train_s"], "member-it/s", **common,
                 note="default preset, one vmapped program, compile excluded")
         rec.add("sweep_trainer_compile_s", tm["compile_s"], "s", **common)
+    # The retrain protocol's layout (100 splits x the 4 rows, 1 seed = 400 members): one vmap of every
+    # member (its layout until 2026-12-03) against its default, blocks of one split's rows x seeds;
+    # alternated twice and the better of each kept, as a short measurement on a shared CPU swings.
+    S = 20 if quick else 100
+    block = default_member_block("retrain", len(variants), 1)
+    rates: dict = {None: [], block: []}
+    for b in (None, block) * 2:
+        clear_program_cache()
+        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S),
+                              progress=False, member_block=b)
+        rates[b].append(S * len(variants) * n_it / tm["train_s"])
+    for b, r in rates.items():
+        rec.add("retrain_trainer_member_iterations_per_s", max(r), "member-it/s", members=S * len(variants),
+                member_block=b, iterations=n_it, runs=[round(x, 1) for x in r],
+                note=("one vmap of every member" if b is None else "retrain's default: blocks of one split's rows x "
+                      "seeds") + "; the better of two alternated runs, compile excluded")
+    rec.add("retrain_blocked_over_one_vmap_member_it", max(rates[block]) / max(rates[None]), "ratio",
+            members=S * len(variants), member_block=block, note="same run, better of two each")
     alphas = (0.05, 0.1, 0.15, 0.2)
     small = ["--splits", "20", "--iterations", "20"] if quick else []
     with tempfile.TemporaryDirectory() as tmp:
@@ -457,6 +477,15 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
         rec.add("reproduce_4_runs_wall_s", sum(runs), "s", **common, per_run=[round(x, 2) for x in runs])
         rec.add("sweep_over_4_reproduce_runs_wall", sw / sum(runs), "ratio", **common,
                 note="one process, one compile, shared evaluation vs 4 processes; target <= 0.5")
+        multi_core = jax.default_backend() == "cpu" and usable_cores() > 1  # --devices all: one per core
+        sw_all = None if not multi_core else _cli_wall(
+            ["sweep", "--alphas", ",".join(map(str, alphas)), "--lambdas", "0,2e-4", "--seeds", "5", "--no-progress",
+             "--devices", "all", *small, "--out", f"{tmp}/sweep_all"])
+        if sw_all is not None:
+            rows = [json.loads((Path(tmp) / d / "frontier.json").read_text())["rows"] for d in ("sweep", "sweep_all")]
+            rec.add("sweep_4_alphas_devices_all_wall_s", sw_all, "s", **common, lambdas=[0, 2e-4],
+                    devices=usable_cores(), equal_to_one_device=rows[0] == rows[1],
+                    note="--devices all: each device runs the one-device block program (frontier.json rows compared)")
         sw3 = _cli_wall(["sweep", "--seeds", "5", "--no-progress", *small, "--out", f"{tmp}/sweep3"])
         rec.add("sweep_default_grid_wall_s", sw3, "s", **common, lambdas=[0, 1e-4, 2e-4])
         retrain = ["--splits", "10", "--iterations", "20"] if quick else []
@@ -466,6 +495,19 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
         rec.add("reproduce_retrain_1_seed_wall_s", rt, "s", splits=res["splits"], seeds=1,
                 iterations=res["train_config"]["iterations"], timing={k: round(v, 2) for k, v in res["timing"].items()},
                 note="every split trains its own policies (4 variants x splits members); target < 300 s")
+        if not multi_core:
+            return
+        rt_all = _cli_wall(["reproduce", "--protocol", "retrain", "--seeds", "1", "--no-progress", "--devices", "all",
+                            *retrain, "--out", f"{tmp}/retrain_all"])
+        res_all = json.loads((Path(tmp) / "retrain_all" / "results.json").read_text())
+        same = all(res["policies"][r]["per_split"] == res_all["policies"][r]["per_split"] for r in res["policies"])
+        rec.add("reproduce_retrain_1_seed_devices_all_wall_s", rt_all, "s", splits=res_all["splits"], seeds=1,
+                devices=len(res_all["environment"]["devices"]), equal_to_one_device=same,
+                timing={k: round(v, 2) for k, v in res_all["timing"].items()},
+                note="--devices all: on a CPU one forced host device per core, each running the one-device block "
+                     "program (results.json compared split for split with the one-device run)")
+        rec.add("reproduce_retrain_devices_all_over_one_device_wall", rt_all / rt, "ratio",
+                devices=len(res_all["environment"]["devices"]))
 
 
 def _ensure_tensorboardx() -> bool:
@@ -645,12 +687,21 @@ def print_summary(records: list[dict]):
     v = get("sweep_over_4_reproduce_runs_wall")
     if v is not None:
         lines.append(f"sweep of 4 alphas x 5 seeds / 4 reproduce runs, wall:     {v:.2f}")
+    v, w = get("sweep_4_alphas_wall_s"), get("sweep_4_alphas_devices_all_wall_s")
+    if v is not None and w is not None:
+        lines.append(f"  that sweep with --devices all / on one device, wall:   {w / v:.2f}")
     for r in by.get("sweep_trainer_member_iterations_per_s", []):
         lines.append(f"trainer member-it/s at {r['config']['members']:>5,} members:              {r['value']:,.0f}"
                      f" (compile {r['config']['compile_s']:.1f} s)")
+    v = get("retrain_blocked_over_one_vmap_member_it")
+    if v is not None:
+        lines.append(f"retrain layout, blocked / one vmap, member-it/s:          {v:.2f}")
     v = get("reproduce_retrain_1_seed_wall_s")
     if v is not None:
         lines.append(f"reproduce --protocol retrain --seeds 1, wall:            {v:.0f} s")
+    v = get("reproduce_retrain_1_seed_devices_all_wall_s")
+    if v is not None:
+        lines.append(f"  the same with --devices all, wall:                     {v:.0f} s")
     v = get("train_iterations_per_s")
     if v is not None:
         lines.append(f"CCPO training iterations/s (3 rows, 1 split):            {v:.1f}")
