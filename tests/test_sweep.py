@@ -3,7 +3,6 @@ frontier's statistics against hand computations, a point equal to the reproduce 
 alpha, learners at every alpha against the brute-force optimum of an oracle cache, and resume."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
