@@ -13,11 +13,13 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts, write_questions
 from ccpo_jax.cli.main import main
-from ccpo_jax.collect.client import ChatClient, EndpointError, RetryPolicy, parse_completion
+from ccpo_jax.collect.client import (AttemptOver, BoundedBody, ChatClient, EndpointError, RetryPolicy, TooLarge,
+                                     parse_completion)
 from ccpo_jax.collect.calllog import CallLog
 from ccpo_jax.collect.client import Endpoint
 
@@ -201,3 +203,66 @@ def test_collect_refuses_an_impossible_token_count_and_keeps_a_valid_file(tmp_pa
     from envs.jsonl import read_jsonl
 
     assert read_jsonl(out).n_questions == 2  # the questions before it; the file is a valid cache
+
+
+# -- GET /models: the same bounded read as a chat call (issue 41 item 2) ------------------------
+
+def test_a_dripping_model_list_is_cut_at_the_attempt_deadline(tmp_path, capsys):
+    """The model list one byte every 30 ms (~18 s in all) never trips the 5 s read timeout; the
+    1 s attempt deadline ends the run in under 3 s, nothing written. (Before: a plain GET read it
+    to the end, ~18 s; a slower drip held ``data collect`` indefinitely.)"""
+    questions = tmp_path / "q.jsonl"
+    write_questions(questions, 3)
+    out = tmp_path / "c.jsonl"
+    with FakeChatServer(make_scripts(3), models_mode="drip", drip_s=0.03) as srv:
+        t0 = time.monotonic()
+        rc = main(_args(srv.url, questions, out, "--attempt-timeout", "1", "--timeout", "5"))
+        took = time.monotonic() - t0
+        sent = srv.models_bytes_sent
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    assert f"GET {srv.url}/models: not complete within 1 s (--attempt-timeout)" in err[0], err
+    assert took < 3.0, took
+    assert sent < 100  # of the 598 bytes of the listing
+    assert not out.exists() and not (tmp_path / "c.jsonl.calls").exists()
+
+
+@pytest.mark.parametrize("mode", ["huge", "huge-declared"])
+def test_a_huge_model_list_is_refused_over_the_cap_not_read_whole(tmp_path, capsys, mode):
+    """A valid 150 MB model list (listing both models) against a 1 MiB cap: refused as over the
+    cap, by its declared length or after reading just past the cap; the server could send only a
+    fraction of it. (Before: read whole, RSS 355 MB, then "not a model list (Unterminated string".)"""
+    questions = tmp_path / "q.jsonl"
+    write_questions(questions, 3)
+    out = tmp_path / "c.jsonl"
+    with FakeChatServer(make_scripts(3), models_mode=mode) as srv:
+        rc = main(_args(srv.url, questions, out, "--max-reply-bytes", str(1 << 20)))
+        time.sleep(0.2)  # the handler notices the hang-up
+        sent = srv.models_bytes_sent
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    assert f"GET {srv.url}/models: reply body over 1048576 bytes" in err[0] and "--max-reply-bytes" in err[0], err
+    assert ("Content-Length 15728" in err[0]) == (mode == "huge-declared"), err
+    assert "not a model list" not in err[0]
+    assert sent < 16 << 20, sent  # the client stopped reading (what remains sits in socket buffers)
+    assert not out.exists()
+
+
+def test_bounded_body_holds_a_reader_to_the_cap_and_the_deadline():
+    """BoundedBody, the piece any reader (sync or async) feeds: a fake clock, no I/O."""
+    now = [100.0]
+    pol = RetryPolicy(attempt_timeout_s=2.0, max_reply_bytes=10)
+    b = BoundedBody(pol, clock=lambda: now[0])
+    b.start(httpx.Headers({"content-length": "10"}))
+    b.feed(b"12345")
+    now[0] = 101.9
+    b.feed(b"67890")
+    assert b.body() == b"1234567890"
+    with pytest.raises(TooLarge, match="more than 10 bytes read"):
+        b.feed(b"x")
+    with pytest.raises(TooLarge, match="Content-Length 11"):
+        BoundedBody(pol, clock=lambda: now[0]).start(httpx.Headers({"content-length": "11"}))
+    late = BoundedBody(pol, clock=lambda: now[0])
+    now[0] = 103.91  # 2.01 s after it started
+    with pytest.raises(AttemptOver, match=r"not complete within 2 s \(--attempt-timeout\)"):
+        late.feed(b"1")
