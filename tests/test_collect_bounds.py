@@ -266,3 +266,68 @@ def test_bounded_body_holds_a_reader_to_the_cap_and_the_deadline():
     now[0] = 103.91  # 2.01 s after it started
     with pytest.raises(AttemptOver, match=r"not complete within 2 s \(--attempt-timeout\)"):
         late.feed(b"1")
+
+
+# -- invalid log-probs are told apart from absent ones (issue 41 item 9b) -----------------------
+
+def _with_logprobs(lp) -> dict:
+    return {"choices": [{"message": {"content": " Yes no"}, "logprobs": lp}]}
+
+
+@pytest.mark.parametrize("lp", [None, {"content": None}, {"content": []}, {"refusal": None}])
+def test_absent_log_probs_are_absent_not_invalid(lp):
+    r = parse_completion(_with_logprobs(lp))
+    assert r.logprobs is None and r.logprobs_invalid is None
+
+
+@pytest.mark.parametrize("bad, shown", [(float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf"),
+                                        (0.5, "0.5"), ("-0.1", "'-0.1'"), (True, "True"), (None, "None")])
+def test_invalid_log_probs_void_the_reply_and_say_which(bad, shown):
+    r = parse_completion(_with_logprobs({"content": [{"token": " Yes", "logprob": -0.1},
+                                                     {"token": " no", "logprob": bad}]}))
+    assert r.logprobs is None
+    assert r.logprobs_invalid == (f"choices[0].logprobs.content[1].logprob = {shown} "
+                                  "(a log-prob is a finite number <= 0)")
+
+
+def test_malformed_log_prob_shapes_are_invalid():
+    assert parse_completion(_with_logprobs({"content": [{"logprob": -0.1}]})).logprobs_invalid == \
+        "choices[0].logprobs.content[0] has no string token"
+    assert parse_completion(_with_logprobs({"content": "x"})).logprobs_invalid == \
+        "choices[0].logprobs is not an object with a content list"
+    ok = parse_completion(_with_logprobs({"content": [{"token": " Yes", "logprob": 0}]}))  # p = 1 is valid
+    assert ok.logprobs == ((" Yes", 0.0),) and ok.logprobs_invalid is None
+
+
+def test_collect_warns_of_invalid_log_probs_not_of_none(tmp_path, capsys):
+    """The base endpoint's log-probs hold NaN (JSON's NaN literal) in the second token of every reply:
+    the run warns that they are invalid, naming the model, URL, question and call, and the summary
+    counts them apart. (Before: "returned no log-probs in its first reply".)"""
+    questions = tmp_path / "q.jsonl"
+    write_questions(questions, 3)
+    with FakeChatServer(make_scripts(3)) as srv:
+        real = srv.completion
+
+        def nan_logprob(body, **kw):
+            out = real(body, **kw)
+            if body["model"] == BASE_MODEL:
+                out["choices"][0]["logprobs"]["content"][1]["logprob"] = float("nan")
+            return out
+
+        srv.completion = nan_logprob
+        out = tmp_path / "c.jsonl"
+        assert main(_args(srv.url, questions, out)) == 0
+    printed = capsys.readouterr()
+    text = printed.out + printed.err
+    assert "returned no log-probs" not in text
+    warn = [ln for ln in printed.err.splitlines() if "invalid log-probs" in ln]
+    assert warn == [f"warning: the base endpoint ({BASE_MODEL} at {srv.url}/chat/completions) returned invalid "
+                    "log-probs for question q0 (call r0.base): choices[0].logprobs.content[1].logprob = nan (a "
+                    "log-prob is a finite number <= 0); base confidence will be missing wherever they are "
+                    "invalid; the summary counts them (docs/collect.md)"], printed.err
+    calls = [json.loads(x) for x in (tmp_path / "c.jsonl.calls").read_text().splitlines()]
+    base = [c for c in calls if c.get("model") == BASE_MODEL and "text" in c]
+    assert base and all(c["logprobs"] is None and "logprob = nan" in c["logprobs_invalid"] for c in base)
+    assert (f"returned invalid log-probs (NaN, infinite, positive...; the call log's logprobs_invalid says which) "
+            f"in {len(base)} of its {len(base)} replies: no base confidence") in printed.out
+    assert not any("logprobs_invalid" in c for c in calls if c.get("model") == GUIDE_MODEL)

@@ -160,6 +160,8 @@ class Reply:
     logprobs: tuple[tuple[str, float], ...] | None
     finish_reason: str | None
     model: str | None = None  # the model the reply says it came from
+    #: Log-probs were sent but cannot be used (``logprobs`` is then None): what is wrong with them.
+    logprobs_invalid: str | None = None
 
 
 @dataclasses.dataclass
@@ -214,6 +216,30 @@ def _finite_logprob(v: Any) -> float | None:
         return None
     v = float(v)
     return v if math.isfinite(v) and v <= 0.0 else None
+
+
+def read_logprobs(lp: Any) -> tuple[tuple[tuple[str, float], ...] | None, str | None]:
+    """``choices[0].logprobs`` -> (the (token, logprob) pairs, None) when usable; (None, None) when
+    absent (missing, null, a null or empty ``content``); (None, what is wrong) when sent but
+    unusable: one bad entry (a log-prob that is NaN, infinite, positive or not a number, a token
+    that is not a string) voids them all, since the rest cannot be trusted either."""
+    if lp is None:
+        return None, None
+    content = lp.get("content") if isinstance(lp, dict) else None
+    if isinstance(lp, dict) and content is None:
+        return None, None
+    if not isinstance(content, list):
+        return None, "choices[0].logprobs is not an object with a content list"
+    out = []
+    for i, item in enumerate(content):
+        where = f"choices[0].logprobs.content[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("token"), str):
+            return None, f"{where} has no string token"
+        v = _finite_logprob(item.get("logprob"))
+        if v is None:
+            return None, f"{where}.logprob = {repr(item.get('logprob'))[:40]} (a log-prob is a finite number <= 0)"
+        out.append((_text(item["token"]), v))
+    return (tuple(out) if out else None), None
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")  # (a valid pair is one code point after json.loads)
@@ -312,24 +338,12 @@ def parse_completion(body: Any) -> Reply:
             if v is not None and v > MAX_TOKENS:  # a cache cannot hold it (envs.values): refuse the reply
                 raise ImplausibleReply(f"usage.{key} = {v}, more than the {MAX_TOKENS:.0e} tokens a call "
                                        "can have in a cache")
-    lps = None
-    lp = ch.get("logprobs")
-    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-        out = []
-        for item in lp["content"]:
-            tok = item.get("token") if isinstance(item, dict) else None
-            v = _finite_logprob(item.get("logprob")) if isinstance(item, dict) else None
-            if not isinstance(tok, str) or v is None:
-                out = None  # one bad entry: do not trust the rest
-                break
-            out.append((_text(tok), v))
-        if out:
-            lps = tuple(out)
+    lps, invalid = read_logprobs(ch.get("logprobs"))
     finish = ch.get("finish_reason")
     model = body.get("model")
     return Reply(text=_text(text), tokens_in=t_in, tokens_out=t_out, logprobs=lps,
                  finish_reason=finish if isinstance(finish, str) else None,
-                 model=model if isinstance(model, str) else None)
+                 model=model if isinstance(model, str) else None, logprobs_invalid=invalid)
 
 
 def parse_model_list(body: Any) -> list[str]:
