@@ -26,6 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 BASE_MODEL = "tiny-base"
 GUIDE_MODEL = "big-guide"
+#: How ``GET /v1/models`` answers (FakeChatServer(models_mode=...); see the module docstring).
+MODELS_MODES = ("list", "drip", "huge", "huge-declared")
 
 
 @dataclasses.dataclass
@@ -83,7 +85,6 @@ def token_logprob(token: str) -> float:
 #:   with its loaded model, and names that model (its alias) in the reply.
 #: ``GET /v1/models`` lists ``served`` (a one-model server: the model it loaded).
 FLAVOURS = ("openai", "llama-cpp-python", "llama.cpp")
-MODELS_MODES = ("list", "drip", "huge", "huge-declared")
 
 
 class FakeChatServer:
