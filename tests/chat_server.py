@@ -9,10 +9,15 @@ injected by request content: ``server.fault(match, kind, times)`` makes the
 next ``times`` requests whose last message contains ``match`` fail with
 ``kind`` (``timeout``, ``429``, ``500``, ``503``, ``malformed``, ``no_usage``, ``verbose``: 40 words
 appended to the reply). A reply longer than ``max_tokens`` words is cut there (``finish_reason: length``).
+``models_mode`` makes ``GET /v1/models`` misbehave: ``drip`` (the list, after 400 spaces, one byte
+every ``drip_s``), ``huge`` (a valid list of ``huge_bytes``, generated as it is sent, no
+Content-Length) or ``huge-declared`` (the same with its Content-Length); ``models_bytes_sent``
+counts the bytes of those bodies that the client accepted.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 import threading
@@ -21,6 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 BASE_MODEL = "tiny-base"
 GUIDE_MODEL = "big-guide"
+#: How ``GET /v1/models`` answers (FakeChatServer(models_mode=...); see the module docstring).
+MODELS_MODES = ("list", "drip", "huge", "huge-declared")
 
 
 @dataclasses.dataclass
@@ -83,9 +90,16 @@ FLAVOURS = ("openai", "llama-cpp-python", "llama.cpp")
 class FakeChatServer:
     def __init__(self, scripts: dict[str, Script], key: str | None = None, delay_s: float = 0.0,
                  timeout_sleep_s: float = 1.0, flavour: str = "openai", served: list[str] | None = None,
-                 list_models: bool = True, logprobs: bool = True, port: int = 0):
+                 list_models: bool = True, logprobs: bool = True, port: int = 0, models_mode: str = "list",
+                 drip_s: float = 0.05, huge_bytes: int = 150 << 20):
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour {flavour!r}: one of {FLAVOURS}")
+        if models_mode not in MODELS_MODES:
+            raise ValueError(f"models_mode {models_mode!r}: one of {MODELS_MODES}")
+        self.models_mode = models_mode
+        self.drip_s = drip_s
+        self.huge_bytes = huge_bytes
+        self.models_bytes_sent = 0
         self.flavour = flavour
         # one-model servers (llama.cpp, llama-cpp-python) answer every request with served[0]
         self.served = list(served) if served is not None else (
@@ -249,7 +263,44 @@ class FakeChatServer:
                     return self._send(404, b'{"error": {"message": "not found"}}')
                 with server.lock:
                     server.model_listings += 1
-                self._send(200, json.dumps(server.models()).encode())
+                listing = json.dumps(server.models()).encode()
+                if server.models_mode == "list":
+                    return self._send(200, listing)
+                try:
+                    self._bad_listing(listing)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client hung up: what it refused is not counted
+                self.close_connection = True
+
+            def _bad_listing(self, listing: bytes):
+                """``GET /models`` per ``models_mode``: chunks generated as they are sent (the huge list is
+                never held whole), each counted in ``models_bytes_sent`` once written."""
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if server.models_mode == "drip":
+                    body = b" " * 400 + listing  # leading whitespace: still valid JSON when it ends
+                    self.send_header("Content-Length", str(len(body)))
+                    chunks = (body[i:i + 1] for i in range(len(body)))
+                else:
+                    head, tail = b'{"object": "list", "data": [', listing[listing.index(b"[") + 1:]
+                    entry = b'{"id": "padding-model-%09d", "object": "model"}, '
+                    n = (server.huge_bytes - len(head) - len(tail)) // len(entry % 0)
+                    if server.models_mode == "huge-declared":
+                        self.send_header("Content-Length", str(len(head) + n * len(entry % 0) + len(tail)))
+                    else:
+                        self.send_header("Connection", "close")
+                    per = 1024  # entries per chunk (~50 KiB)
+                    chunks = itertools.chain(
+                        [head], (b"".join(entry % k for k in range(i, min(n, i + per))) for i in range(0, n, per)),
+                        [tail])
+                self.end_headers()
+                for chunk in chunks:
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+                    with server.lock:
+                        server.models_bytes_sent += len(chunk)
+                    if server.models_mode == "drip":
+                        time.sleep(server.drip_s)
 
             def do_POST(self):
                 n = int(self.headers.get("Content-Length", "0"))

@@ -30,6 +30,7 @@ class Answer:
     logprobs: tuple[tuple[str, float], ...] | None
     estimated: bool
     finish_reason: str | None = None
+    logprobs_invalid: str | None = None  # sent but unusable: what is wrong (client.read_logprobs)
 
 
 def now_iso() -> str:
@@ -74,7 +75,7 @@ class Caller:
         if hit is not None:
             self.meter.count("replayed")
             self.log.append({"key": key, "q": qid, "call": name, "replayed": True, "at": now_iso()})
-            return self._seen(role, _answer(hit))
+            return self._seen(role, _answer(hit), qid, name)
         if self.stop.is_set():
             raise Stopped()
         chars = _chars(messages)
@@ -107,6 +108,8 @@ class Caller:
             "text": reply.text, "served_model": reply.model,
             "logprobs": [list(x) for x in reply.logprobs] if reply.logprobs is not None else None,
         }
+        if reply.logprobs_invalid is not None:
+            rec["logprobs_invalid"] = reply.logprobs_invalid
         if reply.model is not None and reply.model != ep.model and not reply.model.startswith(ep.model + "-"):
             # (a dated snapshot such as gpt-4o-2024-08-06 for gpt-4o is the model asked for)
             self.meter.count("model_mismatch")
@@ -118,14 +121,22 @@ class Caller:
         self.log.append(rec)
         self.meter.settle(est, role, reply, usd, stats)
         self.meter.count_tokens(role, t_in, t_out)
-        return self._seen(role, _answer(rec))
+        return self._seen(role, _answer(rec), qid, name)
 
-    def _seen(self, role: str, a: Answer) -> Answer:
-        """Count whether the reply has log-probs; warn once per role, at its first reply, when the
-        endpoint returned none although they were asked for."""
-        if self.s.logprobs and self.meter.logprobs_seen(role, a.logprobs is not None):
-            ep = self.s.endpoint(role)
-            what = "base confidence" if role == "base" else "guide uncertainty"
+    def _seen(self, role: str, a: Answer, qid: str, name: str) -> Answer:
+        """Count whether the reply has log-probs; warn once per role when the endpoint returned
+        none at its first reply although they were asked for, and at its first reply whose
+        log-probs are invalid (NaN, positive...), naming the question and the call."""
+        if not self.s.logprobs:
+            return a
+        first, first_invalid = self.meter.logprobs_seen(role, a.logprobs is not None, a.logprobs_invalid is not None)
+        ep = self.s.endpoint(role)
+        what = "base confidence" if role == "base" else "guide uncertainty"
+        if first_invalid:
+            self.warn(f"warning: the {role} endpoint ({ep.model} at {ep.public_url}) returned invalid log-probs "
+                      f"for question {qid} (call {name}): {a.logprobs_invalid}; {what} will be missing wherever "
+                      "they are invalid; the summary counts them (docs/collect.md)")
+        elif first:
             self.warn(f"warning: the {role} endpoint ({ep.model} at {ep.public_url}) returned no log-probs in its "
                       f"first reply, although the request asked for them (logprobs, top_logprobs "
                       f"{TOP_LOGPROBS}): {what} will be missing wherever it sends none; the summary gives the "
@@ -157,4 +168,5 @@ def _answer(rec: dict) -> Answer:
         logprobs=tuple((str(t), float(v)) for t, v in lps) if lps else None,
         estimated=bool(rec.get("tokens_estimated", False)),
         finish_reason=fin if isinstance(fin, str) else None,
+        logprobs_invalid=rec["logprobs_invalid"] if isinstance(rec.get("logprobs_invalid"), str) else None,
     )

@@ -80,8 +80,10 @@ class CallLog:
         os.fsync(self._f.fileno())
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
+        # under the lock: a worker left running by a second Ctrl-C cannot be midway through a line
+        with self.lock:
+            if self._f is not None:
+                self._f.close()
 
 
 def truncate_partial_line(path: Path) -> bool:

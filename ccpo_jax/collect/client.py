@@ -15,7 +15,12 @@ server that speaks ``POST {base_url}/chat/completions``. What a call does:
   the server asks, plus up to 10% jitter), and a server asking for more than
   ``max_retry_after_s`` ends the call instead of sleeping for hours;
 * other 4xx (bad key, unknown model, prompt too long) fail at once: retrying
-  cannot help and may cost money.
+  cannot help and may cost money;
+* every request (the chat call and the ``GET /models`` listing) is one bounded
+  read, :meth:`ChatClient._attempt`: a wall-clock deadline over the whole
+  attempt and a cap on the body (:class:`BoundedBody`). The rules are small
+  pieces (:class:`RetryPolicy`, :class:`BoundedBody`, :func:`should_retry`,
+  :func:`retry_wait`) that need no I/O, so an async caller shares them.
 
 The result is a :class:`Reply` (text, tokens from ``usage``, token log-probs
 when the endpoint returns them) and a :class:`CallStats` (attempts, the waits
@@ -42,6 +47,14 @@ from envs.values import MAX_TOKENS
 
 #: HTTP statuses that are retried (besides every 5xx).
 RETRY_STATUS = frozenset({408, 409, 429})
+#: HTTP statuses saying the key is refused: no request to that endpoint can succeed.
+REFUSED_STATUS = frozenset({401, 403})
+
+
+def should_retry(status: int) -> bool:
+    """Whether a reply with HTTP ``status`` is worth another attempt (408, 409, 429, 5xx); other
+    4xx (bad key, unknown model, prompt too long) cannot get better and may cost money."""
+    return status in RETRY_STATUS or 500 <= status <= 599
 
 
 class EndpointError(UserError):
@@ -122,6 +135,20 @@ class RetryPolicy:
     max_reply_bytes: int = 8 << 20
 
 
+def retry_wait(pol: RetryPolicy, attempt: int, asked: float | None,
+               uniform: Callable[[float, float], float]) -> float | None:
+    """Seconds to wait before retrying after failed attempt ``attempt`` (0-based): what the server
+    asks (``asked``, from :func:`retry_after_s`) plus up to 10% jitter, or else exponential backoff
+    with jitter drawn by ``uniform(lo, hi)``; None when the server asks for more than
+    ``pol.max_retry_after_s`` (then the call fails instead of sleeping)."""
+    if asked is not None:
+        if asked > pol.max_retry_after_s:
+            return None
+        return asked + uniform(0.0, 0.1 * max(asked, pol.backoff_s))
+    backoff = min(pol.max_backoff_s, pol.backoff_s * 2.0 ** attempt)
+    return uniform(backoff / 2.0, backoff)
+
+
 @dataclasses.dataclass(frozen=True)
 class Reply:
     """A chat completion: ``tokens_in/out`` from ``usage`` (None when the endpoint sent none);
@@ -133,6 +160,8 @@ class Reply:
     logprobs: tuple[tuple[str, float], ...] | None
     finish_reason: str | None
     model: str | None = None  # the model the reply says it came from
+    #: Log-probs were sent but cannot be used (``logprobs`` is then None): what is wrong with them.
+    logprobs_invalid: str | None = None
 
 
 @dataclasses.dataclass
@@ -189,6 +218,30 @@ def _finite_logprob(v: Any) -> float | None:
     return v if math.isfinite(v) and v <= 0.0 else None
 
 
+def read_logprobs(lp: Any) -> tuple[tuple[tuple[str, float], ...] | None, str | None]:
+    """``choices[0].logprobs`` -> (the (token, logprob) pairs, None) when usable; (None, None) when
+    absent (missing, null, a null or empty ``content``); (None, what is wrong) when sent but
+    unusable: one bad entry (a log-prob that is NaN, infinite, positive or not a number, a token
+    that is not a string) voids them all, since the rest cannot be trusted either."""
+    if lp is None:
+        return None, None
+    content = lp.get("content") if isinstance(lp, dict) else None
+    if isinstance(lp, dict) and content is None:
+        return None, None
+    if not isinstance(content, list):
+        return None, "choices[0].logprobs is not an object with a content list"
+    out = []
+    for i, item in enumerate(content):
+        where = f"choices[0].logprobs.content[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("token"), str):
+            return None, f"{where} has no string token"
+        v = _finite_logprob(item.get("logprob"))
+        if v is None:
+            return None, f"{where}.logprob = {repr(item.get('logprob'))[:40]} (a log-prob is a finite number <= 0)"
+        out.append((_text(item["token"]), v))
+    return (tuple(out) if out else None), None
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")  # (a valid pair is one code point after json.loads)
 
 
@@ -196,12 +249,50 @@ class ImplausibleReply(ValueError):
     """A well-formed reply that cannot be true (10^12 tokens of usage): retrying cannot help."""
 
 
-class _AttemptOver(Exception):
+class AttemptOver(Exception):
     """The attempt passed RetryPolicy.attempt_timeout_s (retried like a timeout)."""
 
 
-class _TooLarge(Exception):
+class TooLarge(Exception):
     """The reply body passed RetryPolicy.max_reply_bytes (not retried)."""
+
+
+class BoundedBody:
+    """One attempt's reply body, held to ``policy.attempt_timeout_s`` (a wall-clock deadline over
+    headers and body, started at construction, i.e. before the request is sent) and
+    ``policy.max_reply_bytes``. It does no I/O: a sync or an async reader calls :meth:`start` with
+    the headers, then :meth:`feed` with each chunk as it arrives, so that neither a server dripping
+    a byte at a time nor one sending gigabytes can hold the caller or its memory; ``str(error)``
+    names the limit that was passed."""
+
+    def __init__(self, policy: "RetryPolicy", clock: Callable[[], float] = time.monotonic):
+        self.limit = policy.max_reply_bytes
+        self.seconds = policy.attempt_timeout_s
+        self._clock = clock
+        self.deadline = clock() + policy.attempt_timeout_s
+        self.size = 0
+        self._chunks: list[bytes] = []
+
+    def _check_deadline(self) -> None:
+        if self._clock() > self.deadline:
+            raise AttemptOver(f"not complete within {self.seconds:g} s (--attempt-timeout)")
+
+    def start(self, headers: Any) -> None:
+        """The headers have arrived: refuse a declared length over the cap before reading any body."""
+        self._check_deadline()
+        declared = headers.get("content-length", "") or ""
+        if declared.isdigit() and int(declared) > self.limit:
+            raise TooLarge(f"Content-Length {declared}")
+
+    def feed(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise TooLarge(f"more than {self.limit} bytes read")
+        self._chunks.append(chunk)
+        self._check_deadline()
+
+    def body(self) -> bytes:
+        return b"".join(self._chunks)
 
 
 def _text(s: str) -> str:
@@ -247,24 +338,12 @@ def parse_completion(body: Any) -> Reply:
             if v is not None and v > MAX_TOKENS:  # a cache cannot hold it (envs.values): refuse the reply
                 raise ImplausibleReply(f"usage.{key} = {v}, more than the {MAX_TOKENS:.0e} tokens a call "
                                        "can have in a cache")
-    lps = None
-    lp = ch.get("logprobs")
-    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-        out = []
-        for item in lp["content"]:
-            tok = item.get("token") if isinstance(item, dict) else None
-            v = _finite_logprob(item.get("logprob")) if isinstance(item, dict) else None
-            if not isinstance(tok, str) or v is None:
-                out = None  # one bad entry: do not trust the rest
-                break
-            out.append((_text(tok), v))
-        if out:
-            lps = tuple(out)
+    lps, invalid = read_logprobs(ch.get("logprobs"))
     finish = ch.get("finish_reason")
     model = body.get("model")
     return Reply(text=_text(text), tokens_in=t_in, tokens_out=t_out, logprobs=lps,
                  finish_reason=finish if isinstance(finish, str) else None,
-                 model=model if isinstance(model, str) else None)
+                 model=model if isinstance(model, str) else None, logprobs_invalid=invalid)
 
 
 def parse_model_list(body: Any) -> list[str]:
@@ -304,24 +383,32 @@ class ChatClient:
         self._http.close()
 
     def served_models(self) -> list[str]:
-        """The models the endpoint lists (``GET {base}/models``); EndpointError when it lists none."""
+        """The models the endpoint lists (``GET {base}/models``); EndpointError when it lists none.
+        One attempt, not retried (a pre-flight check; its failure names the cause), over the same
+        bounded read as a chat call: the attempt deadline and the body cap."""
         u = self.endpoint.completions_url
         url = u[: -len("/chat/completions")] + "/models"
+        where = f"GET {public_url(url)}"
         try:
-            resp = self._http.get(url)
+            st, _, raw = self._attempt("GET", url)
+        except TooLarge as e:
+            raise self._fail(f"{where}: reply body over {self.retry.max_reply_bytes} bytes ({e}; "
+                             "--max-reply-bytes)", CallStats()) from None
+        except AttemptOver as e:
+            raise self._fail(f"{where}: {e}", CallStats()) from None
         except httpx.HTTPError as e:
-            raise self._fail(f"GET {public_url(url)} failed ({type(e).__name__})", CallStats()) from None
-        if resp.status_code in (401, 403):  # the key is refused: no call can succeed
-            excerpt = resp.content[:300].decode("utf-8", "replace").strip()
-            e = self._fail(f"HTTP {resp.status_code} (not retried): {excerpt}", CallStats())
+            raise self._fail(f"{where} failed ({type(e).__name__})", CallStats()) from None
+        if st in REFUSED_STATUS:  # the key is refused: no call can succeed
+            excerpt = raw[:300].decode("utf-8", "replace").strip()
+            e = self._fail(f"HTTP {st} (not retried): {excerpt}", CallStats())
             e.refused = True
             raise e
-        if resp.status_code != 200:
-            raise self._fail(f"GET {public_url(url)}: HTTP {resp.status_code}", CallStats())
+        if st != 200:
+            raise self._fail(f"{where}: HTTP {st}", CallStats())
         try:
-            return parse_model_list(json.loads(resp.content[:1_000_000].decode("utf-8")))
+            return parse_model_list(json.loads(raw.decode("utf-8")))
         except (ValueError, UnicodeDecodeError) as e:
-            raise self._fail(f"GET {public_url(url)}: not a model list ({e})", CallStats()) from None
+            raise self._fail(f"{where}: not a model list ({e})", CallStats()) from None
 
     def _jitter(self, lo: float, hi: float) -> float:
         with self._rng_lock:
@@ -336,26 +423,16 @@ class ChatClient:
     def _fail(self, msg: str, stats: CallStats) -> EndpointError:
         return EndpointError(redact(f"{self.endpoint.model} at {self.endpoint.public_url}: {msg}", self._secrets), stats)
 
-    def _post(self, url: str, payload: bytes) -> tuple[httpx.Response, bytes]:
-        """One attempt: the response and its body, read chunk by chunk against the attempt's
-        deadline and the body cap (``resp.content`` would read any size, however slowly sent)."""
-        pol = self.retry
-        deadline = time.monotonic() + pol.attempt_timeout_s
-        with self._http.stream("POST", url, content=payload) as resp:
-            if time.monotonic() > deadline:
-                raise _AttemptOver()
-            declared = resp.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > pol.max_reply_bytes:
-                raise _TooLarge(f"Content-Length {declared}")
-            chunks, size = [], 0
+    def _attempt(self, method: str, url: str, content: bytes | None = None) -> tuple[int, httpx.Headers, bytes]:
+        """One attempt of any request this client makes: (status, headers, body), the body read
+        chunk by chunk into a :class:`BoundedBody` (``resp.content`` would read any size, however
+        slowly sent). Raises AttemptOver, TooLarge or httpx's errors."""
+        body = BoundedBody(self.retry)
+        with self._http.stream(method, url, content=content) as resp:
+            body.start(resp.headers)
             for chunk in resp.iter_bytes():
-                size += len(chunk)
-                if size > pol.max_reply_bytes:
-                    raise _TooLarge(f"more than {pol.max_reply_bytes} bytes read")
-                chunks.append(chunk)
-                if time.monotonic() > deadline:
-                    raise _AttemptOver()
-            return resp, b"".join(chunks)
+                body.feed(chunk)
+            return resp.status_code, resp.headers, body.body()
 
     def chat(self, body: dict) -> tuple[Reply, CallStats]:
         """POST ``body``; the reply, or EndpointError once retrying is pointless or exhausted."""
@@ -371,19 +448,18 @@ class ChatClient:
             asked: float | None = None
             t0 = time.perf_counter()
             try:
-                resp, raw = self._post(url, payload)
-            except _TooLarge as e:
+                st, headers, raw = self._attempt("POST", url, payload)
+            except TooLarge as e:
                 raise self._fail(f"reply body over {pol.max_reply_bytes} bytes ({e}; --max-reply-bytes; "
                                  "not retried)", stats) from None
-            except _AttemptOver:
-                reason = f"attempt not complete within {pol.attempt_timeout_s:g} s (--attempt-timeout)"
+            except AttemptOver as e:
+                reason = f"attempt {e}"
             except httpx.TimeoutException:
                 reason = f"timeout after {pol.timeout_s:g} s"
             except httpx.TransportError as e:
                 reason = f"connection error ({type(e).__name__})"
             else:
                 latency = time.perf_counter() - t0
-                st = resp.status_code
                 if st == 200:
                     try:
                         reply = parse_completion(json.loads(raw.decode("utf-8")))
@@ -394,24 +470,21 @@ class ChatClient:
                     else:
                         stats.latency_s = latency
                         return reply, stats
-                elif st in RETRY_STATUS or 500 <= st <= 599:
+                elif should_retry(st):
                     reason = f"HTTP {st}"
-                    asked = retry_after_s(resp.headers)
+                    asked = retry_after_s(headers)
                 else:
                     excerpt = raw[:300].decode("utf-8", "replace").strip()
                     raise self._fail(f"HTTP {st} (not retried): {excerpt}", stats)
             last = reason
             if attempt == pol.retries:
                 break
-            backoff = min(pol.max_backoff_s, pol.backoff_s * 2.0 ** attempt)
+            delay = retry_wait(pol, attempt, asked, self._jitter)
+            if delay is None:
+                raise self._fail(f"{reason}: the server asks to wait {asked:.0f} s, more than "
+                                 f"--max-retry-after {pol.max_retry_after_s:g} s", stats)
             if asked is not None:
-                if asked > pol.max_retry_after_s:
-                    raise self._fail(f"{reason}: the server asks to wait {asked:.0f} s, more than "
-                                     f"--max-retry-after {pol.max_retry_after_s:g} s", stats)
-                delay = asked + self._jitter(0.0, 0.1 * max(asked, pol.backoff_s))
                 reason += f", Retry-After {asked:g} s"
-            else:
-                delay = self._jitter(backoff / 2.0, backoff)
             stats.waits.append((reason, round(delay, 3)))
             self._wait(delay)
         raise self._fail(f"gave up after {stats.attempts} attempts (last: {last})", stats)

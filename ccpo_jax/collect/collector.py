@@ -27,13 +27,15 @@ cap is not sent: the run stops cleanly (exit status 3), keeping every finished
 question, and ``--resume`` with a higher cap continues it.
 
 This module is the run itself: check the output, open the files, run the
-questions on a thread pool (:func:`~ccpo_jax.collect.rounds.collect_question`
-each), and finish the file.
+questions on worker threads (:func:`~ccpo_jax.collect.rounds.collect_question`
+each), and finish the file. Ctrl-C: the first waits for the calls in flight, a
+second stops at once (:func:`_run`).
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
+import queue
+import signal
 import threading
 import time
 from pathlib import Path
@@ -216,8 +218,12 @@ def _new_log(out: Path, log_path: Path) -> CallLog:
 
 def _run(todo: list[Question], s: Settings, ex: Execution, log: CallLog, meter: Meter, cache: CacheFile,
          progress: Progress, sleep: Callable[[float], Any] | None) -> str | None:
-    """Collect ``todo`` on ``ex.concurrency`` threads, appending each finished question to ``cache``;
-    the reason the run stopped early, or None."""
+    """Collect ``todo`` on ``ex.concurrency`` worker threads, appending each finished question to
+    ``cache`` (from this thread only); the reason the run stopped early, or None.
+
+    The workers are daemon threads, so that nothing joins them at interpreter exit: a Ctrl-C
+    there used to print "Exception ignored in threading._shutdown". A first Ctrl-C stops the run
+    and waits for the calls in flight (:func:`_wait_in_flight`); a second stops waiting."""
     stop = StopSignal()
     clients = {r: ChatClient(s.endpoint(r), ex.retry, max_connections=ex.concurrency, stop=stop,
                              seed=i, sleep=sleep) for i, r in enumerate(ROLES)}
@@ -232,44 +238,90 @@ def _run(todo: list[Question], s: Settings, ex: Execution, log: CallLog, meter: 
         progress.write(msg)
 
     caller = Caller(s, log, meter, stop, clients, warn)
+    jobs: queue.SimpleQueue = queue.SimpleQueue()
+    for q in todo:
+        jobs.put(q)
+    results: queue.SimpleQueue = queue.SimpleQueue()  # (question, its line or None, an unexpected error)
 
-    def work(q: Question) -> dict | None:
-        """The question's line, or None when the run stops (the first cause is kept in ``stop``)."""
-        if stop.is_set():
-            return None
-        try:
-            return collect_question(q, s, caller)
-        except BudgetStop:
-            stop.stop("budget")  # at once, so that this worker does not start the next question
-        except EndpointError as e:
-            stop.stop(str(e))
-        except Stopped:
-            pass
-        return None
-
-    try:
-        with cache, cf.ThreadPoolExecutor(max_workers=ex.concurrency) as pool:
-            pending = {pool.submit(work, q): q for q in todo}
+    def worker() -> None:
+        while not stop.is_set():
             try:
-                while pending:
-                    finished, _ = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
-                    for fut in finished:
-                        q = pending.pop(fut)
-                        rec = None if fut.cancelled() else fut.result()
-                        if rec is not None:
-                            cache.append(q.id, rec)
-                            progress.advance()
-                    if stop.is_set():
-                        for fut in pending:
-                            fut.cancel()
+                q = jobs.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                results.put((q, _work(q, s, caller, stop), None))
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
+                stop.stop(f"{type(e).__name__}: {e}")
+                results.put((q, None, e))
+
+    threads = [threading.Thread(target=worker, name=f"collect-{i}", daemon=True)
+               for i in range(min(ex.concurrency, len(todo)))]
+    errors: list[BaseException] = []
+
+    def drain(timeout: float | None) -> bool:
+        """Append what the workers finished; False once they are all done and nothing is left."""
+        alive = any(t.is_alive() for t in threads)  # (before the queue: a worker puts, then ends)
+        try:
+            q, rec, err = results.get(timeout=timeout) if timeout else results.get_nowait()
+        except queue.Empty:
+            return alive
+        if err is not None:
+            errors.append(err)
+        elif rec is not None:
+            cache.append(q.id, rec)
+            progress.advance()
+        return True
+
+    again = threading.Event()  # a second Ctrl-C
+    old_handler = None
+    try:
+        with cache:
+            for t in threads:
+                t.start()
+            try:
+                while drain(0.5):
                     progress.refresh()
             except KeyboardInterrupt:
                 stop.set()
-                for fut in pending:
-                    fut.cancel()
+                if threading.current_thread() is threading.main_thread():  # (handlers live there only)
+                    # from here on Ctrl-C only sets a flag: none can land in the middle of closing the files
+                    old_handler = signal.signal(signal.SIGINT, lambda *_: again.set())
+                _wait_in_flight(threads, drain, progress, again)
                 raise
     finally:
         progress.close()
         for cl in clients.values():
             cl.close()
+        if old_handler is not None:
+            signal.signal(signal.SIGINT, old_handler)
+    if errors:
+        raise errors[0]
     return stop.reason
+
+
+def _work(q: Question, s: Settings, caller: Caller, stop: StopSignal) -> dict | None:
+    """The question's line, or None when the run stops (the first cause is kept in ``stop``)."""
+    if stop.is_set():
+        return None
+    try:
+        return collect_question(q, s, caller)
+    except BudgetStop:
+        stop.stop("budget")  # at once, so that this worker does not start the next question
+    except EndpointError as e:
+        stop.stop(str(e))
+    except Stopped:
+        pass
+    return None
+
+
+def _wait_in_flight(threads: list[threading.Thread], drain: Callable[[float | None], bool],
+                    progress: Progress, again: threading.Event) -> None:
+    """After a first Ctrl-C: wait for the calls in flight (paid: their replies reach the call log,
+    so ``--resume`` does not pay again; questions they finish reach the cache) until the workers
+    end or ``again`` is set (a second Ctrl-C; the workers left running are daemons)."""
+    if any(t.is_alive() for t in threads):
+        progress.write("interrupted: waiting for the calls in flight (paid; their replies are kept); "
+                       "Ctrl-C again to stop at once (then they are paid again on --resume)")
+    while not again.is_set() and drain(0.1):
+        pass

@@ -220,6 +220,16 @@ def execution_from_args(args):
                      allow_unlisted_model=args.allow_unlisted_model)
 
 
+def _ignore_further_interrupts() -> None:
+    """The run has stopped and its files are closed: a further Ctrl-C while the process exits would
+    only land in the interpreter's teardown (a traceback, or a death by SIGINT). Main thread only."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 #: collect()'s and load_questions()'s arguments -> this command's flags (for error messages).
 FLAGS = {"questions": "--questions", "out": "--out", "resume": "--resume"}
 
@@ -237,6 +247,7 @@ def run(args) -> int:
     except UserError as e:  # the library names its arguments; say which flag that is
         raise e.for_cli(FLAGS) from None
     except KeyboardInterrupt:
+        _ignore_further_interrupts()
         print(f"interrupted: finished questions are in {args.out}; continue with the same flags and --resume",
               file=sys.stderr)
         raise

@@ -37,7 +37,8 @@ class Meter:
         # replies used that stopped at max_tokens (finish_reason "length"), per kind of call:
         # [how many, how many of them could not be read]
         self.cut = {k: [0, 0] for k in CUT_KINDS}
-        self.logprobs = {r: [0, 0] for r in ROLES}  # role -> [replies with log-probs, replies]
+        # role -> [replies with log-probs, replies, replies whose log-probs were sent but invalid]
+        self.logprobs = {r: [0, 0, 0] for r in ROLES}
         # per round collected in this run: [rounds with the signal, rounds]
         self.signals = {"confidence": [0, 0], "uncertainty": [0, 0]}
 
@@ -83,13 +84,15 @@ class Meter:
             self.cut[kind][0] += 1
             self.cut[kind][1] += bool(unreadable)
 
-    def logprobs_seen(self, role: str, has: bool) -> bool:
-        """Count one reply of ``role``; True when it is the role's first and has no log-probs."""
+    def logprobs_seen(self, role: str, has: bool, invalid: bool = False) -> tuple[bool, bool]:
+        """Count one reply of ``role``: (it is the role's first reply and has no log-probs, it is the
+        role's first reply with invalid ones)."""
         with self.lock:
             c = self.logprobs[role]
             c[0] += has
             c[1] += 1
-            return c[1] == 1 and not has
+            c[2] += invalid
+            return c[1] == 1 and not has, invalid and c[2] == 1
 
     def signal(self, what: str, given: bool) -> None:
         """One more round collected, with or without ``what`` (confidence / uncertainty)."""

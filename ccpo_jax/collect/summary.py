@@ -90,15 +90,16 @@ def signal_lines(m: Meter, s: Settings) -> list[str]:
     out = [f"log-probs: base confidence given for {_share(c, nc)} of the rounds collected in this run, "
            f"guide uncertainty for {_share(u, nu)}"]
     for r in ROLES:
-        has, n = m.logprobs[r]
+        has, n, bad = m.logprobs[r]
         if n and has < n:
             what = "base confidence" if r == "base" else "guide uncertainty"
             ep = s.endpoint(r)
-            out.append(f"warning: the {r} endpoint ({ep.model} at {ep.public_url}) returned no log-probs in "
-                       f"{n - has} of its {n} replies: no {what} for those rounds (reproduce leaves out UALA "
-                       "without guide uncertainty)" if r == "guide" else
-                       f"warning: the {r} endpoint ({ep.model} at {ep.public_url}) returned no log-probs in "
-                       f"{n - has} of its {n} replies: no {what} for those rounds")
+            counts = " and ".join(x for x in (f"no log-probs in {n - has - bad}" if n - has - bad else "",
+                                              f"invalid log-probs (NaN, infinite, positive...; the call log's "
+                                              f"logprobs_invalid says which) in {bad}" if bad else "") if x)
+            out.append(f"warning: the {r} endpoint ({ep.model} at {ep.public_url}) returned {counts} of its {n} "
+                       f"replies: no {what} for those rounds"
+                       + (" (reproduce leaves out UALA without guide uncertainty)" if r == "guide" else ""))
     return out
 
 
