@@ -69,6 +69,19 @@ def test_too_small_calibration_names_the_size_needed():
     assert e.value.field == "alphas"
 
 
+def test_a_tiny_alpha_is_refused_at_once():
+    """--alphas 1e-9 was refused after 140 s (the size needed, counted up one at a time, twice) with
+    advice of 33554433, a float32 artefact; the size is 2 / alpha - 1 less the rank's 1e-4 slack."""
+    import time
+
+    from ccpo_jax.ccpo.run_config import SweepConfig
+
+    t0 = time.perf_counter()
+    with pytest.raises(UserError, match=r"alpha 1e-09: 20 calibration questions .* use at least 19998\d{5} ") as e:
+        SweepConfig(split_sizes="60,20,20", alphas=(1e-9, 0.1))
+    assert e.value.field == "alphas" and time.perf_counter() - t0 < 1.0
+
+
 def test_point_stats_and_misses_by_hand():
     v = np.array([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]])  # per-seed means 2, 4: sd sqrt(2)
     s = fr.point_stats(v)

@@ -243,12 +243,12 @@ def _grid(name: str, v: Any, what: str, ok, rule: str) -> tuple[float, ...]:
 def _alphas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
     """The alpha grid; an alpha whose calibration split is too small for a threshold (the conformal
     rank exceeds n_cal, so kappa-hat = 0 and every set holds everything) is refused with the size needed."""
-    from ccpo_jax.core.conformal import calibration_size_warning, conformal_rank_host
+    from ccpo_jax.core.conformal import calibration_size_warning, conformal_rank_f64
 
     grid = _grid(name, v, "0.05,0.1,0.15,0.2", lambda a: 0.0 < a < 1.0, "in (0, 1) (target coverage 1 - alpha)")
     n_cal = cfg.split_sizes[1]
     for a in grid:
-        if conformal_rank_host(n_cal, a) > n_cal:
+        if conformal_rank_f64(n_cal, a) > n_cal:
             raise UserError(f"{name}: alpha {a:g}: {calibration_size_warning(n_cal, a)}", field=name)
     return grid
 
