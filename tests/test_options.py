@@ -60,6 +60,48 @@ def test_a_configuration_is_checked_and_resolved_when_built():
         assert str(e.value.for_cli(REPRODUCE_FLAGS)).startswith(REPRODUCE_FLAGS[field])
 
 
+def test_every_integer_option_stops_at_int32_before_anything_runs(tmp_path):
+    """Integer options end up in the trainer's int32 arrays: --group-min 2147483648 trained, then
+    crashed in mondrian_kappa with an OverflowError (and its resume crashed the same way)."""
+    from ccpo_jax.ccpo.run_config import SweepConfig
+    from conftest import run_cli
+
+    for cls in (ReproduceConfig, SweepConfig):
+        ints = [f.name for f in dataclasses.fields(cls) if "option" in f.metadata and f.metadata["option"].type is int]
+        assert set(ints) == {"n_splits", "iterations", "seed", "seeds", "member_block"} | (
+            {"group_min"} if cls is ReproduceConfig else set())
+        for name in ints:
+            assert getattr(cls(**{name: options.INT32_MAX}), name) == 2**31 - 1
+            with pytest.raises(UserError, match=r"must be at most 2147483647 \(the largest int32") as e:
+                cls(**{name: 2**31})
+            assert e.value.field == name
+    r = run_cli(["reproduce", "--calibration", "mondrian", "--group-min", "2147483648", "--out", str(tmp_path / "o")],
+                cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: --group-min: the smallest group must be at most "
+                                                     "2147483647") and r.stderr.count("\n") == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_real_options_must_survive_float32():
+    """alpha and the trainer's real fields reach JAX as float32: past its range they are inf, below its
+    smallest normal the compiled code flushes them to 0, and 1 - 1e-10 is 1."""
+    for alpha, why in [(1 - 1e-10, "0.9999999999 is 1.0 in float32, the precision the trainer computes in, which is "
+                                   "not in (0, 1)"),
+                       (1e-50, "1e-50 is 0 to the trainer (below 1.175e-38, the smallest normal float32")]:
+        with pytest.raises(UserError) as e:
+            ReproduceConfig(alpha=alpha)
+        assert e.value.field == "alpha" and str(e.value).startswith("alpha: " + why), e.value
+    assert ReproduceConfig(alpha=1e-30).alpha == 1e-30  # a normal float32 (refused or warned of only by its calibration size)
+    for item, why in [("batch_size=2147483648", "2147483648 is past the int32 range"),
+                      ("hidden=64,2147483648", "2147483648 is past the int32 range"),
+                      ("delta=1e300", "1e+300 is not finite in float32"), ("damping=1e-40", "1e-40 is 0 to the trainer")]:
+        with pytest.raises(UserError) as e:
+            ReproduceConfig(overrides=[item])
+        assert e.value.field == "overrides" and why in str(e.value), (item, e.value)
+    assert ReproduceConfig(overrides=["delta=3e38", "batch_size=2147483647"]).overrides == ("delta=3e38",
+                                                                                          "batch_size=2147483647")
+
+
 def test_run_json_round_trip_and_the_resume_check(tmp_path):
     cache = tmp_path / "c.jsonl"
     cache.write_text("")

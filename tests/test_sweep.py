@@ -48,6 +48,12 @@ def _sweep_cli(args, cwd, in_subprocess=False):
     (["--alphas", "0.1,x"], "--alphas: expected numbers separated by commas"),
     (["--lambdas", "1e-4,0"], "--lambdas: the values are not in increasing order"),
     (["--lambdas", "-1"], "--lambdas: -1 is not a finite lambda >= 0"),
+    # the trainer computes in float32: 1e300 is inf there (it trained nothing, as a row named with 301
+    # digits), 1e-50 is 0, two lambdas 1e-10 apart are one
+    (["--lambdas", "0,1e300"], "--lambdas: 1e+300 is not finite in float32 (the largest float32 is 3.403e+38)"),
+    (["--lambdas", "0,1e-50"], "--lambdas: 1e-50 is 0 to the trainer"),
+    (["--lambdas", "1e-4,1.000000001e-4"], "--lambdas: 0.0001 and 0.0001000000001 are one value in float32"),
+    (["--alphas", "0.1,0.9999999999"], "--alphas: 0.9999999999 is 1.0 in float32"),
     # 20 calibration questions: alpha 0.02 needs rank ceil(21 x 0.98) = 21 > 20
     (["--split-sizes", "60,20,20", "--alphas", "0.02,0.1"],
      "--alphas: alpha 0.02: 20 calibration questions are too few for alpha=0.02"),
