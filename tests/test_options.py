@@ -127,6 +127,58 @@ def test_run_json_round_trip_and_the_resume_check(tmp_path):
     assert options.resume_mismatch(back, {"overrides": []}) == ("overrides", ("batch_size=20",), ())
 
 
+def _killed_run(tmp_path, name, saved):
+    """``tmp_path/name`` as a killed run: its work directory with ``saved`` as run.json."""
+    out = tmp_path / name
+    work = tmp_path / f".{name}.partial"
+    work.mkdir()
+    (work / "run.json").write_text(json.dumps(saved))
+    return out, work
+
+
+def test_resume_names_the_command_that_made_the_run(tmp_path):
+    """A sweep's run resumed by reproduce said "run.json is damaged ('alpha')" (and the reverse
+    'alphas'); now the command that made it. A reproduce run.json written before reproduce saved
+    `command` (none) is reproduce's; stackelberg's is {"config": ...}."""
+    from ccpo_jax.ccpo.run_config import SweepConfig
+    from conftest import run_cli
+
+    sweep_json = dict(options.saved(SweepConfig(split_sizes="60,20,20")), command="sweep")
+    old_reproduce_json = options.saved(ReproduceConfig(split_sizes="60,20,20"))
+    for name, saved, command, maker in [("sw", sweep_json, "reproduce", "sweep"),
+                                        ("old", old_reproduce_json, "sweep", "reproduce"),
+                                        ("new", dict(old_reproduce_json, command="reproduce"), "sweep", "reproduce"),
+                                        ("stk", {"config": {"quick": True}}, "sweep", "stackelberg"),
+                                        ("stk2", {"config": {"quick": True}}, "reproduce", "stackelberg")]:
+        out, work = _killed_run(tmp_path, name, saved)
+        r = run_cli([command, "--resume", str(out)], cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr == (
+            f"error: --resume: {out} was made by `ccpo-jax {maker}`, not `ccpo-jax {command}`; resume it with "
+            f"`ccpo-jax {maker} --resume {out}`\n"), r.stderr
+        assert (work / "run.json").is_file()  # left as it was
+
+
+def test_resume_refuses_a_saved_value_that_the_checks_refuse(tmp_path):
+    """A run.json saved before a check existed (--group-min 2147483648 was accepted, then crashed after
+    training, and so did every resume): the resume names the saved value and the way out."""
+    from conftest import run_cli
+
+    saved = dict(options.saved(ReproduceConfig(split_sizes="60,20,20", calibration="mondrian")), group_min=2**31)
+    out, work = _killed_run(tmp_path, "gm", saved)
+    r = run_cli(["reproduce", "--resume", str(out)], cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr == (
+        f"error: --resume: {work / 'run.json'}: the saved --group-min is refused now (the smallest group must be at "
+        f"most 2147483647 (the largest int32, the trainer's integer type), got 2147483648); this run cannot be "
+        f"resumed: delete {work} and start it afresh\n"), r.stderr
+    # a damaged run.json is still called damaged, naming what is missing
+    _, work2 = _killed_run(tmp_path, "cut", {k: v for k, v in saved.items() if k != "alpha"})
+    with pytest.raises(UserError, match=r"run.json is damaged \(KeyError: 'alpha'\)") as e:
+        from ccpo_jax.ccpo.reproduce import reproduce
+
+        reproduce(resume=tmp_path / "cut", echo=None)
+    assert e.value.field == "resume" and (work2 / "run.json").is_file()
+
+
 def test_adding_an_option_is_adding_a_field():
     """What a new command or option needs: a field; here a sweep-like command on the shared options
     (issue 23's `sweep`) and an evaluation option with a choice (issue 24's `--calibration`)."""
