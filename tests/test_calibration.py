@@ -152,3 +152,43 @@ def test_calibration_size_warning_names_trivial_and_minimal_thresholds():
         for n in range(1, 60):
             k = int(conformal_rank(n, alpha))
             assert (calibration_size_warning(n, alpha) is None) == (k < n), (n, alpha)
+
+
+def _search(alpha, below):
+    """The oracle: the fewest n whose rank (the calibration's own float32 rule) is <= n + 1 - below,
+    found by counting up one n at a time (what calibration_size_warning did before its closed form)."""
+    n = 1
+    while cf.conformal_rank_host(n, alpha) > n + 1 - below:
+        n += 1
+    return n
+
+
+def test_min_calibration_size_closed_form_equals_the_search():
+    """The closed form against the search for ~1,500 alphas where searching is cheap (n_min < 400):
+    a grid, 1/m (where (n+1) alpha hits an integer, the boundary the rank's slack exists for) and
+    random alphas; both sizes: a threshold at all (rank <= n) and more than the lowest score (rank < n)."""
+    rng = np.random.default_rng(41)
+    alphas = sorted({*(k / 1000 for k in range(5, 1000)), *(1 / m for m in range(2, 201)),
+                     *rng.uniform(0.005, 0.99, 300)})
+    for a in alphas:
+        for below in (1, 2):
+            assert cf.min_calibration_size(a, below) == _search(a, below), (a, below)
+        n2 = cf.min_calibration_size(a, 2)
+        assert cf.calibration_size_warning(n2, a) is None and cf.calibration_size_warning(n2 - 1, a) is not None
+    assert (cf.min_calibration_size(0.05), cf.min_calibration_size(0.1, 2)) == (19, 19)  # run_config.GROUP_MIN's note
+
+
+def test_a_tiny_alpha_gets_its_size_at_once():
+    """alpha 1e-9 took 140 s (a count up to 33,554,433, a float32 artefact: 1 - 1e-9 is 1 in float32).
+    The size by exact rational arithmetic on the float64 alpha: the fewest n with alpha (n+1) >= 2 - 1e-4."""
+    import time
+    from fractions import Fraction
+
+    for alpha in (3e-9, 7.7e-8, 0.000123):  # off the boundaries, where float64 rounding could decide
+        exact = math.ceil((2 - Fraction(1, 10_000)) / Fraction(alpha)) - 1
+        t0 = time.perf_counter()
+        w = cf.calibration_size_warning(200, alpha)
+        assert time.perf_counter() - t0 < 1.0
+        assert w.endswith(f"use at least {exact} (the middle number of --split-sizes)") and "= 201 exceeds n = 200" in w
+        assert cf.min_calibration_size(alpha, 2) == exact
+    assert 1.99e9 < cf.min_calibration_size(1e-9, 2) < 2e9  # not 33554433

@@ -60,6 +60,48 @@ def test_a_configuration_is_checked_and_resolved_when_built():
         assert str(e.value.for_cli(REPRODUCE_FLAGS)).startswith(REPRODUCE_FLAGS[field])
 
 
+def test_every_integer_option_stops_at_int32_before_anything_runs(tmp_path):
+    """Integer options end up in the trainer's int32 arrays: --group-min 2147483648 trained, then
+    crashed in mondrian_kappa with an OverflowError (and its resume crashed the same way)."""
+    from ccpo_jax.ccpo.run_config import SweepConfig
+    from conftest import run_cli
+
+    for cls in (ReproduceConfig, SweepConfig):
+        ints = [f.name for f in dataclasses.fields(cls) if "option" in f.metadata and f.metadata["option"].type is int]
+        assert set(ints) == {"n_splits", "iterations", "seed", "seeds", "member_block"} | (
+            {"group_min"} if cls is ReproduceConfig else set())
+        for name in ints:
+            assert getattr(cls(**{name: options.INT32_MAX}), name) == 2**31 - 1
+            with pytest.raises(UserError, match=r"must be at most 2147483647 \(the largest int32") as e:
+                cls(**{name: 2**31})
+            assert e.value.field == name
+    r = run_cli(["reproduce", "--calibration", "mondrian", "--group-min", "2147483648", "--out", str(tmp_path / "o")],
+                cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: --group-min: the smallest group must be at most "
+                                                     "2147483647") and r.stderr.count("\n") == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_real_options_must_survive_float32():
+    """alpha and the trainer's real fields reach JAX as float32: past its range they are inf, below its
+    smallest normal the compiled code flushes them to 0, and 1 - 1e-10 is 1."""
+    for alpha, why in [(1 - 1e-10, "0.9999999999 is 1.0 in float32, the precision the trainer computes in, which is "
+                                   "not in (0, 1)"),
+                       (1e-50, "1e-50 is 0 to the trainer (below 1.175e-38, the smallest normal float32")]:
+        with pytest.raises(UserError) as e:
+            ReproduceConfig(alpha=alpha)
+        assert e.value.field == "alpha" and str(e.value).startswith("alpha: " + why), e.value
+    assert ReproduceConfig(alpha=1e-30).alpha == 1e-30  # a normal float32 (refused or warned of only by its calibration size)
+    for item, why in [("batch_size=2147483648", "2147483648 is past the int32 range"),
+                      ("hidden=64,2147483648", "2147483648 is past the int32 range"),
+                      ("delta=1e300", "1e+300 is not finite in float32"), ("damping=1e-40", "1e-40 is 0 to the trainer")]:
+        with pytest.raises(UserError) as e:
+            ReproduceConfig(overrides=[item])
+        assert e.value.field == "overrides" and why in str(e.value), (item, e.value)
+    assert ReproduceConfig(overrides=["delta=3e38", "batch_size=2147483647"]).overrides == ("delta=3e38",
+                                                                                          "batch_size=2147483647")
+
+
 def test_run_json_round_trip_and_the_resume_check(tmp_path):
     cache = tmp_path / "c.jsonl"
     cache.write_text("")
@@ -83,6 +125,58 @@ def test_run_json_round_trip_and_the_resume_check(tmp_path):
     assert options.resume_mismatch(back, {"n_splits": 5}) == ("n_splits", 2, 5)
     assert options.resume_mismatch(back, {"iterations": back.train_config().iterations + 1})[0] == "iterations"
     assert options.resume_mismatch(back, {"overrides": []}) == ("overrides", ("batch_size=20",), ())
+
+
+def _killed_run(tmp_path, name, saved):
+    """``tmp_path/name`` as a killed run: its work directory with ``saved`` as run.json."""
+    out = tmp_path / name
+    work = tmp_path / f".{name}.partial"
+    work.mkdir()
+    (work / "run.json").write_text(json.dumps(saved))
+    return out, work
+
+
+def test_resume_names_the_command_that_made_the_run(tmp_path):
+    """A sweep's run resumed by reproduce said "run.json is damaged ('alpha')" (and the reverse
+    'alphas'); now the command that made it. A reproduce run.json written before reproduce saved
+    `command` (none) is reproduce's; stackelberg's is {"config": ...}."""
+    from ccpo_jax.ccpo.run_config import SweepConfig
+    from conftest import run_cli
+
+    sweep_json = dict(options.saved(SweepConfig(split_sizes="60,20,20")), command="sweep")
+    old_reproduce_json = options.saved(ReproduceConfig(split_sizes="60,20,20"))
+    for name, saved, command, maker in [("sw", sweep_json, "reproduce", "sweep"),
+                                        ("old", old_reproduce_json, "sweep", "reproduce"),
+                                        ("new", dict(old_reproduce_json, command="reproduce"), "sweep", "reproduce"),
+                                        ("stk", {"config": {"quick": True}}, "sweep", "stackelberg"),
+                                        ("stk2", {"config": {"quick": True}}, "reproduce", "stackelberg")]:
+        out, work = _killed_run(tmp_path, name, saved)
+        r = run_cli([command, "--resume", str(out)], cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr == (
+            f"error: --resume: {out} was made by `ccpo-jax {maker}`, not `ccpo-jax {command}`; resume it with "
+            f"`ccpo-jax {maker} --resume {out}`\n"), r.stderr
+        assert (work / "run.json").is_file()  # left as it was
+
+
+def test_resume_refuses_a_saved_value_that_the_checks_refuse(tmp_path):
+    """A run.json saved before a check existed (--group-min 2147483648 was accepted, then crashed after
+    training, and so did every resume): the resume names the saved value and the way out."""
+    from conftest import run_cli
+
+    saved = dict(options.saved(ReproduceConfig(split_sizes="60,20,20", calibration="mondrian")), group_min=2**31)
+    out, work = _killed_run(tmp_path, "gm", saved)
+    r = run_cli(["reproduce", "--resume", str(out)], cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr == (
+        f"error: --resume: {work / 'run.json'}: the saved --group-min is refused now (the smallest group must be at "
+        f"most 2147483647 (the largest int32, the trainer's integer type), got 2147483648); this run cannot be "
+        f"resumed: delete {work} and start it afresh\n"), r.stderr
+    # a damaged run.json is still called damaged, naming what is missing
+    _, work2 = _killed_run(tmp_path, "cut", {k: v for k, v in saved.items() if k != "alpha"})
+    with pytest.raises(UserError, match=r"run.json is damaged \(KeyError: 'alpha'\)") as e:
+        from ccpo_jax.ccpo.reproduce import reproduce
+
+        reproduce(resume=tmp_path / "cut", echo=None)
+    assert e.value.field == "resume" and (work2 / "run.json").is_file()
 
 
 def test_adding_an_option_is_adding_a_field():

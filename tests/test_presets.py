@@ -98,6 +98,7 @@ def test_reproduce_passes_preset_overrides_and_seeds(tmp_path, small_cache):
     assert "go beyond the paper's published setting (preset `paper`): batch_size 10 -> 20, iterations 1500 -> 11" in table
     saved = json.loads((out / "run.json").read_text())
     assert saved["seeds"] == 3 and saved["preset"] == "paper" and saved["overrides"] == ["batch_size=20"]
+    assert saved["command"] == "reproduce"  # what `sweep --resume` names when given this run (test_options.py)
     assert res.results == r
 
 

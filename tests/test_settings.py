@@ -87,6 +87,13 @@ def test_lambda_formatting_is_stable():
     assert lambda_row_name(2e-4) == "CCPO (lambda=2e-4)"
     assert lambda_row_name(0) == "CCPO (lambda=0)"
     assert lambda_row_name(float("2e-4")) == lambda_row_name(0.0002)
+    # a huge lambda (finite in float32) is named in scientific notation, not in 31 digits, without a '+'
+    # (a policy directory keeps letters, digits and dashes: 1e+30 would be named as 1e-30)
+    assert [format_lambda(x) for x in (999999.5, 1e6, 1.5e7, 1e30, 3.4e38)] == ["999999.5", "1e6", "1.5e7", "1e30", "3.4e38"]
+    assert all(float(format_lambda(x)) == x for x in (1e6, 1.5e7, 1e30, 3.4e38, 1.2345678e-7))
+    from ccpo_jax.ccpo.policy_store import policy_slug
+
+    assert policy_slug(lambda_row_name(1e30)) == "ccpo-lambda-1e30" != policy_slug(lambda_row_name(1e-30))
 
 
 def test_row_order_follows_the_paper():

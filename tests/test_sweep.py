@@ -48,6 +48,12 @@ def _sweep_cli(args, cwd, in_subprocess=False):
     (["--alphas", "0.1,x"], "--alphas: expected numbers separated by commas"),
     (["--lambdas", "1e-4,0"], "--lambdas: the values are not in increasing order"),
     (["--lambdas", "-1"], "--lambdas: -1 is not a finite lambda >= 0"),
+    # the trainer computes in float32: 1e300 is inf there (it trained nothing, as a row named with 301
+    # digits), 1e-50 is 0, two lambdas 1e-10 apart are one
+    (["--lambdas", "0,1e300"], "--lambdas: 1e+300 is not finite in float32 (the largest float32 is 3.403e+38)"),
+    (["--lambdas", "0,1e-50"], "--lambdas: 1e-50 is 0 to the trainer"),
+    (["--lambdas", "1e-4,1.000000001e-4"], "--lambdas: 0.0001 and 0.0001000000001 are one value in float32"),
+    (["--alphas", "0.1,0.9999999999"], "--alphas: 0.9999999999 is 1.0 in float32"),
     # 20 calibration questions: alpha 0.02 needs rank ceil(21 x 0.98) = 21 > 20
     (["--split-sizes", "60,20,20", "--alphas", "0.02,0.1"],
      "--alphas: alpha 0.02: 20 calibration questions are too few for alpha=0.02"),
@@ -67,6 +73,19 @@ def test_too_small_calibration_names_the_size_needed():
     with pytest.raises(UserError, match=r"use at least 99 ") as e:
         SweepConfig(split_sizes="60,20,20", alphas=(0.02,))
     assert e.value.field == "alphas"
+
+
+def test_a_tiny_alpha_is_refused_at_once():
+    """--alphas 1e-9 was refused after 140 s (the size needed, counted up one at a time, twice) with
+    advice of 33554433, a float32 artefact; the size is 2 / alpha - 1 less the rank's 1e-4 slack."""
+    import time
+
+    from ccpo_jax.ccpo.run_config import SweepConfig
+
+    t0 = time.perf_counter()
+    with pytest.raises(UserError, match=r"alpha 1e-09: 20 calibration questions .* use at least 19998\d{5} ") as e:
+        SweepConfig(split_sizes="60,20,20", alphas=(1e-9, 0.1))
+    assert e.value.field == "alphas" and time.perf_counter() - t0 < 1.0
 
 
 def test_point_stats_and_misses_by_hand():

@@ -15,6 +15,7 @@ import typing
 
 from ccpo_jax.ccpo.config import TrainConfig
 from ccpo_jax.errors import UserError
+from ccpo_jax.runtime.options import INT32_MAX, float32_problem
 
 PAPER = TrainConfig(estimator="jbar", batch_size=10, iterations=1500, chunk=100, constraint_z=0.0, pointwise_z=0.0,
                     cg_iters=10, backtrack_steps=15, ccpo_target="stochastic")
@@ -68,17 +69,26 @@ def _parse(name: str, typ, text: str):
             return False
         raise ValueError("expected true or false")
     if typ is int:
-        return int(text)
+        return _int32(int(text))
     if typ is float:
         v = float(text)
         if v != v or v in (float("inf"), float("-inf")):
             raise ValueError("must be finite")
+        why = float32_problem(v)  # the trainer computes in float32
+        if why:
+            raise ValueError(why)
         return v
     if typ is str:
         return text
     if typing.get_origin(typ) is tuple:
-        return tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+        return tuple(_int32(int(x)) for x in text.replace("x", ",").split(",") if x.strip())
     raise ValueError(f"unsupported field type {typ}")
+
+
+def _int32(v: int) -> int:
+    if abs(v) > INT32_MAX:  # JAX's integers are int32: a larger value overflows inside the trainer
+        raise ValueError(f"{v} is past the int32 range (at most {INT32_MAX} in size), the trainer's integer type")
+    return v
 
 
 def field_types() -> dict[str, type]:

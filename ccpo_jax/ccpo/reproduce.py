@@ -99,23 +99,48 @@ def resolve_mesh(devices: int | str | None):
     return None if n == 1 else sharding.make_mesh(n)
 
 
+def made_by(saved: Any) -> str | None:
+    """The command whose run.json ``saved`` is: ``sweep`` and ``reproduce`` write ``command`` (a
+    reproduce run.json from before that has none), ``stackelberg`` writes ``{"config": ...}``."""
+    if not isinstance(saved, dict):
+        return None
+    if "command" in saved:
+        return saved["command"] if isinstance(saved["command"], str) else None
+    return "stackelberg" if set(saved) == {"config"} else "reproduce"
+
+
 def _resume_config(resume: Path, given: Mapping[str, Any], cls: type = ReproduceConfig,
-                   results_file: str = report.RESULTS_FILE) -> tuple[Path, Any]:
+                   results_file: str = report.RESULTS_FILE, command: str = "reproduce") -> tuple[Path, Any]:
     """Find the work dir of a killed run at ``resume`` (its out_dir) and read its run.json.
 
     ``given`` holds the options of this call: the saved ones must be None or equal to the
     saved values (:func:`ccpo_jax.runtime.options.resume_mismatch`); the execution options
-    (devices, member block, progress) are this call's.
+    (devices, member block, progress) are this call's. A run made by another command
+    (:func:`made_by`) is refused naming it, and so is a saved value that the checks refuse.
     """
     out, work = workdir.interrupted_run(resume, RUN_FILE, results_file)
     unsaved = {k: given.get(k) for k in ("devices", "member_block", "progress", "discard_failed")}
+    run_file = work / RUN_FILE
     try:
-        cfg = options.from_saved(cls, json.loads((work / RUN_FILE).read_text()),
-                                 out_dir=out, resume=resume, **unsaved)
-    except UserError:
-        raise
-    except (ValueError, KeyError, TypeError) as e:
-        raise UserError(f"resume: {work / RUN_FILE} is damaged ({e})", field="resume") from None
+        saved = json.loads(run_file.read_text())
+    except (ValueError, OSError) as e:  # invalid UTF-8 is a ValueError
+        raise UserError(f"resume: {run_file} is damaged ({e})", field="resume") from None
+    maker = made_by(saved)
+    if maker is not None and maker != command:
+        raise UserError(f"resume: {out} was made by `ccpo-jax {maker}`, not `ccpo-jax {command}`; resume it with "
+                        f"`ccpo-jax {maker} --resume {out}`", field="resume")
+    try:
+        cfg = options.from_saved(cls, saved, out_dir=out, resume=resume, **unsaved)
+    except UserError as e:
+        if e.field == "cache":  # the cache moved or was deleted: restoring it resumes the run
+            raise
+        # e.g. --group-min 2147483648 saved before values past int32 were refused at the start
+        why = str(e)[len(f"{e.field}: "):] if e.field and str(e).startswith(f"{e.field}: ") else str(e)
+        what = f"`{e.field}`" if e.field else "configuration"
+        raise UserError(f"resume: {run_file}: the saved {what} is refused now ({why}); this run cannot be "
+                        f"resumed: delete {work} and start it afresh", field="resume") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserError(f"resume: {run_file} is damaged ({type(e).__name__}: {e})", field="resume") from None
     mismatch = options.resume_mismatch(cfg, given)
     if mismatch is not None:
         k, old, new = mismatch
@@ -130,10 +155,10 @@ def _resume_config(resume: Path, given: Mapping[str, Any], cls: type = Reproduce
 
 
 def open_run(given: Mapping[str, Any], cls: type = ReproduceConfig, out_prefix: str = "",
-             results_file: str = report.RESULTS_FILE) -> tuple[Path, Any]:
+             results_file: str = report.RESULTS_FILE, command: str = "reproduce") -> tuple[Path, Any]:
     """(out_dir, configuration ``cls``) of a new run, or of the killed run at ``given["resume"]``
-    (``ccpo-jax reproduce`` and ``ccpo-jax sweep``; a new run's default out_dir is
-    ``runs/<out_prefix><setting>-<timestamp>``)."""
+    (``ccpo-jax reproduce`` and ``ccpo-jax sweep``, named by ``command``; a new run's default
+    out_dir is ``runs/<out_prefix><setting>-<timestamp>``)."""
     if given.get("resume") is None:
         cfg = cls(**given)
         out = cfg.out_dir if cfg.out_dir is not None else _default_out(out_prefix + cfg.setting)
@@ -143,7 +168,7 @@ def open_run(given: Mapping[str, Any], cls: type = ReproduceConfig, out_prefix: 
     if out_dir is not None and Path(out_dir) != resume:
         raise UserError("resume: do not combine with a different out_dir (the run resumes into its own)",
                         field="resume")
-    return _resume_config(resume, given, cls, results_file)
+    return _resume_config(resume, given, cls, results_file, command)
 
 
 # -- the cache -------------------------------------------------------------------------
@@ -364,7 +389,8 @@ def reproduce(
         if not resuming:
             work.mkdir(parents=True)
             created = True
-            atomic_write_text(work / RUN_FILE, json.dumps(dict(options.saved(cfg), cache_checksum=cache_obj.manifest.checksum),
+            atomic_write_text(work / RUN_FILE, json.dumps(dict(options.saved(cfg), command="reproduce",
+                                                               cache_checksum=cache_obj.manifest.checksum),
                                                           indent=2) + "\n")
         _announce(say, st, cfg, cache_obj, trainer is not None, small, mesh, block)
         # 3. env params and 4. splits

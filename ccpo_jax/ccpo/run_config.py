@@ -103,7 +103,18 @@ def _alpha(name: str, v: Any, cfg: Any) -> float:
         raise UserError(f"alpha: must be a number in (0, 1), got {v!r}", field="alpha") from None
     if not (0.0 < a < 1.0):
         raise UserError(f"alpha: must be in (0, 1) (target coverage 1 - alpha), got {v!r}", field="alpha")
+    why = _float32_problem(a, lambda x: 0.0 < x < 1.0, "in (0, 1)")
+    if why:
+        raise UserError(f"alpha: {why}", field="alpha")
     return a
+
+
+def _float32_problem(x: float, ok, rule: str) -> str | None:
+    """Why ``x`` (which passed ``ok`` in float64) is refused once rounded to the trainer's float32, or None."""
+    why = options.float32_problem(x)
+    if why is None and not ok(options.as_float32(x)):
+        why = f"{x!r} is {options.as_float32(x)!r} in float32, the precision the trainer computes in, which is not {rule}"
+    return why
 
 
 def _setting_lambdas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
@@ -232,6 +243,15 @@ def _grid(name: str, v: Any, what: str, ok, rule: str) -> tuple[float, ...]:
     bad = [x for x in grid if not ok(x)]
     if bad:
         raise UserError(f"{name}: {bad[0]:g} is not {rule}", field=name)
+    for x in grid:
+        why = _float32_problem(x, ok, rule)
+        if why:
+            raise UserError(f"{name}: {why}", field=name)
+    g32 = [options.as_float32(x) for x in grid]
+    same = [(a, b) for a, b, a32, b32 in zip(grid, grid[1:], g32, g32[1:]) if a < b and a32 >= b32]
+    if same:  # distinct in float64, one value for the trainer: two rows (points) that are one
+        raise UserError(f"{name}: {same[0][0]!r} and {same[0][1]!r} are one value in float32, the precision the "
+                        "trainer computes in; give values that differ in float32", field=name)
     if any(b <= a for a, b in zip(grid, grid[1:])):
         dup = sorted({x for x in grid if grid.count(x) > 1})
         why = f"{dup[0]:g} is given twice" if dup else "the values are not in increasing order"
@@ -243,18 +263,18 @@ def _grid(name: str, v: Any, what: str, ok, rule: str) -> tuple[float, ...]:
 def _alphas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
     """The alpha grid; an alpha whose calibration split is too small for a threshold (the conformal
     rank exceeds n_cal, so kappa-hat = 0 and every set holds everything) is refused with the size needed."""
-    from ccpo_jax.core.conformal import calibration_size_warning, conformal_rank_host
+    from ccpo_jax.core.conformal import calibration_size_warning, conformal_rank_f64
 
     grid = _grid(name, v, "0.05,0.1,0.15,0.2", lambda a: 0.0 < a < 1.0, "in (0, 1) (target coverage 1 - alpha)")
     n_cal = cfg.split_sizes[1]
     for a in grid:
-        if conformal_rank_host(n_cal, a) > n_cal:
+        if conformal_rank_f64(n_cal, a) > n_cal:
             raise UserError(f"{name}: alpha {a:g}: {calibration_size_warning(n_cal, a)}", field=name)
     return grid
 
 
 def _lambdas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
-    return _grid(name, v, "0,1e-4,2e-4", lambda x: x >= 0.0 and x != float("inf"), "a finite lambda >= 0")
+    return _grid(name, v, "0,1e-4,2e-4", lambda x: 0.0 <= x < float("inf"), "a finite lambda >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

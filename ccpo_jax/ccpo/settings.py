@@ -49,18 +49,20 @@ BASE_MODELS = {"llama2": "LLaMA-2-7B", "llama3": "LLaMA-3.2-3B"}
 
 
 def format_lambda(lam: float) -> str:
-    """Stable text of a set-size penalty: ``0``, ``1e-4``, ``2e-4``, ``1.5e-4``, ``0.05``, ``1``.
+    """Stable text of a set-size penalty: ``0``, ``1e-4``, ``2e-4``, ``1.5e-4``, ``0.05``, ``1``, ``1e30``.
 
-    Scientific notation with the shortest mantissa below 0.01, plain decimal
-    otherwise; the same float always gives the same text.
+    Scientific notation with the shortest mantissa below 0.01 and from 1e6 up (1e30 in plain
+    decimal is 31 digits), plain decimal between; the same float always gives the same text,
+    and ``float`` reads it back. No ``+`` in the exponent: a policy's directory name keeps only
+    letters, digits and dashes, and 1e+30 would become the name of 1e-30.
     """
     lam = float(lam)
     if not np.isfinite(lam):
         raise UserError(f"lambda must be finite, got {lam}")
     if lam == 0.0:
         return "0"
-    if abs(lam) < 1e-2:
-        return np.format_float_scientific(lam, unique=True, trim="-", exp_digits=1)
+    if abs(lam) < 1e-2 or abs(lam) >= 1e6:
+        return np.format_float_scientific(lam, unique=True, trim="-", exp_digits=1).replace("e+", "e")
     return np.format_float_positional(lam, unique=True, trim="-")
 
 

@@ -79,7 +79,8 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
     if unknown:
         raise TypeError(f"sweep() got unknown option(s) {', '.join(unknown)}; "
                         f"the options: {', '.join(options.inputs(SweepConfig))}")
-    out, cfg = open_run(given, SweepConfig, out_prefix="sweep-", results_file=fr.FRONTIER_JSON)
+    out, cfg = open_run(given, SweepConfig, out_prefix="sweep-", results_file=fr.FRONTIER_JSON,
+                        command="sweep")
     resuming = cfg.resume is not None
     st = get_setting(cfg.setting)
     work = workdir.work_dir(out)

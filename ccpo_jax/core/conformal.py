@@ -10,6 +10,8 @@ batch calibration exact (no grid, :func:`largest_covering_kappa`).
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -184,23 +186,54 @@ def conformal_rank_host(n: int, alpha: float) -> int:
     return int(np.ceil(np.float32(n + 1) * (np.float32(1.0) - np.float32(alpha)) - np.float32(1e-4)))
 
 
+#: The slack of :func:`conformal_rank`: k = ceil((n + 1)(1 - alpha) - RANK_SLACK).
+RANK_SLACK = 1e-4
+
+
+def min_calibration_size(alpha: float, below: int = 1) -> int:
+    """The fewest calibration questions n whose conformal rank k = ceil((n+1)(1-alpha) - 1e-4)
+    (:func:`conformal_rank`'s rule) is at most ``n + 1 - below``: ``below`` 1 = a threshold at all
+    (k <= n; below it kappa-hat = 0), 2 = not the single lowest score (k < n).
+
+    Closed form, in float64 (not a search: alpha 1e-9 needs about 2e9 questions): k - n =
+    ceil(1 - alpha (n + 1) - 1e-4), so k <= n + 1 - b iff alpha (n + 1) >= b - 1e-4, i.e.
+    n >= (b - 1e-4) / alpha - 1. The float32 rank of the calibration agrees with it wherever
+    float32 is exact enough (tests/test_calibration.py checks it against a search with
+    :func:`conformal_rank_host` for alphas down to 0.005)."""
+    a = float(alpha)
+    if not 0.0 < a < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    n = max(1, math.ceil((below - RANK_SLACK) / a) - 1)
+
+    def ok(m: int) -> bool:  # the rank's own float64 expression, so that the two agree at the boundary
+        return conformal_rank_f64(m, a) <= m + 1 - below
+
+    # the division rounds: step to the boundary (a step or two; k - n is monotone in n)
+    while n > 1 and ok(n - 1):
+        n -= 1
+    while not ok(n):
+        n += 1
+    return n
+
+
+def conformal_rank_f64(n: int, alpha: float) -> int:
+    """:func:`conformal_rank` in float64 on the host: n + ceil(1 - alpha (n + 1) - 1e-4) (the same
+    value as ceil((n+1)(1-alpha) - 1e-4), without float32's rounding of 1 - alpha)."""
+    return int(n) + math.ceil(1.0 - float(alpha) * (int(n) + 1) - RANK_SLACK)
+
+
 def calibration_size_warning(n: int, alpha: float) -> str | None:
     """A warning when ``n`` calibration questions are too few for a useful threshold at ``alpha``.
 
-    The rank k = ceil((n+1)(1-alpha)) (:func:`conformal_rank`'s float32 arithmetic, on the host)
-    exceeds n: kappa-hat = 0, every available action is in every set and coverage is 1 by
-    construction; k = n: kappa-hat is the single lowest calibration score. None otherwise.
+    The rank k = ceil((n+1)(1-alpha)) exceeds n: kappa-hat = 0, every available action is in
+    every set and coverage is 1 by construction; k = n: kappa-hat is the single lowest
+    calibration score. None otherwise. Closed forms (:func:`min_calibration_size`), so it
+    answers at once for any alpha.
     """
-
-    def rank(m: int) -> int:
-        return conformal_rank_host(m, alpha)
-
-    k = rank(n)
+    k = conformal_rank_f64(n, alpha)
     if k < n:
         return None
-    n_min = n + 1
-    while rank(n_min) >= n_min:
-        n_min += 1
+    n_min = min_calibration_size(alpha, below=2)
     what = ("so kappa-hat = 0: every set holds every available action and coverage is 1 by construction"
             if k > n else "so kappa-hat is the single lowest calibration score (a very noisy threshold)")
     return (f"{n} calibration questions are too few for alpha={alpha:g}: the conformal rank "

@@ -186,12 +186,47 @@ def markdown(cls: type) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check_int(what: str, lo: int) -> Check:
-    """A check: an integer >= ``lo`` (``what`` names it in the message)."""
+#: The largest int32: every integer option ends up in an int32 array or argument of the trainer
+#: (JAX's default integer type), where a larger value overflows.
+INT32_MAX = 2**31 - 1
+#: The largest finite float32: every real option reaches the trainer as float32.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_int(what: str, lo: int, hi: int = INT32_MAX) -> Check:
+    """A check: an integer in [``lo``, ``hi``] (``what`` names it in the message); ``hi`` defaults to
+    the largest int32, so that a value is refused here, before any training, not by JAX after it."""
     def check(name: str, v: Any, cfg: Any) -> Any:
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise UserError(f"{name}: {what} must be an integer >= {lo}, got {v!r}", field=name)
+        if v > hi:
+            why = " (the largest int32, the trainer's integer type)" if hi == INT32_MAX else ""
+            raise UserError(f"{name}: {what} must be at most {hi}{why}, got {v!r}", field=name)
         return int(v)
     return check
+
+
+def as_float32(x: float) -> float:
+    """``x`` as the trainer sees it: rounded to float32 (inf past :data:`FLOAT32_MAX`, 0 below its
+    smallest subnormal), as a Python float, without numpy's overflow warning."""
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.float32(x))
+
+
+#: The smallest normal float32: XLA flushes smaller (subnormal) values to 0 in compiled code.
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+
+
+def float32_problem(x: float) -> str | None:
+    """Why the finite float ``x`` does not survive the trainer's float32, or None: it overflows to
+    infinity, or it is nonzero and below the smallest normal float32, so the trainer sees 0."""
+    y = as_float32(x)
+    if not np.isfinite(y):
+        return (f"{x!r} is not finite in float32 (the largest float32 is {FLOAT32_MAX:.4g}), the precision "
+                "the trainer computes in")
+    if x != 0.0 and abs(y) < FLOAT32_TINY:
+        return (f"{x!r} is 0 to the trainer (below {FLOAT32_TINY:.4g}, the smallest normal float32; the "
+                "compiled code flushes smaller values to 0)")
+    return None
