@@ -41,7 +41,7 @@ from ccpo_jax.ccpo.run_config import ReproduceConfig
 from ccpo_jax.ccpo.settings import METRICS, Setting, get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
 from ccpo_jax.core.conformal import calibration_size_warning
-from ccpo_jax.errors import UserError, add_hint
+from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import options, sharding, workdir
 from envs.atomic import atomic_write_text
 from envs.bound import BOUND_ROW, bound_of_params
@@ -410,11 +410,8 @@ def reproduce(
     except BaseException as e:
         # A failure after training started (a full disk while writing outputs, a bug in the
         # report) must not cost the training: the checkpoints stay, and the error says how to go on.
-        if workdir.has_checkpoints(work, CKPT_DIR) and not cfg.discard_failed:
-            add_hint(e, f"the training checkpoints are kept in {work}; after fixing the cause, continue with "
-                        f"`ccpo-jax reproduce --resume {out}` (or delete {work})")
-        elif created or cfg.discard_failed:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.after_failure(e, work, created=created, discard=cfg.discard_failed, ckpt_dir=CKPT_DIR,
+                              resume_hint=f"after fixing the cause, continue with `ccpo-jax reproduce --resume {out}`")
         raise
     say("")
     say(table.rstrip("\n"))

@@ -37,7 +37,7 @@ from ccpo_jax.ccpo.run_config import SweepConfig
 from ccpo_jax.ccpo.settings import get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
 from ccpo_jax.core.conformal import calibration_size_warning
-from ccpo_jax.errors import UserError, add_hint
+from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import options, workdir
 from ccpo_jax.runtime.scalars import ScalarWriter
 from envs.atomic import atomic_write_text
@@ -154,11 +154,8 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
             shutil.rmtree(work, ignore_errors=True)
         raise
     except BaseException as e:
-        if workdir.has_checkpoints(work, CKPT_DIR) and not cfg.discard_failed:
-            add_hint(e, f"the training checkpoints are kept in {work}; after fixing the cause, continue with "
-                        f"`ccpo-jax sweep --resume {out}` (or delete {work})")
-        elif created or cfg.discard_failed:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.after_failure(e, work, created=created, discard=cfg.discard_failed, ckpt_dir=CKPT_DIR,
+                              resume_hint=f"after fixing the cause, continue with `ccpo-jax sweep --resume {out}`")
         raise
     say("")
     say(md.rstrip("\n"))

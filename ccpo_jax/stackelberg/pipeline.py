@@ -17,7 +17,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -26,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ccpo_jax.errors import UserError, add_hint
+from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import loop, workdir
 from ccpo_jax.runtime.scalars import ScalarWriter
 from envs.atomic import atomic_write_text
@@ -542,11 +541,8 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
         res = _run_in(cfg, work, progress, log)
         os.replace(work, out)
     except BaseException as e:
-        if workdir.has_checkpoints(work):
-            add_hint(e, f"the training checkpoints are kept in {work}; continue with the same options and "
-                        f"`--resume {out}` (or delete {work})")
-        elif not resume:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.after_failure(e, work, created=not resume,
+                              resume_hint=f"continue with the same options and `--resume {out}`")
         raise
     return res
 
