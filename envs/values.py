@@ -91,6 +91,33 @@ def show(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def printable(text: Any) -> str:
+    """``text`` for a terminal or a report: as it is when every character is printable, else quoted
+    the way Python writes a string (``'red\\x1b[0m'``), so that a name from a cache (a model, a
+    group, the cache itself) cannot colour the terminal, move its cursor or break a line."""
+    s = str(text)
+    return s if s.isprintable() else repr(s)
+
+
+def md_cell(text: Any) -> str:
+    """``text`` in a markdown table cell: :func:`printable`, and ``|`` escaped (it would end the cell)."""
+    return printable(text).replace("|", "\\|")
+
+
+def md_code(text: Any) -> str:
+    """``text`` as a markdown code span: :func:`printable`, fenced by one backtick more than its
+    longest run of backticks (padded when it starts or ends with one), and ``|`` escaped so that
+    the span can stand in a table too."""
+    s = printable(text).replace("|", "\\|")
+    longest, cur = 0, 0
+    for ch in s:
+        cur = cur + 1 if ch == "`" else 0
+        longest = max(longest, cur)
+    fence = "`" * (longest + 1)
+    pad = " " if s.startswith("`") or s.endswith("`") else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
+
+
 def is_number(v: Any) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 

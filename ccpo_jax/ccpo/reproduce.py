@@ -49,6 +49,7 @@ from envs.cache import ResponseCache, cache_groups
 from envs.formats import load_cache
 from envs.orchestration import make_env_params
 from envs.synthetic import generate
+from envs.values import printable
 
 RUN_FILE = "run.json"
 TB_DIR = "tensorboard"
@@ -183,8 +184,8 @@ def is_setting_profile(setting: Setting, cache: ResponseCache) -> bool:
 def describe_cache(cache: ResponseCache) -> str:
     prov = cache.manifest.provenance
     kind = "SYNTHETIC" if prov.get("kind") == "synthetic" else str(prov.get("kind", "?"))
-    extra = ", ".join(f"{k}={v}" for k, v in prov.items() if k != "kind")
-    return f"{kind} cache '{cache.manifest.name}' ({cache.n_questions} questions, T={cache.T}{', ' + extra if extra else ''})"
+    extra = ", ".join(f"{printable(k)}={printable(v)}" for k, v in prov.items() if k != "kind")
+    return f"{kind} cache {cache.manifest.name!r} ({cache.n_questions} questions, T={cache.T}{', ' + extra if extra else ''})"
 
 
 def as_rows(rows: Mapping[str, Mapping[str, Any]], n_splits: int, source: str) -> dict[str, dict[str, np.ndarray]]:
@@ -222,7 +223,7 @@ def group_spec(cfg: ReproduceConfig, cache: ResponseCache) -> GroupSpec | None:
     g = cache_groups(cache.arrays)
     if g is None:
         raise UserError(f"calibration: mondrian needs a question group ('group') for every question, and the cache "
-                        f"'{cache.manifest.name}' has none; add a 'group' field beside each question's 'id' "
+                        f"{cache.manifest.name!r} has none; add a 'group' field beside each question's 'id' "
                         "(docs/caches.md) or use --calibration marginal", field="calibration")
     return GroupSpec.of(g, cfg.group_min)
 
@@ -352,7 +353,7 @@ def reproduce(
 
     # 2. the cache
     cache_obj = load_run_cache(st, cfg.cache)
-    check_split_sizes(cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache '{cache_obj.manifest.name}'")
+    check_split_sizes(cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache {cache_obj.manifest.name!r}")
     if resuming:
         check_resumed_cache(work, cache_obj)
     notes: list[str] = []

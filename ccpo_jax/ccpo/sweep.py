@@ -87,7 +87,7 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
         raise UserError("sweep runs on one host; see docs/performance.md for multi-host training")
     mesh = resolve_mesh(cfg.devices)
     cache = load_run_cache(st, cfg.cache)
-    check_split_sizes(cache.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache '{cache.manifest.name}'")
+    check_split_sizes(cache.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache {cache.manifest.name!r}")
     if resuming:
         check_resumed_cache(work, cache)
     tc = cfg.train_config()
@@ -100,7 +100,7 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
                                                                cache_checksum=cache.manifest.checksum), indent=2) + "\n")
         own = is_setting_profile(st, cache)
         say(f"sweep {st.name}: {'the SYNTHETIC' if cache.manifest.provenance.get('kind') == 'synthetic' else 'the'} "
-            f"cache '{cache.manifest.name}'{' (the setting profile)' if own else ''}")
+            f"cache {cache.manifest.name!r}{' (the setting profile)' if own else ''}")
         say(f"  {describe_cache(cache)}")
         say(f"  alphas {', '.join(f'{a:g}' for a in cfg.alphas)}; CCPO lambdas {', '.join(f'{x:g}' for x in cfg.lambdas)}; "
             f"protocol {cfg.protocol}, {cfg.n_splits} splits of {'/'.join(map(str, cfg.split_sizes))}, seed {cfg.seed}")

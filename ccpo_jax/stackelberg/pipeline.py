@@ -34,6 +34,7 @@ from envs.published import STACKELBERG_SIM_TO_REAL, STACKELBERG_SURROGATE, STACK
 from envs.governance.grid import ResponseGrid, load_grid
 from envs.governance.session import N_TASKS, SessionEnv, make_session_params
 from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes
+from envs.values import md_cell, md_code
 
 from .config import StackelbergConfig
 from .evaluate import BASELINE, STRATEGIES, pareto_front, pareto_plot, rollout_episodes, sim_to_real, summarise
@@ -423,7 +424,7 @@ def write_table(path: Path, res: dict) -> None:
     L.append(f"# Stackelberg resource governance (arXiv 2606.23026): results on a {label}\n")
     if leader_profile_line(res):
         L.append(leader_profile_line(res))
-    L.append(f"Grid `{res['data']['name']}` ({res['data']['n_cells']} cells, provenance {res['data']['provenance'].get('kind')}); "
+    L.append(f"Grid {md_code(res['data']['name'])} ({res['data']['n_cells']} cells, provenance {md_cell(res['data']['provenance'].get('kind'))}); "
              f"pipeline wall time {res['timing']['total_s']:.1f} s on {res['environment']['backend']}.\n")
     for key, title in (("paper_size", "paper size"), ("large", "large")):
         ev = res["evaluation"][key]
@@ -452,7 +453,7 @@ def write_table(path: Path, res: dict) -> None:
         for n in STRATEGIES:
             pt = ev["strategies"][n]["per_task"].get(t)
             cells.append(f"{pt['tokens']:.0f} / {pt['quality']:.2f}" if pt else "-")
-        L.append(f"| {t} | " + " | ".join(cells) + " |")
+        L.append(f"| {md_cell(t)} | " + " | ".join(cells) + " |")
     L.append("\n## Table 7 (trap audit: c > 0.9 or p > 0.7 or u > 0.5; large run)\n")
     L.append("| Mode | Mean action [c, p, u] | Trap rate |")
     L.append("|---|---|---|")
@@ -553,7 +554,7 @@ def _run_in(cfg: StackelbergConfig, out: Path, progress: bool, log: Callable) ->
     grid = load_or_generate_grid(cfg)
     syn = grid.manifest.is_synthetic
     tag = "SYNTHETIC" if syn else "real"
-    log(f"response grid '{grid.manifest.name}' ({tag}, {grid.n_cells} cells)")
+    log(f"response grid {grid.manifest.name!r} ({tag}, {grid.n_cells} cells)")
     if cfg.synthetic_leader:
         log(f"leader utility: SYNTHETIC profile '{cfg.leader_profile}' ({leader_profile_record(cfg)})")
     fit = fit_surrogate(grid, cfg.surrogate)
