@@ -149,6 +149,7 @@ class VerifiedCheckpoints:
         # Screen before orbax opens the directory: its manager parses every step's metadata
         # on start-up and fails with a traceback on a truncated one.
         self._screen()
+        self._drop_tmp()
         with _quiet_disk_full():
             self._mgr = ocp.CheckpointManager(
                 self.root, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
@@ -204,6 +205,14 @@ class VerifiedCheckpoints:
             name = p.name[: -len(DIGEST_SUFFIX)]
             if name.isdigit() and int(name) not in keep:
                 p.unlink(missing_ok=True)
+
+    def _drop_tmp(self) -> None:
+        """Remove the ``<step>.orbax-checkpoint-tmp*`` folders of a save that a kill cut short. They are
+        never a checkpoint (orbax renames a step into place only when it is complete), and orbax would
+        otherwise remove one itself when that step is saved again, with an absl WARNING on stderr."""
+        if self.root.is_dir():
+            for p in self.root.glob("*.orbax-checkpoint-tmp*"):
+                shutil.rmtree(p, ignore_errors=True)
 
     def _drop_unfinished(self, step: int) -> None:
         """Remove what a failed save of ``step`` wrote: orbax's ``<step>.orbax-checkpoint-tmp*`` folder,
