@@ -129,3 +129,38 @@ def test_group_table_escapes_the_worst_groups_name():
     assert {len(_cells(ln)) for ln in table} == {7}, table
     assert "\x1b" not in md and _cells(table[2])[0].strip() == "CPO\\|batch"
     assert "('x\\|y\\x1b')" in table[2], table[2]
+
+
+class _Stub(float):
+    """Any number or sub-table of a Stackelberg ``results.json`` that the test does not care about."""
+
+    def __new__(cls):
+        return super().__new__(cls, 0.5)
+
+    def __getitem__(self, key):
+        return _Stub()
+
+    def get(self, key, default=None):
+        return _Stub()
+
+    def items(self):
+        return []
+
+    def __contains__(self, key):
+        return False
+
+
+def test_stackelberg_table_escapes_the_grid_name_and_task_types(tmp_path):
+    from ccpo_jax.stackelberg.pipeline import write_table
+
+    tasks = ["a|b\x1b[31m", "plain"]
+    res = {k: _Stub() for k in ("evaluation", "trap_audit", "surrogate", "sim_to_real", "tool_repair", "probes",
+                                "config", "timing", "environment")}
+    res["data"] = {"synthetic": False, "name": "grid|x\x1b[2J", "n_cells": 4, "provenance": {"kind": "real"},
+                   "task_types": tasks}
+    write_table(tmp_path / "table.md", res)
+    md = (tmp_path / "table.md").read_text()
+    assert "\x1b" not in md and f"Grid {md_code('grid|x' + chr(27) + '[2J')} (4 cells" in md
+    (t5,) = [t for t in _tables(md) if t[0].startswith("| Task |")]
+    assert {len(_cells(ln)) for ln in t5} == {len(_cells(t5[0]))}, t5
+    assert [_cells(ln)[0].strip() for ln in t5[2:]] == [md_cell(t) for t in tasks]
