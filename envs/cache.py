@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from envs.atomic import atomic_dir
-from envs.values import MAX_T, cache_problem, lone_surrogate, model_names_problem, price_problem
+from envs.values import MAX_T, cache_problem, group_problem, lone_surrogate, model_names_problem, price_problem
 
 SCHEMA_VERSION = 1
 
@@ -87,20 +87,6 @@ ALL_FIELDS = tuple(ROUND_FIELDS) + TEXT_FIELDS + tuple(BASELINE_FIELDS)
 #: ``group`` (unicode [Q]): the question's group (MMLU subject, HotpotQA question type, ...), used
 #: by the group-conditional (Mondrian) calibration (docs/calibration.md).
 OPTIONAL_FIELDS = ("group",)
-#: Longest group name accepted.
-MAX_GROUP_CHARS = 200
-
-
-def group_problem(value: Any) -> str | None:
-    """Why ``value`` is not a valid group name (a non-empty string of at most 200 characters), or None."""
-    if not isinstance(value, str):
-        kind = "null" if value is None else type(value).__name__
-        return f"expected a non-empty string, got {kind}"
-    if not value:
-        return "expected a non-empty string, got an empty string"
-    if len(value) > MAX_GROUP_CHARS:
-        return f"at most {MAX_GROUP_CHARS} characters, got {len(value)}"
-    return None
 
 
 def cache_groups(arrays: dict[str, np.ndarray]) -> np.ndarray | None:

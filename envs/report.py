@@ -15,6 +15,7 @@ import numpy as np
 
 from envs.bound import bound_of_cache
 from envs.cache import ResponseCache
+from envs.values import printable as P
 
 
 def _mean(x: np.ndarray) -> float:
@@ -129,12 +130,13 @@ def describe(cache: ResponseCache, source: str) -> str:
     lines = list(banner)
     lines += [
         f"cache:       {source}",
-        f"name:        {man.name}   task: {man.task}   schema: v{man.schema_version}",
-        f"provenance:  {kind.upper() if kind == 'synthetic' else kind}"
-        + "".join(f"; {k}: {v}" for k, v in prov.items()),
-        f"base model:  {man.base.name}  (${man.base.price_in:g} in / ${man.base.price_out:g} out per 1M tokens)",
-        f"guide model: {man.guide.name}  (${man.guide.price_in:g} in / ${man.guide.price_out:g} out per 1M tokens)",
-        f"normalisation: {man.normalisation}",
+        # names and provenance come from the cache: quoted when not printable (P)
+        f"name:        {P(man.name)}   task: {P(man.task)}   schema: v{man.schema_version}",
+        f"provenance:  {kind.upper() if kind == 'synthetic' else P(kind)}"
+        + "".join(f"; {P(k)}: {P(v)}" for k, v in prov.items()),
+        f"base model:  {P(man.base.name)}  (${man.base.price_in:g} in / ${man.base.price_out:g} out per 1M tokens)",
+        f"guide model: {P(man.guide.name)}  (${man.guide.price_in:g} in / ${man.guide.price_out:g} out per 1M tokens)",
+        f"normalisation: {P(man.normalisation)}",
         f"questions:   {s['questions']}   T: {T}   gold answers given: {s['gold_given']}",
         _groups_line(cache),
         "rounds per question: " + ", ".join(
@@ -161,10 +163,10 @@ def describe(cache: ResponseCache, source: str) -> str:
     if s["exit"] or s["llm_policy"]:
         lines.append("cached baselines:")
         for m, e in s["exit"].items():
-            lines.append(f"  {m} EXIT: {e['questions']} questions, accuracy {_f(e['accuracy'])}, "
+            lines.append(f"  {P(m)} EXIT: {e['questions']} questions, accuracy {_f(e['accuracy'])}, "
                          f"rounds {_f(e['rounds_mean'], '.2f')}, cost {_f(e['cost_cents_mean'], '.4f')} cents/question")
         for m, p in s["llm_policy"].items():
-            lines.append(f"  LLM policy ({m}): {p['questions']} questions, rounds {_f(p['rounds_mean'], '.2f')}")
+            lines.append(f"  LLM policy ({P(m)}): {p['questions']} questions, rounds {_f(p['rounds_mean'], '.2f')}")
     else:
         lines.append("cached baselines: none")
     lines.append(f"checksum:    {cache.checksum()}")

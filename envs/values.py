@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -41,6 +42,9 @@ UNIT_WHAT = "a number in [0, 1] or null"
 ACTION_WHAT = "an action 0 (base), 1 (guide) or 2 (next)"
 ROLES = ("base", "guide")
 TOKEN_KEYS = ("tokens_in", "tokens_out")
+
+#: Longest group name accepted.
+MAX_GROUP_CHARS = 200
 
 
 def json_type_name(v: Any) -> str:
@@ -85,6 +89,33 @@ def show(v: Any) -> str:
         return json_type_name(v)
     text = json.dumps(v)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def printable(text: Any) -> str:
+    """``text`` for a terminal or a report: as it is when every character is printable, else quoted
+    the way Python writes a string (``'red\\x1b[0m'``), so that a name from a cache (a model, a
+    group, the cache itself) cannot colour the terminal, move its cursor or break a line."""
+    s = str(text)
+    return s if s.isprintable() else repr(s)
+
+
+def md_cell(text: Any) -> str:
+    """``text`` in a markdown table cell: :func:`printable`, and ``|`` escaped (it would end the cell)."""
+    return printable(text).replace("|", "\\|")
+
+
+def md_code(text: Any) -> str:
+    """``text`` as a markdown code span: :func:`printable`, fenced by one backtick more than its
+    longest run of backticks (padded when it starts or ends with one), and ``|`` escaped so that
+    the span can stand in a table too."""
+    s = printable(text).replace("|", "\\|")
+    longest, cur = 0, 0
+    for ch in s:
+        cur = cur + 1 if ch == "`" else 0
+        longest = max(longest, cur)
+    fence = "`" * (longest + 1)
+    pad = " " if s.startswith("`") or s.endswith("`") else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
 
 
 def is_number(v: Any) -> bool:
@@ -154,6 +185,34 @@ def model_names_problem(v: Any) -> str | None:
     if len(set(v)) != len(v):
         dup = next(m for i, m in enumerate(v) if m in v[:i])
         return f"duplicate model name {dup!r}"
+    return None
+
+
+def control_char(text: str) -> int | None:
+    """Index of the first control character (Unicode category Cc: NUL, ESC, newline, tab, DEL, ...) in ``text``."""
+    return next((i for i, ch in enumerate(text) if unicodedata.category(ch) == "Cc"), None)
+
+
+def group_problem(value: Any) -> str | None:
+    """Why ``value`` is not a valid group name (a non-empty string of at most 200 characters, without
+    control characters), or None.
+
+    Control characters are refused because NumPy's unicode arrays (the fast format, the importers)
+    drop trailing NULs, which merged ``"a"`` and ``"a\\x00"`` into one group, and because an ESC or a
+    newline would reach reports and terminals raw.
+    """
+    if not isinstance(value, str):
+        kind = "null" if value is None else type(value).__name__
+        return f"expected a non-empty string, got {kind}"
+    if not value:
+        return "expected a non-empty string, got an empty string"
+    if len(value) > MAX_GROUP_CHARS:
+        return f"at most {MAX_GROUP_CHARS} characters, got {len(value)}"
+    i = control_char(value)
+    if i is not None:
+        shown = repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
+        return (f"{shown} contains the control character U+{ord(value[i]):04X} at index {i}; "
+                "a group name is printable text (no NUL, ESC, newline, tab, ...)")
     return None
 
 

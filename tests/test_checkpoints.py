@@ -169,3 +169,46 @@ def test_stackelberg_chunk_loop_refuses_a_damaged_checkpoint(tmp_path):
     # chunk 3 ran again from step 2; the metrics of chunks 1-2 came back from the checkpoint
     assert m["loss"].shape == (2, 3) and ref_m["loss"].shape == (2, 3)
     assert (root / "t" / "orbax.damaged").is_dir()
+
+
+def test_a_save_cut_short_by_a_kill_is_removed_quietly_on_resume(tmp_path, capfd, caplog):
+    """Issue 41 item 9c: a run killed while orbax saved a step leaves ``<step>.orbax-checkpoint-tmp``;
+    the resume saved that step again and orbax removed the folder with an absl WARNING on stderr.
+    Through the Stackelberg chunk loop (the path of ``stackelberg --resume``): no WARNING, the same
+    result as an uninterrupted run, and the half-written folder is never taken for a step."""
+    import logging
+
+    import jax
+    import jax.numpy as jnp
+
+    from ccpo_jax.stackelberg.pipeline import _train_chunks
+
+    class Writer:
+        def add_scalar(self, *a, **k):
+            pass
+
+    def init(k):
+        return {"w": jax.random.normal(k, (8, 4))}
+
+    def run(st, n):
+        return {"w": st["w"] * 1.5 + n}, {"loss": jnp.zeros((n,))}
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    root = tmp_path / "ck"
+    ref, _ = _train_chunks("t", init, run, (), (), keys, 3, 3, root, Writer(), False, {})
+    steps = root / "t" / "orbax"
+    # what a kill during the save of step 3 leaves: step 2 complete, step 3 only as orbax's temporary folder
+    for p in (steps / "3", steps / "3.digest.json"):
+        p.rename(steps / "3.orbax-checkpoint-tmp") if p.is_dir() else p.unlink()
+    ck = VerifiedCheckpoints(steps, warn=lambda s: None)
+    assert not (steps / "3.orbax-checkpoint-tmp").exists() and ck.latest_step() == 2
+    ck.close()
+    (steps / "3.orbax-checkpoint-tmp" / "state.orbax-checkpoint-tmp").mkdir(parents=True)
+    capfd.readouterr()
+    with caplog.at_level(logging.DEBUG):
+        again, _ = _train_chunks("t", init, run, (), (), keys, 3, 3, root, Writer(), False, {})
+    np.testing.assert_array_equal(np.asarray(again["w"]), np.asarray(ref["w"]))
+    err = capfd.readouterr().err
+    assert "WARNING" not in err, err
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert sorted(p.name for p in steps.iterdir()) == ["2", "2.digest.json", "3", "3.digest.json"]

@@ -36,8 +36,10 @@ class Trainer:
 
     def __call__(self, **kw):
         self.calls += 1
-        (kw["ckpt_dir"] / "1").mkdir(parents=True, exist_ok=True)
-        (kw["ckpt_dir"] / "1" / "state").write_bytes(b"x")
+        # a completed step: its folder and its digest (ccpo_jax.runtime.checkpoints)
+        (kw["ckpt_dir"] / "orbax" / "1").mkdir(parents=True, exist_ok=True)
+        (kw["ckpt_dir"] / "orbax" / "1" / "state").write_bytes(b"x")
+        (kw["ckpt_dir"] / "orbax" / "1.digest.json").write_text("{}")
         S = kw["splits"].test.shape[0]
         return LearnedRows(rows={r: {m: np.full(S, 0.5) for m in METRICS} for r in ROWS}, timing={})
 
@@ -77,7 +79,7 @@ def test_a_failure_after_training_keeps_the_checkpoints_and_prints_resume(tmp_pa
         with pytest.raises(RuntimeError, match="boom") as e:
             run_cli(["reproduce", "--cache", str(cache100), *ARGS, "--out", str(out)])
         assert e.value.__notes__ == [hint]
-    assert not out.exists() and (work / CKPT_DIR / "1" / "state").is_file() and (work / "run.json").is_file()
+    assert not out.exists() and (work / CKPT_DIR / "orbax" / "1" / "state").is_file() and (work / "run.json").is_file()
     monkeypatch.setattr(report, "write_boxplots", real_plots)
     r = run_cli(["reproduce", "--resume", str(out), "--no-progress"])
     assert r.returncode == 0, r.stderr
@@ -94,6 +96,132 @@ def test_discard_failed_removes_the_work_directory(tmp_path, cache100, monkeypat
     line = _one_error_line(run_cli(["reproduce", "--cache", str(cache100), *ARGS, "--discard-failed", "--out", str(out)]))
     assert "no space left on device" in line and "--resume" not in line
     assert os.listdir(tmp_path) == []
+
+
+class LoopTrainer:
+    """Stands in for learned_rows with the real chunked loop and its verified orbax checkpoints, on a
+    tiny host state (nothing to compile): 3 chunks of one iteration; ``starts`` records the state
+    each call started its first chunk from (0: fresh, k: resumed after k chunks)."""
+
+    def __init__(self):
+        self.starts: list[float] = []
+
+    def __call__(self, **kw):
+        from ccpo_jax.runtime.loop import run_chunks
+
+        calls_before = len(self.starts)
+
+        def compile_chunk(n, state):
+            def step(s):
+                if len(self.starts) == calls_before:
+                    self.starts.append(float(np.asarray(s["w"])[0]))
+                return {"w": np.asarray(s["w"]) + n}, {"loss": np.zeros(n)}
+            return step
+
+        res = run_chunks(compile_chunk, {"w": np.zeros(3)}, iterations=3, chunk=1, desc="t",
+                         ckpt_dir=kw["ckpt_dir"], meta={"stand-in": 1}, progress=False)
+        assert np.asarray(res.state["w"]).tolist() == [3.0, 3.0, 3.0]
+        S = kw["splits"].test.shape[0]
+        return LearnedRows(rows={r: {m: np.full(S, 0.5) for m in METRICS} for r in ROWS}, timing={})
+
+
+def _orbax_fails_at(monkeypatch, fail_step: int) -> None:
+    """orbax's save of ``fail_step`` dies the way tensorstore reports a full disk, after writing part
+    of its temporary folder (what a real full tmpfs left behind)."""
+    import orbax.checkpoint as ocp
+
+    real_save = ocp.CheckpointManager.save
+
+    def save(self, step, *a, **k):
+        if int(step) == fail_step:
+            half = Path(self.directory) / f"{step}.orbax-checkpoint-tmp" / "state.orbax-checkpoint-tmp" / "d"
+            half.mkdir(parents=True)
+            (half / "ab12").write_bytes(b"half")
+            raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "w/0" in OCDBT database: Failed writing: '
+                             f'"{half}/ab12": No space left on device [os_error_code=28]')
+        return real_save(self, step, *a, **k)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+
+
+def _leftovers(work: Path) -> list[str]:
+    return sorted(p.name for p in work.rglob("*") if "orbax-checkpoint-tmp" in p.name)
+
+
+def test_full_disk_during_the_first_checkpoint_keeps_nothing_and_says_so(tmp_path, cache100, monkeypatch):
+    """Issue 41 item 5: the error said "the training checkpoints are kept" and left the work directory
+    (run.json, TensorBoard, orbax's half-written temporary folder) when no checkpoint had completed."""
+    import ccpo_jax.ccpo.rows as rows_module
+
+    monkeypatch.setattr(rows_module, "learned_rows", LoopTrainer())
+    _orbax_fails_at(monkeypatch, 1)
+    out = tmp_path / "run"
+    line = _one_error_line(run_cli(["reproduce", "--cache", str(cache100), *ARGS, "--out", str(out)]))
+    assert line.startswith(f"error: no space left on device writing {tmp_path / '.run.partial' / CKPT_DIR}")
+    assert line.endswith("; no training checkpoint had completed; nothing was kept"), line
+    assert os.listdir(tmp_path) == []
+
+
+def test_full_disk_during_a_later_checkpoint_keeps_the_completed_ones_and_resumes(tmp_path, cache100, monkeypatch):
+    import ccpo_jax.ccpo.rows as rows_module
+
+    fake = LoopTrainer()
+    monkeypatch.setattr(rows_module, "learned_rows", fake)
+    _orbax_fails_at(monkeypatch, 2)
+    out, work = tmp_path / "run", tmp_path / ".run.partial"
+    line = _one_error_line(run_cli(["reproduce", "--cache", str(cache100), *ARGS, "--out", str(out)]))
+    assert line.endswith(f"; the training checkpoints are kept in {work}; after fixing the cause, continue with "
+                         f"`ccpo-jax reproduce --resume {out}` (or delete {work})"), line
+    orbax = work / CKPT_DIR / "orbax"
+    assert sorted(p.name for p in orbax.iterdir()) == ["1", "1.digest.json"] and _leftovers(work) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(rows_module, "learned_rows", fake)
+    r = run_cli(["reproduce", "--resume", str(out), "--no-progress"])
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr[-3000:]
+    assert fake.starts == [0.0, 1.0] and (out / "results.json").is_file() and not work.exists()
+
+
+def test_full_disk_during_the_first_checkpoint_of_a_resumed_run(tmp_path, cache100, monkeypatch):
+    """A resumed run that had no checkpoint keeps its work directory (its configuration) and says
+    exactly that; orbax's half-written folder is gone, and the next --resume starts afresh."""
+    import ccpo_jax.ccpo.rows as rows_module
+
+    def killed(**kw):
+        kw["ckpt_dir"].mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rows_module, "learned_rows", killed)
+    out, work = tmp_path / "run", tmp_path / ".run.partial"
+    r = run_cli(["reproduce", "--cache", str(cache100), *ARGS, "--out", str(out)])
+    assert r.returncode == 130 and (work / "run.json").is_file(), (r.returncode, r.stderr[-2000:])
+    fake = LoopTrainer()
+    monkeypatch.setattr(rows_module, "learned_rows", fake)
+    _orbax_fails_at(monkeypatch, 1)
+    line = _one_error_line(run_cli(["reproduce", "--resume", str(out), "--no-progress"]))
+    assert line.endswith(f"; no training checkpoint had completed; {work} keeps the run's configuration; after "
+                         f"fixing the cause, continue with `ccpo-jax reproduce --resume {out}` (or delete {work})"), line
+    assert (work / "run.json").is_file() and _leftovers(work) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(rows_module, "learned_rows", fake)
+    r = run_cli(["reproduce", "--resume", str(out), "--no-progress"])
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr[-3000:]
+    assert fake.starts == [0.0, 0.0] and (out / "results.json").is_file()
+
+
+def test_only_a_step_with_its_digest_counts_as_a_checkpoint(tmp_path):
+    from ccpo_jax.runtime.checkpoints import completed_steps
+    from ccpo_jax.runtime.workdir import has_checkpoints
+
+    root = tmp_path / CKPT_DIR
+    (root / "loop_meta.json").parent.mkdir()
+    (root / "loop_meta.json").write_text("{}")
+    (root / "orbax" / "1.orbax-checkpoint-tmp" / "state").mkdir(parents=True)  # a save cut short
+    (root / "orbax" / "2").mkdir()  # renamed into place, digest never written
+    (root / "orbax.damaged" / "3-x" / "3").mkdir(parents=True)  # set aside by a resume
+    (root / "orbax.damaged" / "3-x" / "3.digest.json").write_text("{}")
+    assert completed_steps(root) == [] and not has_checkpoints(tmp_path, CKPT_DIR)
+    (root / "orbax" / "2.digest.json").write_text("{}")
+    assert completed_steps(root) == [root / "orbax" / "2"] and has_checkpoints(tmp_path, CKPT_DIR)
 
 
 def _tmpfs(path: Path, size: str) -> bool:

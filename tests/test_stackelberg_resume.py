@@ -14,8 +14,8 @@ from ccpo_jax.stackelberg.config import StackelbergConfig
 
 def _fake_run(fail: bool):
     def run(cfg, work, progress, log):
-        (work / "checkpoints" / "phase").mkdir(parents=True, exist_ok=True)
-        (work / "checkpoints" / "phase" / "0").write_text("x")
+        (work / "checkpoints" / "phase" / "1").mkdir(parents=True, exist_ok=True)  # a completed step:
+        (work / "checkpoints" / "phase" / "1.digest.json").write_text("{}")  # its folder and digest
         if fail:
             raise RuntimeError("killed")
         (work / "results.json").write_text("{}")

@@ -20,6 +20,7 @@ import numpy as np
 from ccpo_jax.ccpo.report import environment_info
 from envs.atomic import atomic_path, atomic_write_json, atomic_write_text
 from envs.bound import BOUND_ROW
+from envs.values import md_cell, printable
 
 FRONTIER_JSON = "frontier.json"
 FRONTIER_MD = "frontier.md"
@@ -122,7 +123,7 @@ def _cell(p: Mapping[str, Any], seeds: int) -> str:
 def title(fr: Mapping[str, Any]) -> str:
     cache = fr["cache"]
     kind = "SYNTHETIC cache" if fr["synthetic"] else "cache"
-    return f"Cost-coverage frontier: setting {fr['setting']}, {kind} '{cache.get('name', '?')}'"
+    return f"Cost-coverage frontier: setting {fr['setting']}, {kind} {cache.get('name', '?')!r}"
 
 
 def format_frontier(fr: Mapping[str, Any]) -> str:
@@ -141,13 +142,13 @@ def format_frontier(fr: Mapping[str, Any]) -> str:
     for name, e in fr["rows"].items():
         cells = [_cell(p, fr["seeds"]) if e["is_policy"] else f"{p['cost_cents']['mean']:.2f}" for p in e["points"]]
         ratio = e["summary"].get("mean_cost_vs_bound")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {e['summary']['mean_cost_cents']:.2f} | "
+        lines.append(f"| {md_cell(name)} | " + " | ".join(cells) + f" | {e['summary']['mean_cost_cents']:.2f} | "
                      + (f"{ratio:.2f}x" if ratio is not None else "-") + " |")
     missed = {n: e["misses_target_at"] for n, e in fr["rows"].items() if e.get("misses_target_at")}
     lines.append("")
     if missed:
         lines.append("Rows that miss their coverage target: " + "; ".join(
-            f"{n} at alpha {', '.join(f'{a:g}' for a in al)}" for n, al in missed.items()) + ".")
+            f"{printable(n)} at alpha {', '.join(f'{a:g}' for a in al)}" for n, al in missed.items()) + ".")
     else:
         lines.append("Every row meets its coverage target at every alpha.")
     t = fr["timing"]
@@ -190,10 +191,10 @@ def write_frontier_png(path: str | os.PathLike, fr: Mapping[str, Any]) -> None:
         sd = np.array([p["cost_cents"]["seed_sd"] or 0.0 for p in pts])
         style = "-" if fr["rows"][name]["learned"] else ":"
         col = cmap(i % 10)
-        ax_c.plot(target, mean, style, marker="o", ms=3, color=col, label=name)
+        ax_c.plot(target, mean, style, marker="o", ms=3, color=col, label=printable(name))
         ax_c.fill_between(target, mean - sd, mean + sd, color=col, alpha=0.2, lw=0)
         cov = np.array([p["coverage"]["mean"] for p in pts])
-        ax_v.plot(target, cov, style, marker="o", ms=3, color=col, label=name)
+        ax_v.plot(target, cov, style, marker="o", ms=3, color=col, label=printable(name))
         miss = np.array([not p["meets_target"] for p in pts])
         if miss.any():
             ax_c.plot(np.array(target)[miss], mean[miss], "x", color="black", ms=8, mew=2)

@@ -33,6 +33,7 @@ from ccpo_jax.ccpo.presets import PAPER, deviations_from_dict
 from ccpo_jax.ccpo.settings import METRICS, Setting, row_key, row_order_key
 from envs.atomic import atomic_path, atomic_write_json, atomic_write_text
 from envs.bound import BOUND_ROW
+from envs.values import md_cell, md_code, printable
 
 METRIC_TITLES = {
     "cost_cents": "Cost (cents)",
@@ -218,7 +219,7 @@ def run_title(results: Mapping[str, Any], setting: Setting | None = None, own_ca
     """``<setting>: <what was run>`` (:meth:`Setting.run_title`): the paper's table only when
     ``own_cache`` (the setting's synthetic profile), else the custom cache by name."""
     if setting is None:
-        return f"{results['setting']} on cache `{results['cache']['name']}`"
+        return f"{results['setting']} on cache {md_code(results['cache']['name'])}"
     return f"{results['setting']}: {setting.run_title(results['cache']['name'], own_cache, results['alpha'])}"
 
 
@@ -239,10 +240,10 @@ def format_table(
     lines.append(f"# {run_title(results, setting, compare_paper)}")
     lines.append("")
     if is_synthetic(results):
-        gen = ", ".join(f"{k}={v}" for k, v in prov.items() if k != "kind")
+        gen = ", ".join(f"{printable(k)}={printable(v)}" for k, v in prov.items() if k != "kind")
         lines.append(
             "> **SYNTHETIC DATA.** These numbers come from a synthetic response cache "
-            f"(`{cache['name']}`{'; ' + gen if gen else ''}), not from real LLM runs."
+            f"({md_code(cache['name'])}{'; ' + gen if gen else ''}), not from real LLM runs."
         )
         if compare_paper:
             lines.append("> The paper's values (in parentheses) are shown for side-by-side comparison only.")
@@ -258,7 +259,8 @@ def format_table(
     lines.append(f"- protocol: {results['protocol']}")
     lines.append(f"- splits: {results['splits']}{sizes}")
     lines.append(
-        f"- cache: `{cache['name']}` ({prov.get('kind', '?')}, {cache['n_questions']} questions, {cache['checksum']})"
+        f"- cache: {md_code(cache['name'])} ({printable(prov.get('kind', '?'))}, {cache['n_questions']} questions, "
+        f"{printable(cache['checksum'])})"
     )
     n_seeds = int(results.get("seeds", 1))
     tc = results.get("train_config") or {}
@@ -289,7 +291,7 @@ def format_table(
     lines.append("|" + "---|" * len(header))
     for row, entry in results["policies"].items():
         paper = setting.paper_row(row) if (setting is not None and compare_paper) else None
-        cells = [row + (" (not a policy)" if entry.get("is_policy") is False else "")]
+        cells = [md_cell(row) + (" (not a policy)" if entry.get("is_policy") is False else "")]
         for m in METRICS:
             s = entry[m]
             cell = f"{_fmt(m, s['mean'])} [{_fmt(m, s['q05'])}, {_fmt(m, s['q95'])}]"
@@ -343,7 +345,7 @@ def cost_panels(rows: list[str]) -> list[tuple[list[str], bool]]:
 
 
 def _box_panel(ax, rows: list[str], data: list[np.ndarray], annotate: bool = False) -> None:
-    ax.boxplot(data, tick_labels=rows, whis=(5, 95), showfliers=True)
+    ax.boxplot(data, tick_labels=[printable(r) for r in rows], whis=(5, 95), showfliers=True)
     ax.tick_params(axis="x", labelrotation=45)
     for lab in ax.get_xticklabels():
         lab.set_horizontalalignment("right")
@@ -512,8 +514,8 @@ def format_groups(results: Mapping[str, Any]) -> str:
         extra = e.get("mondrian_extra_cost")
         ex = "-" if not extra else (f"{extra['mean']:+.4g}" + (f" ±{extra['seed_sd']:.2g}" if extra['seed_sd'] else "")
                                      + (f" ({extra['ratio']:.3f}x)" if extra.get("ratio") else ""))
-        lines.append(f"| {r} | {_fmt('cost_cents', e['cost_cents']['mean'])} | {_fmt('coverage', e['coverage']['mean'])}"
-                     f" | {_fmt('coverage', gs['min'])} ({gs['min_group']}) | {_fmt('coverage', gs['median'])} | "
+        lines.append(f"| {md_cell(r)} | {_fmt('cost_cents', e['cost_cents']['mean'])} | "
+                     f"{_fmt('coverage', e['coverage']['mean'])} | {_fmt('coverage', gs['min'])} ({md_cell(gs['min_group'])}) | {_fmt('coverage', gs['median'])} | "
                      f"{gs['below']} of {gs['n_groups']} | {ex} |")
     lines.append("")
     lines.append(f"Per-group coverage: `{GROUP_PNG}` and results.json (`policies.ROW.groups`).")
@@ -548,7 +550,7 @@ def write_group_plot(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> 
         both = np.concatenate([marg, mond])
         lo = float(np.nanmin(both)) if np.isfinite(both).any() else 0.0
         ax.set_ylim(min(lo - 0.02, 1 - results["alpha"] - 0.1), 1.005)  # the whole range above the worst group
-        ax.set_title(row, fontsize=8)
+        ax.set_title(printable(row), fontsize=8)
         if len(names) <= 12:
             ax.set_xticks(x, [names[i] for i in order], fontsize=7)
         else:

@@ -41,7 +41,7 @@ from ccpo_jax.ccpo.run_config import ReproduceConfig
 from ccpo_jax.ccpo.settings import METRICS, Setting, get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
 from ccpo_jax.core.conformal import calibration_size_warning
-from ccpo_jax.errors import UserError, add_hint
+from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import options, sharding, workdir
 from envs.atomic import atomic_write_text
 from envs.bound import BOUND_ROW, bound_of_params
@@ -49,6 +49,7 @@ from envs.cache import ResponseCache, cache_groups
 from envs.formats import load_cache
 from envs.orchestration import make_env_params
 from envs.synthetic import generate
+from envs.values import printable
 
 RUN_FILE = "run.json"
 TB_DIR = "tensorboard"
@@ -208,8 +209,8 @@ def is_setting_profile(setting: Setting, cache: ResponseCache) -> bool:
 def describe_cache(cache: ResponseCache) -> str:
     prov = cache.manifest.provenance
     kind = "SYNTHETIC" if prov.get("kind") == "synthetic" else str(prov.get("kind", "?"))
-    extra = ", ".join(f"{k}={v}" for k, v in prov.items() if k != "kind")
-    return f"{kind} cache '{cache.manifest.name}' ({cache.n_questions} questions, T={cache.T}{', ' + extra if extra else ''})"
+    extra = ", ".join(f"{printable(k)}={printable(v)}" for k, v in prov.items() if k != "kind")
+    return f"{kind} cache {cache.manifest.name!r} ({cache.n_questions} questions, T={cache.T}{', ' + extra if extra else ''})"
 
 
 def as_rows(rows: Mapping[str, Mapping[str, Any]], n_splits: int, source: str) -> dict[str, dict[str, np.ndarray]]:
@@ -247,7 +248,7 @@ def group_spec(cfg: ReproduceConfig, cache: ResponseCache) -> GroupSpec | None:
     g = cache_groups(cache.arrays)
     if g is None:
         raise UserError(f"calibration: mondrian needs a question group ('group') for every question, and the cache "
-                        f"'{cache.manifest.name}' has none; add a 'group' field beside each question's 'id' "
+                        f"{cache.manifest.name!r} has none; add a 'group' field beside each question's 'id' "
                         "(docs/caches.md) or use --calibration marginal", field="calibration")
     return GroupSpec.of(g, cfg.group_min)
 
@@ -377,7 +378,7 @@ def reproduce(
 
     # 2. the cache
     cache_obj = load_run_cache(st, cfg.cache)
-    check_split_sizes(cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache '{cache_obj.manifest.name}'")
+    check_split_sizes(cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache {cache_obj.manifest.name!r}")
     if resuming:
         check_resumed_cache(work, cache_obj)
     notes: list[str] = []
@@ -436,11 +437,8 @@ def reproduce(
     except BaseException as e:
         # A failure after training started (a full disk while writing outputs, a bug in the
         # report) must not cost the training: the checkpoints stay, and the error says how to go on.
-        if workdir.has_checkpoints(work, CKPT_DIR) and not cfg.discard_failed:
-            add_hint(e, f"the training checkpoints are kept in {work}; after fixing the cause, continue with "
-                        f"`ccpo-jax reproduce --resume {out}` (or delete {work})")
-        elif created or cfg.discard_failed:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.after_failure(e, work, created=created, discard=cfg.discard_failed, ckpt_dir=CKPT_DIR,
+                              resume_hint=f"after fixing the cause, continue with `ccpo-jax reproduce --resume {out}`")
         raise
     say("")
     say(table.rstrip("\n"))

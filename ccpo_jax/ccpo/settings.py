@@ -36,6 +36,7 @@ import numpy as np
 
 from ccpo_jax.errors import UserError
 from envs import published
+from envs.values import md_code
 
 #: The evaluation protocols (``ccpo_jax.ccpo.splits``): recalibrate (the paper's box plots: one
 #: training set, calibration/test redrawn per split) and retrain (every split trains its own policy).
@@ -172,9 +173,9 @@ class Setting:
             return (f"paper Table {self.table}: {self.task_title}, {self.base_model} + {self.guide_model}, "
                     f"{a}, lambda={lams}")
         if same:
-            return (f"custom cache `{cache_name}` with the Table {self.table} setting's alpha and lambdas "
+            return (f"custom cache {md_code(cache_name)} with the Table {self.table} setting's alpha and lambdas "
                     f"(alpha={alpha:g}, lambda={lams})")
-        return (f"custom cache `{cache_name}` with the Table {self.table} setting's lambdas "
+        return (f"custom cache {md_code(cache_name)} with the Table {self.table} setting's lambdas "
                 f"(lambda={lams}) and alpha={alpha:g}")
 
     @property

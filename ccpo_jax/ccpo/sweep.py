@@ -37,7 +37,7 @@ from ccpo_jax.ccpo.run_config import SweepConfig
 from ccpo_jax.ccpo.settings import get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
 from ccpo_jax.core.conformal import calibration_size_warning
-from ccpo_jax.errors import UserError, add_hint
+from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import options, workdir
 from ccpo_jax.runtime.scalars import ScalarWriter
 from envs.atomic import atomic_write_text
@@ -88,7 +88,7 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
         raise UserError("sweep runs on one host; see docs/performance.md for multi-host training")
     mesh = resolve_mesh(cfg.devices)
     cache = load_run_cache(st, cfg.cache)
-    check_split_sizes(cache.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache '{cache.manifest.name}'")
+    check_split_sizes(cache.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache {cache.manifest.name!r}")
     if resuming:
         check_resumed_cache(work, cache)
     tc = cfg.train_config()
@@ -101,7 +101,7 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
                                                                cache_checksum=cache.manifest.checksum), indent=2) + "\n")
         own = is_setting_profile(st, cache)
         say(f"sweep {st.name}: {'the SYNTHETIC' if cache.manifest.provenance.get('kind') == 'synthetic' else 'the'} "
-            f"cache '{cache.manifest.name}'{' (the setting profile)' if own else ''}")
+            f"cache {cache.manifest.name!r}{' (the setting profile)' if own else ''}")
         say(f"  {describe_cache(cache)}")
         say(f"  alphas {', '.join(f'{a:g}' for a in cfg.alphas)}; CCPO lambdas {', '.join(f'{x:g}' for x in cfg.lambdas)}; "
             f"protocol {cfg.protocol}, {cfg.n_splits} splits of {'/'.join(map(str, cfg.split_sizes))}, seed {cfg.seed}")
@@ -155,11 +155,8 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
             shutil.rmtree(work, ignore_errors=True)
         raise
     except BaseException as e:
-        if workdir.has_checkpoints(work, CKPT_DIR) and not cfg.discard_failed:
-            add_hint(e, f"the training checkpoints are kept in {work}; after fixing the cause, continue with "
-                        f"`ccpo-jax sweep --resume {out}` (or delete {work})")
-        elif created or cfg.discard_failed:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.after_failure(e, work, created=created, discard=cfg.discard_failed, ckpt_dir=CKPT_DIR,
+                              resume_hint=f"after fixing the cause, continue with `ccpo-jax sweep --resume {out}`")
         raise
     say("")
     say(md.rstrip("\n"))

@@ -67,7 +67,7 @@ def _synth(args) -> int:
 
     cache = generate(args.profile, n_questions=args.questions, seed=args.seed)
     out = save_cache(cache, args.out)
-    print(f"wrote SYNTHETIC cache '{cache.manifest.name}' ({cache.n_questions} questions, T={cache.T}) to {out}")
+    print(f"wrote SYNTHETIC cache {cache.manifest.name!r} ({cache.n_questions} questions, T={cache.T}) to {out}")
     return 0
 
 
@@ -85,7 +85,7 @@ def _import(args) -> int:
         cache = import_cache(args.format, args.src)
     out = save_cache(cache, args.out)
     kind = cache.manifest.provenance.get("kind")
-    print(f"imported {kind} cache '{cache.manifest.name}' ({cache.n_questions} questions, T={cache.T}) to {out}")
+    print(f"imported {kind} cache {cache.manifest.name!r} ({cache.n_questions} questions, T={cache.T}) to {out}")
     return 0
 
 

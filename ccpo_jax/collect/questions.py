@@ -79,10 +79,11 @@ def load_questions(path: str | Path) -> tuple[list[Question], str]:
                             "that is not empty after normalisation")
         group = obj.get("group")
         if group is not None:
-            group = group.strip() if isinstance(group, str) else group
-            problem = group_problem(group)
+            # the name as written (a control character is refused even at the ends), then stripped
+            problem = group_problem(group) or group_problem(group.strip())
             if problem:
                 raise UserError(f"{where}: group: {problem} (question {qid!r})")
+            group = group.strip()
         out.append(Question(qid, q.strip(), tuple(g.strip() for g in golds), group))
     if not out:
         raise UserError(f"{path}: no questions in the file", field="questions")

@@ -115,6 +115,22 @@ def _quiet_disk_full():
                 sys.unraisablehook = unraisable
 
 
+def completed_steps(root: str | os.PathLike) -> list[Path]:
+    """The step folders under ``root`` (searched recursively) whose save completed: those with a
+    digest beside them. orbax's half-written ``*.orbax-checkpoint-tmp`` folders have none, and
+    steps set aside in ``*.damaged/`` are not counted."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for dp in sorted(root.rglob(f"*{DIGEST_SUFFIX}")):
+        step = dp.with_name(dp.name[: -len(DIGEST_SUFFIX)])
+        if step.name.isdigit() and step.is_dir() and not any(
+                q.name.endswith(".damaged") for q in step.relative_to(root).parents):
+            out.append(step)
+    return out
+
+
 class VerifiedCheckpoints:
     """An orbax CheckpointManager whose steps are verified against digests before restore.
 
@@ -133,6 +149,7 @@ class VerifiedCheckpoints:
         # Screen before orbax opens the directory: its manager parses every step's metadata
         # on start-up and fails with a traceback on a truncated one.
         self._screen()
+        self._drop_tmp()
         with _quiet_disk_full():
             self._mgr = ocp.CheckpointManager(
                 self.root, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
@@ -171,17 +188,40 @@ class VerifiedCheckpoints:
 
     # -- save ---------------------------------------------------------------------
     def save(self, step: int, args: Any) -> None:
-        """Save ``step`` with orbax, wait for it, then write its digest (and drop digests of deleted steps)."""
-        with _quiet_disk_full():
-            self._mgr.save(int(step), args=args)
-            self._mgr.wait_until_finished()
-            body = {"format": DIGEST_FORMAT, "step": int(step), "files": file_digests(self.step_dir(step))}
-            atomic_write_text(self.digest_path(step), json.dumps(body, indent=1, sort_keys=True) + "\n")
+        """Save ``step`` with orbax, wait for it, then write its digest (and drop digests of deleted steps).
+
+        A save that fails (a full disk) leaves no trace of ``step``: its half-written files are removed."""
+        try:
+            with _quiet_disk_full():
+                self._mgr.save(int(step), args=args)
+                self._mgr.wait_until_finished()
+                body = {"format": DIGEST_FORMAT, "step": int(step), "files": file_digests(self.step_dir(step))}
+                atomic_write_text(self.digest_path(step), json.dumps(body, indent=1, sort_keys=True) + "\n")
+        except BaseException:
+            self._drop_unfinished(step)
+            raise
         keep = set(self.all_steps())
         for p in self.root.glob(f"*{DIGEST_SUFFIX}"):
             name = p.name[: -len(DIGEST_SUFFIX)]
             if name.isdigit() and int(name) not in keep:
                 p.unlink(missing_ok=True)
+
+    def _drop_tmp(self) -> None:
+        """Remove the ``<step>.orbax-checkpoint-tmp*`` folders of a save that a kill cut short. They are
+        never a checkpoint (orbax renames a step into place only when it is complete), and orbax would
+        otherwise remove one itself when that step is saved again, with an absl WARNING on stderr."""
+        if self.root.is_dir():
+            for p in self.root.glob("*.orbax-checkpoint-tmp*"):
+                shutil.rmtree(p, ignore_errors=True)
+
+    def _drop_unfinished(self, step: int) -> None:
+        """Remove what a failed save of ``step`` wrote: orbax's ``<step>.orbax-checkpoint-tmp*`` folder,
+        and the step folder if its digest was never written. Best effort: the save's error is what
+        the caller reports, and a leftover is refused on resume anyway (no digest)."""
+        if self.digest_path(step).exists():
+            return
+        for p in [*self.root.glob(f"{int(step)}.orbax-checkpoint-tmp*"), self.step_dir(step)]:
+            shutil.rmtree(p, ignore_errors=True)
 
     def wait_until_finished(self) -> None:
         self._mgr.wait_until_finished()  # save() already waited; kept for the orbax interface

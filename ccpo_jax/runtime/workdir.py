@@ -8,9 +8,11 @@ checkpoints and the saved configuration, ``run_file``) behind, and ``--resume OU
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
-from ccpo_jax.errors import UserError
+from ccpo_jax.errors import UserError, add_hint
+from ccpo_jax.runtime.checkpoints import completed_steps
 
 SUFFIX = ".partial"
 
@@ -21,9 +23,31 @@ def work_dir(out: Path) -> Path:
 
 
 def has_checkpoints(work: Path, ckpt_dir: str = "checkpoints") -> bool:
-    """Whether the work directory holds at least one saved training checkpoint."""
-    ckpt = work / ckpt_dir
-    return ckpt.is_dir() and any(ckpt.iterdir())
+    """Whether the work directory holds at least one completed training checkpoint (a step with its
+    digest): a save cut short by a full disk leaves folders, but nothing a resume could start from."""
+    return bool(completed_steps(work / ckpt_dir))
+
+
+def after_failure(exc: BaseException, work: Path, *, created: bool, resume_hint: str, discard: bool = False,
+                  ckpt_dir: str = "checkpoints") -> None:
+    """Keep or remove the work directory of a run that failed with ``exc``, and say which (a hint on ``exc``).
+
+    A completed checkpoint is worth keeping (unless ``discard``): ``resume_hint`` says how to go on. With
+    none, a new run's (``created``) work directory is removed, a resumed run's stays as it was. Once
+    training had started (``ckpt_dir`` exists) the hint says that no checkpoint had completed, so that
+    a full disk during the first save is not reported as a run that can be continued from a checkpoint.
+    """
+    if has_checkpoints(work, ckpt_dir) and not discard:
+        add_hint(exc, f"the training checkpoints are kept in {work}; {resume_hint} (or delete {work})")
+        return
+    started = (work / ckpt_dir).is_dir()
+    if created or discard:
+        shutil.rmtree(work, ignore_errors=True)
+        if started:
+            add_hint(exc, "no training checkpoint had completed; nothing was kept")
+    elif started:
+        add_hint(exc, f"no training checkpoint had completed; {work} keeps the run's configuration; "
+                      f"{resume_hint} (or delete {work})")
 
 
 def check_new_out(out: Path, field: str = "out_dir") -> None:

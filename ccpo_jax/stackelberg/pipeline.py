@@ -17,7 +17,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -26,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ccpo_jax.errors import UserError, add_hint
+from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import loop, workdir
 from ccpo_jax.runtime.scalars import ScalarWriter
 from envs.atomic import atomic_write_text
@@ -35,6 +34,7 @@ from envs.published import STACKELBERG_SIM_TO_REAL, STACKELBERG_SURROGATE, STACK
 from envs.governance.grid import ResponseGrid, load_grid
 from envs.governance.session import N_TASKS, SessionEnv, make_session_params
 from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes
+from envs.values import md_cell, md_code
 
 from .config import StackelbergConfig
 from .evaluate import BASELINE, STRATEGIES, pareto_front, pareto_plot, rollout_episodes, sim_to_real, summarise
@@ -424,7 +424,7 @@ def write_table(path: Path, res: dict) -> None:
     L.append(f"# Stackelberg resource governance (arXiv 2606.23026): results on a {label}\n")
     if leader_profile_line(res):
         L.append(leader_profile_line(res))
-    L.append(f"Grid `{res['data']['name']}` ({res['data']['n_cells']} cells, provenance {res['data']['provenance'].get('kind')}); "
+    L.append(f"Grid {md_code(res['data']['name'])} ({res['data']['n_cells']} cells, provenance {md_cell(res['data']['provenance'].get('kind'))}); "
              f"pipeline wall time {res['timing']['total_s']:.1f} s on {res['environment']['backend']}.\n")
     for key, title in (("paper_size", "paper size"), ("large", "large")):
         ev = res["evaluation"][key]
@@ -453,7 +453,7 @@ def write_table(path: Path, res: dict) -> None:
         for n in STRATEGIES:
             pt = ev["strategies"][n]["per_task"].get(t)
             cells.append(f"{pt['tokens']:.0f} / {pt['quality']:.2f}" if pt else "-")
-        L.append(f"| {t} | " + " | ".join(cells) + " |")
+        L.append(f"| {md_cell(t)} | " + " | ".join(cells) + " |")
     L.append("\n## Table 7 (trap audit: c > 0.9 or p > 0.7 or u > 0.5; large run)\n")
     L.append("| Mode | Mean action [c, p, u] | Trap rate |")
     L.append("|---|---|---|")
@@ -542,11 +542,8 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
         res = _run_in(cfg, work, progress, log)
         os.replace(work, out)
     except BaseException as e:
-        if workdir.has_checkpoints(work):
-            add_hint(e, f"the training checkpoints are kept in {work}; continue with the same options and "
-                        f"`--resume {out}` (or delete {work})")
-        elif not resume:
-            shutil.rmtree(work, ignore_errors=True)
+        workdir.after_failure(e, work, created=not resume,
+                              resume_hint=f"continue with the same options and `--resume {out}`")
         raise
     return res
 
@@ -557,7 +554,7 @@ def _run_in(cfg: StackelbergConfig, out: Path, progress: bool, log: Callable) ->
     grid = load_or_generate_grid(cfg)
     syn = grid.manifest.is_synthetic
     tag = "SYNTHETIC" if syn else "real"
-    log(f"response grid '{grid.manifest.name}' ({tag}, {grid.n_cells} cells)")
+    log(f"response grid {grid.manifest.name!r} ({tag}, {grid.n_cells} cells)")
     if cfg.synthetic_leader:
         log(f"leader utility: SYNTHETIC profile '{cfg.leader_profile}' ({leader_profile_record(cfg)})")
     fit = fit_surrogate(grid, cfg.surrogate)

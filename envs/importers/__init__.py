@@ -43,7 +43,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from envs.cache import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays
+from envs.cache import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays, group_problem
 
 #: Protocol string of every single-round pair-of-models import (SOURCES.md).
 CASCADE_PROTOCOL = "single-round cascade (T = 1), not the CCPO multi-round protocol"
@@ -234,6 +234,10 @@ def build_cache(
     a["gold"] = np.array(list(gold), dtype=str) if Q else a["gold"]
     a["answer_text"] = np.array(texts, dtype=str).reshape(Q, 2 * T) if Q else a["answer_text"]
     if groups is not None and Q:
+        for qid, g in zip(question_ids, groups):  # before NumPy drops a trailing NUL ("a\x00" -> "a")
+            problem = group_problem(g)
+            if problem:
+                raise CacheError(f"{name}: question {qid!r}: group: {problem}")
         a["group"] = np.array(list(groups), dtype=str)
     manifest = Manifest(
         name=name, task=task, T=T, base=base, guide=guide, provenance=provenance, normalisation=NORMALISATION
