@@ -137,12 +137,10 @@ def test_full_disk_during_save_is_one_exception_without_log_noise(tmp_path, monk
     assert ck.latest_step() == 1
 
 
-def test_stackelberg_chunk_loop_refuses_a_damaged_checkpoint(tmp_path):
-    """The Stackelberg chunk loop uses the same module: a damaged newest step is not resumed."""
+def _toy_chunk_run():
+    """A TensorBoard stand-in and a toy (init, run) pair for the Stackelberg chunk loop."""
     import jax
     import jax.numpy as jnp
-
-    from ccpo_jax.stackelberg.pipeline import _train_chunks
 
     class Writer:
         def add_scalar(self, *a, **k):
@@ -153,6 +151,17 @@ def test_stackelberg_chunk_loop_refuses_a_damaged_checkpoint(tmp_path):
 
     def run(st, n):
         return {"w": st["w"] * 1.5 + n}, {"loss": jnp.zeros((n,))}
+
+    return Writer, init, run
+
+
+def test_stackelberg_chunk_loop_refuses_a_damaged_checkpoint(tmp_path):
+    """The Stackelberg chunk loop uses the same module: a damaged newest step is not resumed."""
+    import jax
+
+    from ccpo_jax.stackelberg.pipeline import _train_chunks
+
+    Writer, init, run = _toy_chunk_run()
 
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
     ref, ref_m = _train_chunks("t", init, run, (), (), keys, 3, 3, tmp_path / "ref", Writer(), False, {})
@@ -179,19 +188,10 @@ def test_a_save_cut_short_by_a_kill_is_removed_quietly_on_resume(tmp_path, capfd
     import logging
 
     import jax
-    import jax.numpy as jnp
 
     from ccpo_jax.stackelberg.pipeline import _train_chunks
 
-    class Writer:
-        def add_scalar(self, *a, **k):
-            pass
-
-    def init(k):
-        return {"w": jax.random.normal(k, (8, 4))}
-
-    def run(st, n):
-        return {"w": st["w"] * 1.5 + n}, {"loss": jnp.zeros((n,))}
+    Writer, init, run = _toy_chunk_run()
 
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
     root = tmp_path / "ck"

@@ -149,7 +149,9 @@ def test_resume_names_the_command_that_made_the_run(tmp_path):
                                         ("old", old_reproduce_json, "sweep", "reproduce"),
                                         ("new", dict(old_reproduce_json, command="reproduce"), "sweep", "reproduce"),
                                         ("stk", {"config": {"quick": True}}, "sweep", "stackelberg"),
-                                        ("stk2", {"config": {"quick": True}}, "reproduce", "stackelberg")]:
+                                        ("stk2", {"config": {"quick": True}}, "reproduce", "stackelberg"),
+                                        ("sw2", sweep_json, "stackelberg", "sweep"),  # said "damaged ('config')"
+                                        ("old2", old_reproduce_json, "stackelberg", "reproduce")]:
         out, work = _killed_run(tmp_path, name, saved)
         r = run_cli([command, "--resume", str(out)], cwd=tmp_path)
         assert r.returncode == 2 and r.stderr == (

@@ -100,16 +100,6 @@ def resolve_mesh(devices: int | str | None):
     return None if n == 1 else sharding.make_mesh(n)
 
 
-def made_by(saved: Any) -> str | None:
-    """The command whose run.json ``saved`` is: ``sweep`` and ``reproduce`` write ``command`` (a
-    reproduce run.json from before that has none), ``stackelberg`` writes ``{"config": ...}``."""
-    if not isinstance(saved, dict):
-        return None
-    if "command" in saved:
-        return saved["command"] if isinstance(saved["command"], str) else None
-    return "stackelberg" if set(saved) == {"config"} else "reproduce"
-
-
 def _resume_config(resume: Path, given: Mapping[str, Any], cls: type = ReproduceConfig,
                    results_file: str = report.RESULTS_FILE, command: str = "reproduce") -> tuple[Path, Any]:
     """Find the work dir of a killed run at ``resume`` (its out_dir) and read its run.json.
@@ -117,7 +107,7 @@ def _resume_config(resume: Path, given: Mapping[str, Any], cls: type = Reproduce
     ``given`` holds the options of this call: the saved ones must be None or equal to the
     saved values (:func:`ccpo_jax.runtime.options.resume_mismatch`); the execution options
     (devices, member block, progress) are this call's. A run made by another command
-    (:func:`made_by`) is refused naming it, and so is a saved value that the checks refuse.
+    (:func:`ccpo_jax.runtime.workdir.made_by`) is refused naming it, and so is a saved value that the checks refuse.
     """
     out, work = workdir.interrupted_run(resume, RUN_FILE, results_file)
     unsaved = {k: given.get(k) for k in ("devices", "member_block", "progress", "discard_failed")}
@@ -126,10 +116,7 @@ def _resume_config(resume: Path, given: Mapping[str, Any], cls: type = Reproduce
         saved = json.loads(run_file.read_text())
     except (ValueError, OSError) as e:  # invalid UTF-8 is a ValueError
         raise UserError(f"resume: {run_file} is damaged ({e})", field="resume") from None
-    maker = made_by(saved)
-    if maker is not None and maker != command:
-        raise UserError(f"resume: {out} was made by `ccpo-jax {maker}`, not `ccpo-jax {command}`; resume it with "
-                        f"`ccpo-jax {maker} --resume {out}`", field="resume")
+    workdir.refuse_other_command(saved, command, out)
     try:
         cfg = options.from_saved(cls, saved, out_dir=out, resume=resume, **unsaved)
     except UserError as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from ccpo_jax.errors import UserError, add_hint
 from ccpo_jax.runtime.checkpoints import completed_steps
@@ -84,3 +85,21 @@ def interrupted_run(resume: Path, run_file: str, results_file: str = "results.js
     if not (work / run_file).is_file():
         raise UserError(f"{field}: no interrupted run for {out} (expected {work / run_file})", field=field)
     return out, work
+
+
+def made_by(saved: Any) -> str | None:
+    """The command whose run.json ``saved`` is: ``sweep`` and ``reproduce`` write ``command`` (a
+    reproduce run.json from before that has none), ``stackelberg`` writes ``{"config": ...}``."""
+    if not isinstance(saved, dict):
+        return None
+    if "command" in saved:
+        return saved["command"] if isinstance(saved["command"], str) else None
+    return "stackelberg" if set(saved) == {"config"} else "reproduce"
+
+
+def refuse_other_command(saved: Any, command: str, out: Path) -> None:
+    """A killed run resumed by another command than the one that made it: one error naming both."""
+    maker = made_by(saved)
+    if maker is not None and maker != command:
+        raise UserError(f"resume: {out} was made by `ccpo-jax {maker}`, not `ccpo-jax {command}`; resume it with "
+                        f"`ccpo-jax {maker} --resume {out}`", field="resume")

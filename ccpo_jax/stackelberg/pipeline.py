@@ -525,8 +525,13 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
     if resume:
         out, work = workdir.interrupted_run(Path(out_dir), RUN_FILE, field="resume")
         try:
-            old = json.loads((work / RUN_FILE).read_text())["config"]
-        except (ValueError, KeyError, TypeError) as e:
+            old = json.loads((work / RUN_FILE).read_text())
+        except ValueError as e:
+            raise UserError(f"resume: {work / RUN_FILE} is damaged ({e})", field="resume") from None
+        workdir.refuse_other_command(old, "stackelberg", out)
+        try:
+            old = old["config"]
+        except (KeyError, TypeError) as e:
             raise UserError(f"resume: {work / RUN_FILE} is damaged ({e})", field="resume") from None
         diff = _first_difference(old, saved)
         if diff is not None:
