@@ -208,7 +208,7 @@ def calibration_size_warning(n: int, alpha: float) -> str | None:
             f"use at least {n_min} (the middle number of --split-sizes)")
 
 
-def calibrate_kappa(kappa_i: Array, alpha: Array | float) -> Array:
+def calibrate_kappa(kappa_i: Array, alpha: Array | float, rank: Array | int | None = None) -> Array:
     """Exact split-conformal threshold (docs/algorithms.md): kappa-hat = the
     ceil((n+1)(1-alpha))-th LARGEST kappa_i, clipped to [0, 1].
 
@@ -222,10 +222,12 @@ def calibrate_kappa(kappa_i: Array, alpha: Array | float) -> Array:
     Args:
       kappa_i: ``[n]`` scores from :func:`largest_covering_kappa` (n static).
       alpha: miscoverage level (may be traced, e.g. vmapped over alpha).
+      rank: the rank k to use instead (may be traced), e.g. the PAC rank of
+        :func:`ccpo_jax.core.guarantee.pac_rank`; k > n gives 0.0 as above.
     Returns: scalar kappa-hat in [0, 1].
     """
     n = kappa_i.shape[0]
-    k = conformal_rank(n, alpha)
+    k = conformal_rank(n, alpha) if rank is None else jnp.asarray(rank, jnp.int32)
     desc = -jnp.sort(-kappa_i)
     val = desc[jnp.clip(k - 1, 0, n - 1)]
     return jnp.where(k > n, 0.0, jnp.clip(val, 0.0, 1.0)).astype(jnp.float32)
@@ -241,7 +243,8 @@ def covered_at(kappa: Array | float, kappa_i: Array) -> Array:
 
 
 def mondrian_kappa(
-    kappa_i: Array, group: Array, n_groups: int, alpha: Array | float, group_min: int
+    kappa_i: Array, group: Array, n_groups: int, alpha: Array | float, group_min: int,
+    ranks: Array | None = None,
 ) -> tuple[Array, Array, Array]:
     """Group-conditional (Mondrian) split-conformal thresholds (Vovk et al. 2003; as in MAPIE / crepes).
 
@@ -258,6 +261,8 @@ def mondrian_kappa(
       kappa_i: ``[n]`` calibration scores (:func:`largest_covering_kappa`).
       group: ``[n]`` int group ids in ``[0, n_groups)``.
       n_groups: G, static. alpha: may be traced. group_min: static minimum size of an own group.
+      ranks: ``[n + 1]`` int, the rank to use for a group of each size 0..n instead of
+        ceil((n_g+1)(1-alpha)) (a PAC guarantee: :func:`ccpo_jax.core.guarantee.rank_table`).
 
     Returns:
       ``(kappa_hat [G + 1], own [G] bool, n_cal [G] int32)``: the threshold of every group and of
@@ -275,11 +280,12 @@ def mondrian_kappa(
     s = jnp.clip(kappa_i, 0.0, 1.0)
     _, neg_sorted = jax.lax.sort((eff, -s), num_keys=2)
     start = jnp.cumsum(n_j) - n_j
-    k = conformal_rank(n_j, alpha)  # the rank of each group (array n)
+    k = conformal_rank(n_j, alpha) if ranks is None else jnp.asarray(ranks, jnp.int32)[n_j]  # each group's rank
     val = -neg_sorted[jnp.clip(start + k - 1, 0, n - 1)]
     kap = jnp.where(k > n_j, 0.0, val).astype(jnp.float32)
     rest_empty = n_j[n_groups] == 0
-    kap = kap.at[n_groups].set(jnp.where(rest_empty, calibrate_kappa(kappa_i, alpha), kap[n_groups]))
+    marginal = calibrate_kappa(kappa_i, alpha, None if ranks is None else jnp.asarray(ranks, jnp.int32)[n])
+    kap = kap.at[n_groups].set(jnp.where(rest_empty, marginal, kap[n_groups]))
     return kap, own, n_cal
 
 
