@@ -16,8 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ccpo_jax.ccpo.blocked import blocked_policy_probs
+from ccpo_jax.ccpo.calibration import variant_ranks
 from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.core import conformal
+from ccpo_jax.core.guarantee import Guarantee
 from envs.orchestration import EnvParams, evaluate_actions, evaluate_sets, reached_rounds, summarise
 
 #: A router is degenerate when its set holds every available action on (at least) this
@@ -45,9 +47,10 @@ def eval_conformal(probs, kappa, params: EnvParams, idx):
     return evaluate_sets(sets, params, idx)
 
 
-def eval_batch_calibrated(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha):
-    """C_{pi,kappa-hat} on ``test_idx``, kappa-hat calibrated exactly on ``cal_idx``; and kappa-hat."""
-    kappa_hat = conformal.calibrate_kappa(kappa_i[cal_idx], alpha)
+def eval_batch_calibrated(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha, rank=None):
+    """C_{pi,kappa-hat} on ``test_idx``, kappa-hat calibrated exactly on ``cal_idx``; and kappa-hat.
+    ``rank``: the order statistic to take (a PAC rank), else the marginal ceil((n+1)(1-alpha))."""
+    kappa_hat = conformal.calibrate_kappa(kappa_i[cal_idx], alpha, rank)
     return eval_conformal(probs, kappa_hat, params, test_idx), kappa_hat
 
 
@@ -111,41 +114,50 @@ def per_group(m, group, n_groups: int) -> dict:
     return {"coverage": jnp.where(n > 0, covered / jnp.maximum(n, 1.0), jnp.nan), "cost_cents": seg(m.cost_cents)}
 
 
-def eval_mondrian(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha, codes, n_groups: int, group_min: int):
+def eval_mondrian(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha, codes, n_groups: int, group_min: int,
+                  ranks=None):
     """C_{pi,kappa_g} on ``test_idx`` with kappa_g calibrated per group on ``cal_idx``
-    (:func:`ccpo_jax.core.conformal.mondrian_kappa`): (metrics, kappa [G+1], own [G], n_cal [G])."""
-    kap, own, n_cal = conformal.mondrian_kappa(kappa_i[cal_idx], codes[cal_idx], n_groups, alpha, group_min)
+    (:func:`ccpo_jax.core.conformal.mondrian_kappa`; ``ranks`` [n_cal + 1]: a PAC rank table):
+    (metrics, kappa [G+1], own [G], n_cal [G])."""
+    kap, own, n_cal = conformal.mondrian_kappa(kappa_i[cal_idx], codes[cal_idx], n_groups, alpha, group_min, ranks)
     thr = conformal.group_thresholds(kap, own, codes[test_idx])
     sets = conformal.conformal_set(probs[test_idx], thr[:, None], params.available[test_idx])
     return evaluate_sets(sets, params, test_idx), kap, own, n_cal
 
 
 def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Variant], state, cal_idx, test_idx, key,
-                     retrain: bool, groups: GroupSpec | None = None) -> MemberEval:
+                     retrain: bool, groups: GroupSpec | None = None, guarantee: Guarantee | None = None) -> MemberEval:
     """Every trained variant, seed and split in one jitted, vmapped call: see :func:`evaluate_trained`.
-    With ``groups`` the calibrated rows are also calibrated per group (:class:`GroupEval`)."""
+    With ``groups`` the calibrated rows are also calibrated per group (:class:`GroupEval`). With a
+    ``pac`` ``guarantee`` every calibrated threshold (marginal and per group) takes the PAC rank of its
+    calibration count at the variant's alpha (:func:`ccpo_jax.ccpo.calibration.variant_ranks`)."""
     S = cal_idx.shape[0]
+    pac = guarantee is not None and guarantee.kind == "pac"
+    n_cal_all = int(np.shape(cal_idx)[1])
     codes = None if groups is None else jnp.asarray(groups.codes, jnp.int32)
     G = 0 if groups is None else len(groups.names)
 
-    def one(policy, kappa_online, cal, test, k, alpha):
+    def one(policy, kappa_online, cal, test, k, alpha, ranks):
+        ranks = ranks if pac else None  # marginal: the float32 rank of conformal_rank, as always
         probs, kappa_i = policy_tables(policy, params, config.hidden)
-        batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha)
+        batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha,
+                                              None if ranks is None else ranks[n_cal_all])
         online_m = eval_conformal(probs, kappa_online, params, test)
         point_m = eval_pointwise(k, probs, params, test)
         out = (summarise(batch_m), summarise(online_m), summarise(point_m), khat)
         if groups is None:
             return out
-        mond_m, kap, own, n_cal = eval_mondrian(probs, kappa_i, params, cal, test, alpha, codes, G, groups.group_min)
+        mond_m, kap, own, n_cal = eval_mondrian(probs, kappa_i, params, cal, test, alpha, codes, G, groups.group_min,
+                                                ranks)
         g_test = codes[test]
         n_test = jax.ops.segment_sum(jnp.ones(g_test.shape, jnp.int32), g_test, num_segments=G)
         return out + (summarise(mond_m), kap, own, n_cal, n_test, per_group(batch_m, g_test, G),
                       per_group(mond_m, g_test, G))
 
     split_axes = 0 if retrain else None
-    per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0, None))
-    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0, None))
-    per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None, 0)))
+    per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0, None, None))
+    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0, None, None))
+    per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None, 0, 0)))
     # [V, S_t, N, ...] -> [V, N, S_t, ...] (retrain) or [V, N, ...] (recalibrate)
     if retrain:
         pol = jax.tree.map(lambda x: jnp.swapaxes(x, 1, 2), state.policy)
@@ -155,8 +167,11 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
         kap = state.kappa[:, 0]
     N = kap.shape[1]
     keys = jax.random.split(key, N * S).reshape(N, S, -1)
-    alphas = jnp.asarray([var.target_alpha(config) for var in variants], jnp.float32)  # each at its own alpha
-    got = jax.device_get(per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys, alphas))
+    alpha_list = [var.target_alpha(config) for var in variants]
+    alphas = jnp.asarray(alpha_list, jnp.float32)  # each at its own alpha
+    ranks = variant_ranks(guarantee, alpha_list, n_cal_all) if pac else np.zeros((len(variants), 1), np.int32)
+    got = jax.device_get(per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys, alphas,
+                                     jnp.asarray(ranks)))
     batch_m, online_m, point_m, khat = got[:4]
     group_ev = None
     if groups is not None:

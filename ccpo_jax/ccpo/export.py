@@ -40,6 +40,7 @@ from jax import export as jax_export
 from ccpo_jax.ccpo.blocked import in_blocks
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
 from ccpo_jax.core.conformal import conformal_set
+from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.core.networks import masked_probs, policy_net
 from ccpo_jax.errors import UserError
 from ccpo_jax.serving import Router
@@ -283,8 +284,18 @@ def mondrian_manifest(meta: dict, policy_dir: Path) -> dict:
             "note": "thresholds of seed 0 on split 0, like kappa"}
 
 
+def guarantee_manifest(meta: dict, policy_dir: Path, want: str | None) -> dict:
+    """The manifest's ``guarantee`` (kind, alpha, delta, statement) from the saved policy (a policy saved
+    before ``--guarantee`` was marginal); ``want`` not None must be the saved kind."""
+    g = meta.get("guarantee") or Guarantee().describe(float(meta["alpha"]))
+    if want is not None and want != g["kind"]:
+        raise UserError(f"guarantee: {policy_dir}/policy.json was calibrated with a {g['kind']} guarantee, not {want}; "
+                        f"re-run `ccpo-jax reproduce --guarantee {want}` to get {want} thresholds", field="guarantee")
+    return {k: g.get(k) for k in ("kind", "alpha", "delta", "statement")}
+
+
 def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str | None = None,
-                  force: bool = False, echo=None, calibration: str = "marginal") -> Path:
+                  force: bool = False, echo=None, calibration: str = "marginal", guarantee: str | None = None) -> Path:
     """Write the artefact of ``row`` of ``run_dir`` to ``out`` (must not exist).
 
     ``row`` None: the cheapest calibrated row whose calibration coverage holds
@@ -295,6 +306,8 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
 
     ``calibration`` "mondrian": the router carries the row's per-group thresholds (saved by
     ``reproduce --calibration mondrian``) and a request's ``group`` picks its threshold.
+    ``guarantee`` ("marginal" / "pac", None: the run's): the guarantee the router must carry; the
+    thresholds were chosen by ``reproduce --guarantee``, so another one is refused.
 
     Atomic: everything is written into a temporary sibling directory, loaded
     back with :class:`ccpo_jax.serving.Router` and checked against the trainer's
@@ -334,6 +347,7 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     exp = jax_export.deserialize(bytearray(blob))
     info = {"platforms": list(exp.platforms), "calling_convention_version": int(exp.calling_convention_version)}
     manifest = build_manifest(meta, names, leaves, policy_dir, run_dir, info)
+    manifest["guarantee"] = guarantee_manifest(meta, policy_dir, guarantee)
     if calibration == "mondrian":
         manifest["mondrian"] = mondrian_manifest(meta, policy_dir)
 

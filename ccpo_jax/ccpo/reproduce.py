@@ -33,6 +33,7 @@ import numpy as np
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
 from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
+from ccpo_jax.ccpo.calibration import add_guarantees, effective_group_min, format_guarantees
 from ccpo_jax.ccpo.evaluation import GroupSpec
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.presets import deviations
@@ -41,6 +42,7 @@ from ccpo_jax.ccpo.run_config import ReproduceConfig
 from ccpo_jax.ccpo.settings import METRICS, Setting, get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
 from ccpo_jax.core.conformal import calibration_size_warning
+from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.errors import UserError, add_hint
 from ccpo_jax.runtime import options, sharding, workdir
 from envs.atomic import atomic_write_text
@@ -224,7 +226,12 @@ def group_spec(cfg: ReproduceConfig, cache: ResponseCache) -> GroupSpec | None:
         raise UserError(f"calibration: mondrian needs a question group ('group') for every question, and the cache "
                         f"'{cache.manifest.name}' has none; add a 'group' field beside each question's 'id' "
                         "(docs/caches.md) or use --calibration marginal", field="calibration")
-    return GroupSpec.of(g, cfg.group_min)
+    return GroupSpec.of(g, effective_group_min(cfg.group_min, cfg.alpha, run_guarantee(cfg)))
+
+
+def run_guarantee(cfg: Any) -> Guarantee:
+    """The run's ``--guarantee`` and ``--delta`` (a configuration saved before them: marginal)."""
+    return Guarantee(getattr(cfg, "guarantee", "marginal") or "marginal", getattr(cfg, "delta", None))
 
 
 def describe_pooling(spec: GroupSpec, cal_idx: Any, say: Callable[[str], Any] | None = None) -> dict[str, Any]:
@@ -285,6 +292,8 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
         results["calibration"] = pooling
         if group_rows:
             report.add_groups(results, group_rows, cfg.alpha)
+    if trains:
+        add_guarantees(results, rows, cfg.alpha, run_guarantee(cfg))
     report.write_results(work, results)
     report.write_table(work, results, st, cfg.split_sizes, compare_paper=compare)
     table = report.format_table(results, st, cfg.split_sizes, compare_paper=compare)
@@ -295,6 +304,11 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
         table = table.rstrip("\n") + "\n" + extra
         if group_rows:
             report.write_group_plot(work, results)
+    if results.get("guarantee"):
+        extra = format_guarantees(results)
+        with open(work / report.TABLE_FILE, "a", encoding="utf-8") as f:
+            f.write(extra)
+        table = table.rstrip("\n") + "\n" + extra
     if left:
         extra = "\nRows left out:\n" + "".join(f"- {r}: {why}\n" for r, why in left.items())
         with open(work / report.TABLE_FILE, "a", encoding="utf-8") as f:
@@ -387,6 +401,7 @@ def reproduce(
                 lambdas=cfg.lambdas, protocol=cfg.protocol, seeds=cfg.seeds, ckpt_dir=work / CKPT_DIR,
                 tb_dir=work / TB_DIR, progress=cfg.progress, mesh=mesh, member_block=block,
                 **({} if groups is None else {"groups": groups}),
+                **({} if cfg.guarantee == "marginal" else {"guarantee": run_guarantee(cfg)}),
             )
             rows.update(as_rows(got.rows, cfg.n_splits, "the trainer"))
             group_rows = got.groups

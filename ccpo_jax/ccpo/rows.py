@@ -26,6 +26,7 @@ from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, policy_row, save_policies
 from ccpo_jax.ccpo.settings import lambda_row_name
 from ccpo_jax.ccpo.splits import Splits
+from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime.scalars import ScalarWriter
 from envs.cache import ResponseCache
@@ -58,7 +59,7 @@ class LearnedRowsFn(Protocol):
     def __call__(self, *, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array,
                  config: TrainConfig, lambdas: tuple[float, ...], protocol: str, seeds: int, ckpt_dir: Path,
                  tb_dir: Path | None, progress: bool, mesh: Any, member_block: int | None,
-                 groups: GroupSpec | None = None) -> LearnedRows: ...
+                 groups: GroupSpec | None = None, guarantee: Guarantee | None = None) -> LearnedRows: ...
 
 
 #: Name of the CPO variant that serves the calibrated CPO rows when the margins differ.
@@ -134,7 +135,7 @@ def member_keys(key: jax.Array, names: list[str], n: int) -> jax.Array:
 
 
 def _train_and_evaluate(config, params, splits, key, variants, key_names, *, seeds, protocol, ckpt_dir, tensorboard,
-                        progress, mesh, member_block, groups=None):
+                        progress, mesh, member_block, groups=None, guarantee=None):
     """Train ``variants`` x training splits x ``seeds`` in one program and evaluate every member on
     every split: (state [V, S_train, N, ...], :class:`MemberEval`, curves, timing)."""
     if int(seeds) < 1:
@@ -151,7 +152,7 @@ def _train_and_evaluate(config, params, splits, key, variants, key_names, *, see
     state = jax.tree.map(lambda x: x.reshape((x.shape[0], S_t, N) + x.shape[2:]), state)
     t0 = time.perf_counter()
     ev = evaluate_members(config, params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
-                          retrain, groups)
+                          retrain, groups, guarantee)
     timing = dict(timing, eval_s=time.perf_counter() - t0)
     curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
     return state, ev, curves, timing
@@ -172,6 +173,7 @@ def train_seeds(
     mesh=None,
     member_block: int | None = None,
     groups: GroupSpec | None = None,
+    guarantee: Guarantee | None = None,
 ) -> TrainedRows:
     """Train the learned rows (:func:`row_variants`) for ``seeds`` seeds and evaluate them on every split.
 
@@ -180,7 +182,8 @@ def train_seeds(
     trains once on ``splits.train[0]`` and is recalibrated on every split; under ``retrain`` every
     (split, seed) pair trains its own policy. ``member_block`` None: :func:`default_member_block`.
     With ``groups`` every calibrated row also gets its group-conditional (Mondrian) twin,
-    ``ROW [Mondrian]``, from the same trained policies.
+    ``ROW [Mondrian]``, from the same trained policies. ``guarantee`` (default marginal): which
+    order statistic every calibrated threshold takes (:mod:`ccpo_jax.core.guarantee`).
     """
     variants = row_variants(tuple(lambdas), config)
     if member_block is None:
@@ -188,7 +191,7 @@ def train_seeds(
     state, ev, curves, timing = _train_and_evaluate(
         config, params, splits, key, variants, [v.name for v in variants], seeds=seeds, protocol=protocol,
         ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh, member_block=member_block,
-        groups=groups)
+        groups=groups, guarantee=guarantee)
     rows: dict = {}
     kappas: dict = {}
     per_group: dict = {}
@@ -223,6 +226,7 @@ def train_sweep(
     progress: bool = True,
     mesh=None,
     member_block: int | None = None,
+    guarantee: Guarantee | None = None,
 ) -> tuple[dict[float, dict[str, dict[str, np.ndarray]]], dict[str, float]]:
     """Every learned row x alpha x seed (x training split under ``retrain``) as members of ONE
     vmapped program (alpha is traced data, ``Variant.alpha``), each member calibrated and
@@ -238,7 +242,7 @@ def train_sweep(
     state, ev, _, timing = _train_and_evaluate(
         config, params, splits, key, variants, [v.name for a in alphas for v in base], seeds=seeds,
         protocol=protocol, ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh,
-        member_block=member_block)
+        member_block=member_block, guarantee=guarantee)
     out: dict[float, dict[str, dict[str, np.ndarray]]] = {}
     for v, var in enumerate(variants):
         out.setdefault(float(var.alpha), {}).update(variant_rows(var, ev, v)[0])
@@ -248,7 +252,7 @@ def train_sweep(
 def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array, config: TrainConfig,
                  lambdas: tuple[float, ...], protocol: str, seeds: int, ckpt_dir: Path, tb_dir: Path | None,
                  progress: bool, mesh: Any = None, member_block: int | None = None,
-                 groups: GroupSpec | None = None) -> LearnedRows:
+                 groups: GroupSpec | None = None, guarantee: Guarantee | None = None) -> LearnedRows:
     """Train and evaluate the learned rows; save seed 0's split-0 policies beside ``ckpt_dir``.
 
     ``splits.train`` is [S, n_train], ``splits.cal``/``splits.test`` [S, n]; ``lambdas`` are the
@@ -257,13 +261,14 @@ def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key
     to ``ckpt_dir/../policies``. Rows hold [N seeds, S splits] arrays. With ``groups`` (the
     cache's groups, ``reproduce --calibration mondrian``) every calibrated row gets its Mondrian
     twin and the per-group outcome (:attr:`LearnedRows.groups`); the saved policies carry their
-    per-group thresholds (seed 0, split 0) for ``ccpo-jax export``.
+    per-group thresholds (seed 0, split 0) for ``ccpo-jax export``. ``guarantee`` (``--guarantee``;
+    None: marginal) chooses every calibrated threshold's order statistic and is saved with the policies.
     """
     writer = None if tb_dir is None else ScalarWriter(tb_dir, ".train")
     try:
         trained = train_seeds(config, params, splits, key, lambdas=tuple(lambdas), seeds=seeds, protocol=protocol,
                               ckpt_dir=Path(ckpt_dir), tensorboard=writer, progress=progress, mesh=mesh,
-                              member_block=member_block, groups=groups)
+                              member_block=member_block, groups=groups, guarantee=guarantee)
     finally:
         if writer is not None:
             writer.close()
@@ -280,7 +285,7 @@ def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key
         diagnostics[row] = d
     mondrian = None if groups is None else mondrian_thresholds(trained, groups)
     save_policies(Path(ckpt_dir).parent / POLICIES_DIR, config, trained.variants, trained.state, trained.kappas,
-                  cache, protocol, diagnostics, mondrian)
+                  cache, protocol, diagnostics, mondrian, guarantee or Guarantee())
     group_out = None
     if groups is not None:
         group_out = {"names": list(groups.names), "group_min": groups.group_min, "n_cal": trained.ev.groups.n_cal,

@@ -123,6 +123,55 @@ def _calibration(name: str, v: Any, cfg: Any) -> str:
     return v
 
 
+#: ``--guarantee`` values (:mod:`ccpo_jax.core.guarantee`) and the default ``--delta`` of ``pac``.
+GUARANTEES = ("marginal", "pac")
+DELTA = 0.1
+
+
+def _guarantee(name: str, v: Any, cfg: Any) -> str:
+    if v not in GUARANTEES:
+        raise UserError(f"guarantee: unknown guarantee {v!r}; valid: {', '.join(GUARANTEES)}", field=name)
+    return v
+
+
+def _delta(name: str, v: Any, cfg: Any) -> float | None:
+    """None under ``marginal`` (a --delta there is refused); under ``pac`` a number in (0, 1) for which
+    the calibration split has a PAC threshold at every alpha of the run (else the size it needs)."""
+    from ccpo_jax.core.guarantee import pac_min_n
+
+    if cfg.guarantee != "pac":
+        if v is not None:
+            raise UserError(f"delta: only with --guarantee pac (this run's guarantee is {cfg.guarantee})", field=name)
+        return None
+    try:
+        d = DELTA if v is None else float(v)
+    except (TypeError, ValueError):
+        raise UserError(f"delta: must be a number in (0, 1), got {v!r}", field=name) from None
+    if not (0.0 < d < 1.0):
+        raise UserError(f"delta: must be in (0, 1) (the guarantee holds with probability 1 - delta), got {v!r}",
+                        field=name)
+    n_cal = cfg.split_sizes[1]
+    for a in getattr(cfg, "alphas", None) or (cfg.alpha,):
+        n_min = pac_min_n(a, d)
+        if n_cal < n_min:
+            raise UserError(f"delta: {n_cal} calibration questions are too few for a PAC threshold at alpha {a:g}, "
+                            f"delta {d:g}: even the lowest score needs (1-alpha)^n <= delta, n >= {n_min}; use at "
+                            f"least {n_min} (the middle number of --split-sizes) or a larger delta", field=name)
+    return d
+
+
+def _guarantee_option() -> Any:
+    return option("--guarantee", help="marginal: coverage >= 1 - alpha on average over calibration draws; pac: "
+                  "every calibrated threshold (and per group) takes the order statistic with P(coverage >= 1 - alpha) "
+                  ">= 1 - delta over the calibration draw", choices=GUARANTEES, default="marginal", check=_guarantee,
+                  if_missing="marginal")
+
+
+def _delta_option() -> Any:
+    return option("--delta", help="with --guarantee pac: the probability that the guarantee fails", metavar="D",
+                  type=float, default_doc=f"{DELTA:g} with --guarantee pac", check=_delta, if_missing=None)
+
+
 def _preset_iterations(cfg: Any) -> int:
     return get_preset(cfg.preset).iterations
 
@@ -209,6 +258,8 @@ class ReproduceConfig(RunOptions):
                             "questions for its own threshold; smaller groups are pooled into one 'rest' group",
                             metavar="N", type=int, default=GROUP_MIN, check=check_int("the smallest group", 1),
                             if_missing=GROUP_MIN)
+    guarantee: str = _guarantee_option()
+    delta: float | None = _delta_option()
 
     def train_config(self, alpha: float | None = None) -> TrainConfig:
         return super().train_config(self.alpha if alpha is None else alpha)

@@ -1,0 +1,78 @@
+"""The calibrated rows' guarantee on the host: rank tables, the PAC group minimum, results.json and table.md.
+
+The maths is in :mod:`ccpo_jax.core.guarantee` (which order statistic gives which guarantee) and
+:mod:`ccpo_jax.core.conformal` (the thresholds); this module applies it to a run: one rank table
+per trained variant (each variant has its own alpha in a sweep), the group minimum a PAC Mondrian
+calibration needs, and per calibrated row the guarantee and how often a split fell short of it.
+docs/calibration.md describes both guarantees.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ccpo_jax.core.guarantee import Guarantee, below_target, pac_min_n, rank_table
+
+#: Suffix of a calibrated row's group-conditional (Mondrian) twin (as ``evaluation.MONDRIAN``).
+MONDRIAN = " [Mondrian]"
+
+
+def variant_ranks(guarantee: Guarantee, alphas: Sequence[float], n_cal: int) -> np.ndarray:
+    """``[V, n_cal + 1]`` int32: each variant's rank for every calibration count 0..n_cal."""
+    return np.stack([rank_table(int(n_cal), float(a), guarantee) for a in alphas]).astype(np.int32)
+
+
+def effective_group_min(group_min: int, alpha: float, guarantee: Guarantee) -> int:
+    """The smallest group with a threshold of its own: ``--group-min``, raised under ``pac`` to the
+    fewest calibration questions that have a PAC threshold at (alpha, delta), so that no group gets
+    the trivial "every action" threshold of its own; the smaller groups are pooled into the rest."""
+    if guarantee.kind != "pac":
+        return int(group_min)
+    return max(int(group_min), pac_min_n(alpha, guarantee.delta))
+
+
+def is_calibrated_row(row: str) -> bool:
+    """A row whose sets are batch-calibrated: CPO batch, the CCPO rows, and their Mondrian twins."""
+    base = row[: -len(MONDRIAN)] if row.endswith(MONDRIAN) else row
+    return base == "CPO batch" or base.startswith("CCPO (")
+
+
+def add_guarantees(results: dict, rows: Mapping[str, Mapping[str, Any]], alpha: float, guarantee: Guarantee) -> None:
+    """Put the run's ``guarantee`` in ``results`` and, under every calibrated row, its ``guarantee``
+    and ``below_target``: how many of the seeds x splits had a test coverage below 1 - alpha, the
+    fraction and its Clopper-Pearson 95% interval; under ``pac`` also ``within_delta`` (fraction <= delta)."""
+    desc = guarantee.describe(alpha)
+    results["guarantee"] = desc
+    for row, entry in results["policies"].items():
+        if not is_calibrated_row(row) or row not in rows:
+            continue
+        bt = below_target(np.asarray(rows[row]["coverage"]), alpha)
+        if guarantee.kind == "pac" and bt["fraction"] is not None:
+            bt["within_delta"] = bool(bt["fraction"] <= guarantee.delta)
+        entry["guarantee"] = dict(desc)
+        entry["below_target"] = bt
+
+
+def format_guarantees(results: Mapping[str, Any]) -> str:
+    """table.md's section: the guarantee and, per calibrated row, the splits whose test coverage fell
+    below 1 - alpha (a PAC row's fraction should be <= delta, up to the test split's own sampling noise)."""
+    g = results.get("guarantee")
+    if not g:
+        return ""
+    target = 1.0 - g["alpha"]
+    lines = ["", f"## Guarantee: {g['kind']}" + (f" (delta {g['delta']:g})" if g["kind"] == "pac" else ""), "",
+             g["statement"] + ".", "",
+             f"| row | splits below {target:g} | fraction (95% CI) |" + (" <= delta |" if g["kind"] == "pac" else ""),
+             "|---|---|---|" + ("---|" if g["kind"] == "pac" else "")]
+    for row, entry in results["policies"].items():
+        bt = entry.get("below_target")
+        if not bt or bt["fraction"] is None:
+            continue
+        cell = f"{bt['fraction']:.3f} ({bt['ci'][0]:.3f}-{bt['ci'][1]:.3f})"
+        extra = (" yes |" if bt["within_delta"] else " no |") if "within_delta" in bt else ""
+        lines.append(f"| {row} | {bt['count']} of {bt['n']} | {cell} |{extra}")
+    if g["kind"] == "pac":
+        lines += ["", "A split's test coverage is a finite-sample estimate of its threshold's coverage, so the "
+                      "fraction below target also counts test-sampling noise (docs/calibration.md)."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,121 @@
+"""``reproduce --guarantee pac --delta D`` end to end (real trainer, tiny): the PAC order statistic of
+each calibrated row's own calibration scores, per group too; results.json, table.md, the exported
+manifest and the served decision state the guarantee."""
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from ccpo_jax.errors import UserError
+from conftest import run_cli
+from test_mondrian_run import _grouped_cache
+
+SIZES = "100,60,40"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from ccpo_jax.ccpo.reproduce import reproduce
+
+    tmp = tmp_path_factory.mktemp("pac")
+    path, groups = _grouped_cache(tmp)
+    kw = dict(cache=str(path), n_splits=3, split_sizes=SIZES, seeds=2, iterations=4, calibration="mondrian",
+              group_min=20, echo=None, progress=False)
+    pac = reproduce(out_dir=tmp / "pac", guarantee="pac", delta=0.1, **kw)
+    marg = reproduce(out_dir=tmp / "marg", **kw)
+    return pac, marg, path, groups
+
+
+def _cal_scores(res, path, row_slug):
+    """The saved policy's calibration scores on split 0 (seed 0), computed from the policy alone."""
+    from ccpo_jax.ccpo.evaluation import policy_tables
+    from ccpo_jax.ccpo.policy_store import load_policy
+    from ccpo_jax.ccpo.splits import splits_for_protocol
+    from envs.formats import load_cache
+    from envs.orchestration import make_env_params
+
+    cache = load_cache(path)
+    params_env = make_env_params(cache)
+    k_split = jax.random.split(jax.random.PRNGKey(0), 3)[0]  # reproduce's split key (seed 0)
+    splits = splits_for_protocol("recalibrate", k_split, cache.n_questions, 100, 60, 40, 3)
+    pol, meta = load_policy(res.out_dir / "policies" / row_slug)
+    _, kappa_i = policy_tables(pol, params_env, tuple(meta["hidden"]))
+    cal = np.asarray(splits.cal)[0]
+    return np.asarray(kappa_i)[cal], cal, meta
+
+
+def test_pac_threshold_is_the_pac_order_statistic_of_the_calibration_scores(runs):
+    from ccpo_jax.core.guarantee import pac_rank
+
+    pac, marg, path, groups = runs
+    scores, cal, meta = _cal_scores(pac, path, "ccpo-lambda-0")
+    k = pac_rank(60, 0.1, 0.1)
+    assert k == 58  # P(Binomial(60, 0.9) <= 57) >= 0.9 first at k = 58 (test_guarantee checks pac_rank)
+    want = float(np.clip(np.sort(scores)[::-1][k - 1], 0.0, 1.0))
+    assert meta["kappa"] == pytest.approx(want, abs=0)
+    assert meta["guarantee"] == {"kind": "pac", "alpha": 0.1, "delta": 0.1, "statement": meta["guarantee"]["statement"]}
+    marg_meta = json.loads((marg.out_dir / "policies" / "ccpo-lambda-0" / "policy.json").read_text())
+    assert marg_meta["kappa"] >= meta["kappa"]  # same policy (same seed): PAC is the more conservative threshold
+    # per group: groups a and b have about 30 / 24 calibration questions; PAC needs 22 at (0.1, 0.1)
+    m = meta["mondrian"]
+    assert m["group_min"] == 22
+    for g, kap in m["kappas"].items():
+        s = np.sort(scores[groups[cal] == g])[::-1]
+        assert kap == pytest.approx(float(np.clip(s[pac_rank(len(s), 0.1, 0.1) - 1], 0, 1)), abs=0)
+
+
+def test_results_and_table_state_the_guarantee_and_the_splits_below_target(runs):
+    pac, marg, _, _ = runs
+    for res, kind in ((pac, "pac"), (marg, "marginal")):
+        assert res.results["guarantee"]["kind"] == kind
+        pol = res.results["policies"]
+        for row in ("CPO batch", "CCPO (lambda=0)", "CCPO (lambda=0) [Mondrian]"):
+            bt = pol[row]["below_target"]
+            assert bt["n"] == 6 and 0 <= bt["count"] <= 6 and bt["ci"][0] <= bt["fraction"] <= bt["ci"][1]
+            assert pol[row]["guarantee"]["delta"] == (0.1 if kind == "pac" else None)
+            assert ("within_delta" in bt) == (kind == "pac")
+        assert "guarantee" not in pol["CPO online"] and "below_target" not in pol["CPO online"]
+    assert "## Guarantee: pac (delta 0.1)" in pac.table and "## Guarantee: marginal" in marg.table
+    assert "## Guarantee: pac" in (pac.out_dir / "table.md").read_text()
+
+
+def test_exported_manifest_and_decisions_state_the_guarantee(runs, tmp_path):
+    from ccpo_jax.serving import Router
+
+    pac, marg, path, _ = runs
+    r = run_cli(["export", str(pac.out_dir), "--row", "CCPO (lambda=0)", "--guarantee", "pac", "--out",
+                 str(tmp_path / "art")])
+    assert r.returncode == 0, r.stderr
+    assert "guarantee pac (delta 0.1)" in r.stdout
+    router = Router.load(tmp_path / "art")
+    assert router.manifest["guarantee"]["kind"] == "pac" and router.manifest["guarantee"]["delta"] == 0.1
+    rounds = json.loads(path.read_text().splitlines()[1])["rounds"][:1]
+    d = router.decide(rounds)
+    assert d["guarantee"] == {"kind": "pac", "alpha": 0.1, "delta": 0.1}
+    assert router.describe()["guarantee"]["kind"] == "pac"
+    # a marginal run exported as pac: refused naming the flag, nothing written
+    bad = run_cli(["export", str(marg.out_dir), "--row", "CCPO (lambda=0)", "--guarantee", "pac", "--out",
+                   str(tmp_path / "no")])
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --guarantee:") and not (tmp_path / "no").exists()
+    assert Router.load(tmp_path / "art").decide(rounds)["guarantee"]["kind"] == "pac"
+
+
+def test_bad_guarantee_options_are_refused(tmp_path):
+    from ccpo_jax.ccpo.run_config import ReproduceConfig
+
+    with pytest.raises(UserError, match="delta: only with --guarantee pac") as e:
+        ReproduceConfig(delta=0.1)
+    assert e.value.field == "delta"
+    with pytest.raises(UserError, match=r"delta: must be in \(0, 1\)"):
+        ReproduceConfig(guarantee="pac", delta=1.5)
+    # 21 calibration questions: 0.9^21 = 0.109 > 0.1, no PAC threshold; the message names 22
+    with pytest.raises(UserError, match="21 calibration questions are too few .* n >= 22"):
+        ReproduceConfig(guarantee="pac", delta=0.1, alpha=0.1, split_sizes="60,21,20")
+    assert ReproduceConfig(guarantee="pac", alpha=0.1, split_sizes="60,22,20").delta == 0.1  # the default delta
+    r = run_cli(["reproduce", "--guarantee", "pac", "--delta", "0.1", "--split-sizes", "60,21,20", "--out",
+                 str(tmp_path / "x")])
+    assert r.returncode == 2 and r.stderr.startswith("error: --delta: 21 calibration questions are too few")
+    assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
