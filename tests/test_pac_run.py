@@ -119,3 +119,44 @@ def test_bad_guarantee_options_are_refused(tmp_path):
                  str(tmp_path / "x")])
     assert r.returncode == 2 and r.stderr.startswith("error: --delta: 21 calibration questions are too few")
     assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
+
+
+def test_two_risks_choose_the_learn_then_test_threshold_and_refuse_an_infeasible_request(runs, tmp_path):
+    from ccpo_jax.ccpo.reproduce import reproduce
+    from ccpo_jax.core import conformal as C
+    from ccpo_jax.core.guarantee import LTT_GRID, Guarantee
+
+    _, _, path, _ = runs
+    kw = dict(cache=str(path), n_splits=3, split_sizes=SIZES, seeds=2, iterations=4, echo=None, progress=False,
+              guarantee="pac", delta=0.1)
+    # alpha 0.5: the coverage threshold is high enough for sets that leave the guide out on some questions
+    res = reproduce(out_dir=tmp_path / "ltt", guide_cap=0.9, alpha=0.5, **kw)
+    pol = res.results["policies"]
+    assert res.results["guarantee"]["guide_cap"] == 0.9
+    e = pol["CCPO (lambda=0)"]["ltt"]
+    assert e["splits"] == 6 and e["binding"]["coverage"] + e["binding"]["guide_cap (infeasible)"] == 6
+    assert "Learn then Test, guide-call rate <= 0.9" in res.table
+    assert sum(pol[r]["ltt"]["feasible"] for r in ("CPO batch", "CCPO (lambda=0)", "CCPO (lambda=2e-4)")) > 0
+    # the saved threshold (seed 0, split 0) is the largest grid point passing both tests on the policy's scores
+    scores, cal, meta = _cal_scores(res, path, "ccpo-lambda-0")
+    from ccpo_jax.ccpo.policy_store import load_policy
+    from envs.formats import load_cache
+    from envs.orchestration import make_env_params
+
+    p = make_env_params(load_cache(path))
+    polp, _ = load_policy(res.out_dir / "policies" / "ccpo-lambda-0")
+    from ccpo_jax.ccpo.evaluation import policy_tables
+
+    probs, _ = policy_tables(polp, p, tuple(meta["hidden"]))
+    g = np.asarray(jax.vmap(C.largest_guide_kappa)(probs, p.available, p.round_mask))[cal]
+    c_cov, c_guide = Guarantee("pac", 0.1, 0.9).ltt_counts(60, 0.5)
+    ok = [j for j, lam in enumerate(LTT_GRID) if np.sum(scores < lam) <= c_cov and np.sum(g >= lam) <= c_guide]
+    assert meta["calibration"]["ltt_feasible"] == bool(ok)
+    if ok:  # a threshold passed both tests: the largest
+        assert meta["kappa"] == pytest.approx(float(LTT_GRID[max(ok)]), abs=0)
+    # a cap no policy of this run meets: an error naming the caps, nothing written but the checkpoints
+    with pytest.raises(UserError, match=r"guide_cap: infeasible request \(coverage >= 0.9, guide-call rate <= 0.95"):
+        reproduce(out_dir=tmp_path / "no", guide_cap=0.95, discard_failed=True, **kw)
+    assert not (tmp_path / "no").exists()
+    with pytest.raises(UserError, match="guide_cap: a cap on a second risk needs --guarantee pac"):
+        reproduce(out_dir=tmp_path / "no2", guide_cap=0.5, cache=str(path), split_sizes=SIZES, echo=None)

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ccpo_jax.core.guarantee import Guarantee, below_target, pac_min_n, rank_table
+from ccpo_jax.errors import UserError
 
 #: Suffix of a calibrated row's group-conditional (Mondrian) twin (as ``evaluation.MONDRIAN``).
 MONDRIAN = " [Mondrian]"
@@ -38,7 +39,38 @@ def is_calibrated_row(row: str) -> bool:
     return base == "CPO batch" or base.startswith("CCPO (")
 
 
-def add_guarantees(results: dict, rows: Mapping[str, Mapping[str, Any]], alpha: float, guarantee: Guarantee) -> None:
+def caps_text(alpha: float, guarantee: Guarantee) -> str:
+    """The caps of a two-risk request, for messages: ``coverage >= 0.9, guide-call rate <= 0.3, delta 0.1``."""
+    return f"coverage >= {1 - alpha:g}, guide-call rate <= {guarantee.guide_cap:g}, delta {guarantee.delta:g}"
+
+
+def check_feasible(ltt: Mapping[str, Mapping[str, Any]] | None, alpha: float, guarantee: Guarantee) -> None:
+    """Refuse a two-risk request that no calibrated row met on any split (not a silent best effort):
+    the message names the caps and the guide-call rate at each row's coverage threshold."""
+    if not ltt or any(np.asarray(x["feasible"]).any() for x in ltt.values()):
+        return
+    rates = ", ".join(f"{row}: {float(np.mean(x['cal_guide_rate'])):.3f}" for row, x in ltt.items())
+    raise UserError(f"guide_cap: infeasible request ({caps_text(alpha, guarantee)}): on no split did a threshold "
+                    f"of any calibrated row pass both tests; at the thresholds where coverage holds the guide is "
+                    f"called on this share of calibration questions (mean over splits): {rates}", field="guide_cap")
+
+
+def ltt_entry(x: Mapping[str, Any], guarantee: Guarantee) -> dict:
+    """results.json's ``ltt`` of one row: on how many splits a threshold passed both tests (there coverage
+    binds: the cheapest threshold passing the coverage test also passes the guide test, both being
+    monotone in kappa), on how many the guide cap made the request infeasible, and the test guide rate."""
+    feas = np.asarray(x["feasible"], bool)
+    rate = np.asarray(x["guide_rate"], np.float64)[feas]
+    above = {"count": int(np.sum(rate > guarantee.guide_cap + 1e-6)), "n": int(rate.size)}
+    return {"guide_cap": float(guarantee.guide_cap), "splits": int(feas.size), "feasible": int(feas.sum()),
+            "binding": {"coverage": int(feas.sum()), "guide_cap (infeasible)": int((~feas).sum())},
+            "guide_rate": float(rate.mean()) if rate.size else None,
+            "guide_rate_above_cap": above,
+            "cal_guide_rate_at_coverage_threshold": float(np.mean(np.asarray(x["cal_guide_rate"])))}
+
+
+def add_guarantees(results: dict, rows: Mapping[str, Mapping[str, Any]], alpha: float, guarantee: Guarantee,
+                   ltt: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Put the run's ``guarantee`` in ``results`` and, under every calibrated row, its ``guarantee``
     and ``below_target``: how many of the seeds x splits had a test coverage below 1 - alpha, the
     fraction and its Clopper-Pearson 95% interval; under ``pac`` also ``within_delta`` (fraction <= delta)."""
@@ -52,6 +84,8 @@ def add_guarantees(results: dict, rows: Mapping[str, Mapping[str, Any]], alpha: 
             bt["within_delta"] = bool(bt["fraction"] <= guarantee.delta)
         entry["guarantee"] = dict(desc)
         entry["below_target"] = bt
+        if ltt and row in ltt:
+            entry["ltt"] = ltt_entry(ltt[row], guarantee)
 
 
 def format_guarantees(results: Mapping[str, Any]) -> str:
@@ -72,6 +106,17 @@ def format_guarantees(results: Mapping[str, Any]) -> str:
         cell = f"{bt['fraction']:.3f} ({bt['ci'][0]:.3f}-{bt['ci'][1]:.3f})"
         extra = (" yes |" if bt["within_delta"] else " no |") if "within_delta" in bt else ""
         lines.append(f"| {row} | {bt['count']} of {bt['n']} | {cell} |{extra}")
+    ltt_rows = [(row, e["ltt"]) for row, e in results["policies"].items() if "ltt" in e]
+    if ltt_rows:
+        lines += ["", f"Learn then Test, guide-call rate <= {ltt_rows[0][1]['guide_cap']:g}: the binding constraint "
+                      "per split (coverage, or the guide cap making the request infeasible; splits without a "
+                      "threshold have no result):", "",
+                  "| row | coverage binds | infeasible (guide cap) | test guide rate | cal. guide rate at the coverage threshold |",
+                  "|---|---|---|---|---|"]
+        for row, e in ltt_rows:
+            rate = "-" if e["guide_rate"] is None else f"{e['guide_rate']:.3f}"
+            lines.append(f"| {row} | {e['feasible']} of {e['splits']} | {e['splits'] - e['feasible']} | {rate} | "
+                         f"{e['cal_guide_rate_at_coverage_threshold']:.3f} |")
     if g["kind"] == "pac":
         lines += ["", "A split's test coverage is a finite-sample estimate of its threshold's coverage, so the "
                       "fraction below target also counts test-sampling noise (docs/calibration.md)."]

@@ -221,7 +221,8 @@ def _policy_metas(pdir: Path) -> list[tuple[Path, dict]]:
 def _usable(meta: dict) -> bool:
     """A calibrated row whose calibration coverage holds and that is not degenerate."""
     cal = meta.get("calibration")
-    return bool(cal) and not cal["degenerate"] and cal["coverage"] >= cal["target"]
+    return (bool(cal) and not cal["degenerate"] and cal["coverage"] >= cal["target"]
+            and cal.get("ltt_feasible") is not False)
 
 
 def _describe(meta: dict) -> str:
@@ -291,7 +292,7 @@ def guarantee_manifest(meta: dict, policy_dir: Path, want: str | None) -> dict:
     if want is not None and want != g["kind"]:
         raise UserError(f"guarantee: {policy_dir}/policy.json was calibrated with a {g['kind']} guarantee, not {want}; "
                         f"re-run `ccpo-jax reproduce --guarantee {want}` to get {want} thresholds", field="guarantee")
-    return {k: g.get(k) for k in ("kind", "alpha", "delta", "statement")}
+    return {k: g.get(k) for k in ("kind", "alpha", "delta", "statement", "guide_cap") if k in g or k != "guide_cap"}
 
 
 def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str | None = None,
@@ -327,6 +328,11 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     except (OSError, ValueError, KeyError, TypeError) as e:  # incl. invalid UTF-8 (a ValueError)
         raise UserError(f"{policy_dir}: cannot read the trained policy ({type(e).__name__}: {e})") from None
     cal = meta.get("calibration")
+    if cal and cal.get("ltt_feasible") is False:
+        g = meta.get("guarantee") or {}
+        raise UserError(f"row: {meta['row']!r} has no threshold that meets its caps (coverage >= {1 - meta['alpha']:g}, "
+                        f"guide-call rate <= {g.get('guide_cap')}, delta {g.get('delta')}) on the saved calibration "
+                        "split: infeasible; choose another row or looser caps", field="row")
     if cal and cal["degenerate"] and not force:
         better = ""
         try:

@@ -33,7 +33,7 @@ import numpy as np
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
 from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
-from ccpo_jax.ccpo.calibration import add_guarantees, effective_group_min, format_guarantees
+from ccpo_jax.ccpo.calibration import add_guarantees, check_feasible, effective_group_min, format_guarantees
 from ccpo_jax.ccpo.evaluation import GroupSpec
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.presets import deviations
@@ -231,7 +231,8 @@ def group_spec(cfg: ReproduceConfig, cache: ResponseCache) -> GroupSpec | None:
 
 def run_guarantee(cfg: Any) -> Guarantee:
     """The run's ``--guarantee`` and ``--delta`` (a configuration saved before them: marginal)."""
-    return Guarantee(getattr(cfg, "guarantee", "marginal") or "marginal", getattr(cfg, "delta", None))
+    return Guarantee(getattr(cfg, "guarantee", "marginal") or "marginal", getattr(cfg, "delta", None),
+                     getattr(cfg, "guide_cap", None))
 
 
 def describe_pooling(spec: GroupSpec, cal_idx: Any, say: Callable[[str], Any] | None = None) -> dict[str, Any]:
@@ -277,7 +278,7 @@ def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cach
 
 def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: ResponseCache, rows: dict, timing: dict,
                    trains: bool, splits_test: Any = None, pooling: dict | None = None,
-                   group_rows: dict | None = None) -> tuple[dict, str]:
+                   group_rows: dict | None = None, ltt: dict | None = None) -> tuple[dict, str]:
     """results.json, table.md and the box plots of a finished run, in its work directory (with
     ``--calibration mondrian`` also the per-group coverage and its picture)."""
     results = report.build_results(
@@ -293,7 +294,7 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
         if group_rows:
             report.add_groups(results, group_rows, cfg.alpha)
     if trains:
-        add_guarantees(results, rows, cfg.alpha, run_guarantee(cfg))
+        add_guarantees(results, rows, cfg.alpha, run_guarantee(cfg), ltt)
     report.write_results(work, results)
     report.write_table(work, results, st, cfg.split_sizes, compare_paper=compare)
     table = report.format_table(results, st, cfg.split_sizes, compare_paper=compare)
@@ -394,7 +395,7 @@ def reproduce(
         rows[BOUND_ROW] = bound_row(params, splits.test, cfg.alpha)  # not a policy: what none can beat
         timing = {"compile_s": 0.0, "train_s": 0.0, "eval_s": time.perf_counter() - t0}
         # 6. training and evaluation of the learned rows
-        group_rows = None
+        group_rows = ltt = None
         if trainer is not None:
             got: LearnedRows = trainer(
                 cache=cache_obj, params=params, splits=splits, key=k_train, config=cfg.train_config(),
@@ -403,8 +404,9 @@ def reproduce(
                 **({} if groups is None else {"groups": groups}),
                 **({} if cfg.guarantee == "marginal" else {"guarantee": run_guarantee(cfg)}),
             )
+            check_feasible(getattr(got, "ltt", None), cfg.alpha, run_guarantee(cfg))
             rows.update(as_rows(got.rows, cfg.n_splits, "the trainer"))
-            group_rows = got.groups
+            group_rows, ltt = got.groups, getattr(got, "ltt", None)
             for k in ("compile_s", "train_s", "eval_s"):
                 timing[k] += float(got.timing.get(k, 0.0))
         else:
@@ -413,7 +415,7 @@ def reproduce(
         # 7. outputs
         timing["total_s"] = time.perf_counter() - t_start
         results, table = _write_outputs(work, st, cfg, cache_obj, rows, timing, trainer is not None, splits.test,
-                                        pooling, group_rows)
+                                        pooling, group_rows, ltt)
         out.parent.mkdir(parents=True, exist_ok=True)
         os.replace(work, out)
     except KeyboardInterrupt:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.ccpo.evaluation import (GroupSpec, calibration_diagnostics, evaluate_members, variant_group_rows,
-                                      variant_rows)
+                                      variant_ltt, variant_rows)
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, policy_row, save_policies
 from ccpo_jax.ccpo.settings import lambda_row_name
@@ -51,6 +51,9 @@ class LearnedRows:
     """With a group-conditional calibration (``groups=`` given): ``{"names": [G], "n_cal": [S, G],
     "n_test": [S, G], "group_min": int, "rows": {row: {"coverage", "cost_cents", "kappa", "own":
     [N, S, G]}}}`` for every calibrated row and its Mondrian twin (``rows`` holds the twins' metrics)."""
+    ltt: dict[str, Any] | None = None
+    """With a guide cap (``--guide-cap``): ``{row: {"feasible", "guide_rate", "cal_guide_rate": [N, S]}}``
+    for every calibrated row (:func:`ccpo_jax.ccpo.evaluation.variant_ltt`)."""
 
 
 class LearnedRowsFn(Protocol):
@@ -124,6 +127,7 @@ class TrainedRows:
     timing: dict
     groups: dict = dataclasses.field(default_factory=dict)
     ev: Any = None
+    ltt: dict = dataclasses.field(default_factory=dict)
 
 
 def member_keys(key: jax.Array, names: list[str], n: int) -> jax.Array:
@@ -195,7 +199,9 @@ def train_seeds(
     rows: dict = {}
     kappas: dict = {}
     per_group: dict = {}
+    ltt: dict = {}
     for v, var in enumerate(variants):
+        ltt.update(variant_ltt(var, ev, v))
         r, k = variant_rows(var, ev, v)
         rows.update(r)
         kappas.update(k)
@@ -203,7 +209,7 @@ def train_seeds(
         rows.update(twins)
         per_group.update(g)
     return TrainedRows(rows=rows, kappas=kappas, state=state, variants=variants, curves=curves, timing=timing,
-                       groups=per_group, ev=ev)
+                       groups=per_group, ev=ev, ltt=ltt)
 
 
 def alpha_name(name: str, alpha: float) -> str:
@@ -280,8 +286,10 @@ def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key
         pol = jax.tree.map(lambda x: x[v, 0, 0], trained.state.policy)
         d = calibration_diagnostics(pol, params, float(np.asarray(trained.kappas[row])[0, 0]),
                                     np.asarray(splits.cal)[0], config.alpha, config.hidden)
-        d["test_cost_cents_mean"] = float(np.mean(trained.rows[row]["cost_cents"]))
-        d["test_coverage_mean"] = float(np.mean(trained.rows[row]["coverage"]))
+        d["test_cost_cents_mean"] = _finite_mean(trained.rows[row]["cost_cents"])
+        d["test_coverage_mean"] = _finite_mean(trained.rows[row]["coverage"])
+        if row in trained.ltt:  # the saved threshold (seed 0, split 0) passed both tests, or not
+            d["ltt_feasible"] = bool(trained.ltt[row]["feasible"][0, 0])
         diagnostics[row] = d
     mondrian = None if groups is None else mondrian_thresholds(trained, groups)
     save_policies(Path(ckpt_dir).parent / POLICIES_DIR, config, trained.variants, trained.state, trained.kappas,
@@ -290,7 +298,14 @@ def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key
     if groups is not None:
         group_out = {"names": list(groups.names), "group_min": groups.group_min, "n_cal": trained.ev.groups.n_cal,
                      "n_test": trained.ev.groups.n_test, "rows": trained.groups}
-    return LearnedRows(rows=trained.rows, timing=trained.timing, groups=group_out)
+    return LearnedRows(rows=trained.rows, timing=trained.timing, groups=group_out, ltt=trained.ltt or None)
+
+
+def _finite_mean(x) -> float:
+    """The mean over the finite entries (a guide cap leaves NaN on the splits without a threshold)."""
+    x = np.asarray(x, np.float64)
+    ok = np.isfinite(x)
+    return float(np.mean(x[ok])) if ok.any() else float("nan")
 
 
 def mondrian_thresholds(trained: TrainedRows, groups: GroupSpec) -> dict[str, dict]:

@@ -172,6 +172,37 @@ def _delta_option() -> Any:
                   type=float, default_doc=f"{DELTA:g} with --guarantee pac", check=_delta, if_missing=None)
 
 
+def _guide_cap(name: str, v: Any, cfg: Any) -> float | None:
+    """A cap in (0, 1) on the share of questions that call the guide, with --guarantee pac and one
+    threshold (marginal calibration); refused when no calibration outcome could pass both tests."""
+    from ccpo_jax.core.guarantee import Guarantee
+
+    if v is None:
+        return None
+    try:
+        r = float(v)
+    except (TypeError, ValueError):
+        raise UserError(f"guide_cap: must be a number in (0, 1), got {v!r}", field=name) from None
+    if not (0.0 < r < 1.0):
+        raise UserError(f"guide_cap: must be in (0, 1) (the largest share of questions that call the guide), "
+                        f"got {v!r}", field=name)
+    if cfg.guarantee != "pac":
+        raise UserError("guide_cap: a cap on a second risk needs --guarantee pac (Learn then Test holds both "
+                        "with probability 1 - delta)", field=name)
+    if getattr(cfg, "calibration", "marginal") != "marginal":
+        raise UserError("guide_cap: not with --calibration mondrian (one threshold per row only)", field=name)
+    n_cal = cfg.split_sizes[1]
+    for a in getattr(cfg, "alphas", None) or (cfg.alpha,):
+        c_cov, c_guide = Guarantee("pac", cfg.delta, r).ltt_counts(n_cal, a)
+        for c, what in ((c_cov, f"coverage >= {1 - a:g}"), (c_guide, f"guide-call rate <= {r:g}")):
+            if c < 0:
+                raise UserError(f"guide_cap: infeasible request (caps: coverage >= {1 - a:g}, guide-call rate <= "
+                                f"{r:g}, delta {cfg.delta:g}): with {n_cal} calibration questions no outcome can "
+                                f"show {what} at level delta/2; use more calibration questions or looser caps",
+                                field=name)
+    return r
+
+
 def _preset_iterations(cfg: Any) -> int:
     return get_preset(cfg.preset).iterations
 
@@ -260,6 +291,10 @@ class ReproduceConfig(RunOptions):
                             if_missing=GROUP_MIN)
     guarantee: str = _guarantee_option()
     delta: float | None = _delta_option()
+    guide_cap: float | None = option("--guide-cap", help="with --guarantee pac: also cap the share of questions "
+                                     "that call the guide at R; each calibrated row's threshold is chosen by Learn "
+                                     "then Test over a grid, both caps holding with probability 1 - delta",
+                                     metavar="R", type=float, check=_guide_cap, if_missing=None)
 
     def train_config(self, alpha: float | None = None) -> TrainConfig:
         return super().train_config(self.alpha if alpha is None else alpha)

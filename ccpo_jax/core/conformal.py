@@ -294,3 +294,54 @@ def group_thresholds(kappa_hat: Array, own: Array, group: Array) -> Array:
     g = jnp.asarray(group, jnp.int32)
     n_groups = own.shape[0]
     return kappa_hat[jnp.where(own[g], g, n_groups)]
+
+
+# ----------------------------------------------------------------------------- two risks (Learn then Test)
+
+
+def largest_guide_kappa(probs: Array, available: Array, round_mask: Array) -> Array:
+    """Largest kappa at which the set-valued rollout of C_{pi,kappa} calls the guide on one question.
+
+    As in :func:`largest_covering_kappa`: round t is reached at kappa iff pi(next|o_s) >= kappa for
+    every s < t, and the guide's answer is collected there iff "guide" is available and
+    pi(guide|o_t) >= kappa; so the guide is called at kappa iff kappa <= g_i with
+
+        g_i = max_t min( min_{s<t} pi(next|o_s), pi(guide|o_t) )  over existing rounds with the guide available.
+
+    Args: probs ``[T, 3]``, available ``[T, 3]`` bool, round_mask ``[T]`` bool.
+    Returns: scalar g_i; ``-inf`` when the guide is available at no existing round.
+    """
+    p_next = jnp.where(available[:, NEXT], probs[:, NEXT], -jnp.inf)
+    reach = jnp.concatenate([jnp.ones((1,), probs.dtype), jax.lax.cummin(p_next)[:-1]])
+    ok = round_mask & available[:, GUIDE]
+    return jnp.max(jnp.where(ok, jnp.minimum(reach, probs[:, GUIDE]), -jnp.inf))
+
+
+def ltt_threshold(kappa_i: Array, guide_i: Array, c_cov: Array | int, c_guide: Array | int, grid: Array):
+    """Learn-then-Test choice of kappa over a fixed ``grid`` (increasing) for two risks at once
+    (Angelopoulos, Bates, Candes, Jordan and Lei 2021, "Learn then Test").
+
+    Miscoverage at kappa counts #{kappa_i < kappa} (non-decreasing in kappa), guide calls
+    #{guide_i >= kappa} (non-increasing). Each null "risk above its cap" at grid point kappa is
+    rejected when its count is at most its critical count ``c_cov`` / ``c_guide`` (the largest count
+    whose exact binomial p-value is <= the family's share of delta; -1: never,
+    :func:`ccpo_jax.core.guarantee.ltt_critical_count`). Coverage is tested in fixed sequence from the
+    smallest kappa up and the guide rate from the largest down, each stopping at its first
+    non-rejection; by the counts' monotonicity these are the prefix {#miss <= c_cov} and the suffix
+    {#guide <= c_guide} of the grid. The choice is the largest kappa in both (the smallest sets: the
+    cheapest), valid for both caps with probability >= 1 - delta (Bonferroni over the two families).
+
+    Returns ``(kappa, feasible, kappa_cov)``: the choice (``kappa_cov`` where infeasible), whether any
+    grid point passes both tests, and the largest kappa passing the coverage test alone (0.0 if none).
+    """
+    n_miss = jnp.searchsorted(jnp.sort(kappa_i), grid, side="left")  # #{kappa_i < kappa}
+    n_guide = guide_i.shape[0] - jnp.searchsorted(jnp.sort(guide_i), grid, side="left")  # #{guide_i >= kappa}
+    cov_ok = n_miss <= c_cov
+    both = cov_ok & (n_guide <= c_guide)
+    idx = jnp.arange(grid.shape[0])
+    last_cov = jnp.max(jnp.where(cov_ok, idx, -1))
+    last_both = jnp.max(jnp.where(both, idx, -1))
+    kappa_cov = jnp.where(last_cov >= 0, grid[jnp.maximum(last_cov, 0)], 0.0)
+    feasible = last_both >= 0
+    kappa = jnp.where(feasible, grid[jnp.maximum(last_both, 0)], kappa_cov)
+    return kappa.astype(jnp.float32), feasible, kappa_cov.astype(jnp.float32)

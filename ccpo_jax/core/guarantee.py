@@ -36,10 +36,17 @@ GUARANTEES = ("marginal", "pac")
 
 
 class Guarantee(NamedTuple):
-    """A calibrated row's guarantee: ``kind`` in :data:`GUARANTEES`, ``delta`` (pac only, else None)."""
+    """A calibrated row's guarantee: ``kind`` in :data:`GUARANTEES`, ``delta`` (pac only, else None), and
+    ``guide_cap`` (pac only): also cap the guide-call rate, by Learn then Test (two risks, family-wise delta)."""
 
     kind: str = "marginal"
     delta: float | None = None
+    guide_cap: float | None = None
+
+    def ltt_counts(self, n: int, alpha: float) -> tuple[int, int]:
+        """The critical counts of the two risks (miscoverage <= alpha, guide calls <= guide_cap), each
+        tested at delta / 2 (Bonferroni over the two families)."""
+        return (ltt_critical_count(n, alpha, self.delta / 2), ltt_critical_count(n, self.guide_cap, self.delta / 2))
 
     def describe(self, alpha: float) -> dict:
         """The JSON form results.json, policy.json and the router manifest carry."""
@@ -47,6 +54,10 @@ class Guarantee(NamedTuple):
         out["statement"] = (
             f"P(coverage >= {1 - alpha:g}) >= {1 - self.delta:g} over the calibration draw (training-conditional)"
             if self.kind == "pac" else f"P(covered) >= {1 - alpha:g} on average over calibration draws (marginal)")
+        if self.guide_cap is not None:
+            out["guide_cap"] = float(self.guide_cap)
+            out["statement"] = (f"P(coverage >= {1 - alpha:g} and guide-call rate <= {self.guide_cap:g}) >= "
+                                f"{1 - self.delta:g} over the calibration draw (Learn then Test, two risks)")
         return out
 
 
@@ -101,3 +112,16 @@ def below_target(coverage: np.ndarray, alpha: float, level: float = 0.95) -> dic
         return {"count": 0, "n": 0, "fraction": None, "ci": None, "level": level}
     ci = stats.binomtest(x, n).proportion_ci(confidence_level=level, method="exact")
     return {"count": x, "n": n, "fraction": x / n, "ci": [float(ci.low), float(ci.high)], "level": level}
+
+
+def ltt_critical_count(n: int, cap: float, delta_part: float) -> int:
+    """The largest count c with P(Binomial(n, cap) <= c) <= ``delta_part``: the null "risk > cap" of a
+    0/1 loss is rejected at level ``delta_part`` when at most c of n calibration questions incur it
+    (the exact binomial p-value of Learn then Test for 0/1 losses); -1 when no count is rejected."""
+    cs = np.arange(0, n + 1)
+    ok = stats.binom.cdf(cs, n, cap) <= delta_part
+    return int(cs[ok].max()) if ok.any() else -1
+
+
+#: Learn-then-Test's threshold grid: fixed before the data (fixed-sequence testing needs that).
+LTT_GRID = np.linspace(0.0, 1.0, 1001, dtype=np.float32)
