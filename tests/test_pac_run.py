@@ -160,3 +160,30 @@ def test_two_risks_choose_the_learn_then_test_threshold_and_refuse_an_infeasible
     assert not (tmp_path / "no").exists()
     with pytest.raises(UserError, match="guide_cap: a cap on a second risk needs --guarantee pac"):
         reproduce(out_dir=tmp_path / "no2", guide_cap=0.5, cache=str(path), split_sizes=SIZES, echo=None)
+
+
+def test_sweep_takes_the_guarantee_and_its_point_equals_reproduce(tmp_path):
+    """sweep --guarantee pac --delta D: the point at alpha a is reproduce --alpha a with the same guarantee,
+    and frontier.json states the guarantee and each calibrated point's splits below target."""
+    from ccpo_jax.ccpo.reproduce import reproduce
+    from ccpo_jax.ccpo.sweep import sweep
+    from envs.cache import save_fast
+    from envs.synthetic import generate
+
+    path = tmp_path / "syn100"
+    save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), path)
+    kw = dict(cache=str(path), n_splits=3, split_sizes="60,20,20", seeds=2, iterations=4, progress=False, echo=None,
+              guarantee="pac", delta=0.2)
+    sw = sweep(alphas=(0.1, 0.2), lambdas=(0.0,), out_dir=tmp_path / "sweep", **kw)
+    rp = reproduce(alpha=0.2, out_dir=tmp_path / "rep", **kw)
+    assert sw.frontier["guarantee"] == {"kind": "pac", "delta": 0.2}
+    pol = rp.results["policies"]
+    for row in ("CPO batch", "CCPO (lambda=0)"):
+        (pt,) = [p for p in sw.frontier["rows"][row]["points"] if p["alpha"] == 0.2]
+        assert pt["cost_cents"]["mean"] == pol[row]["cost_cents"]["mean"]
+        assert pt["below_target"]["count"] == pol[row]["below_target"]["count"]
+    # alpha 0.05 at delta 0.2 needs 32 calibration questions: refused naming --delta and the size
+    r = run_cli(["sweep", "--cache", str(path), "--split-sizes", "60,20,20", "--alphas", "0.05,0.1", "--guarantee",
+                 "pac", "--delta", "0.2", "--out", str(tmp_path / "no")])
+    assert r.returncode == 2 and r.stderr.startswith("error: --delta: 20 calibration questions are too few for a PAC "
+                                                     "threshold at alpha 0.05") and not (tmp_path / "no").exists()

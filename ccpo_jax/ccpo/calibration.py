@@ -88,6 +88,20 @@ def add_guarantees(results: dict, rows: Mapping[str, Mapping[str, Any]], alpha: 
             entry["ltt"] = ltt_entry(ltt[row], guarantee)
 
 
+def add_frontier_guarantees(frontier: dict, grid: Mapping[float, Mapping[str, Mapping[str, Any]]],
+                            guarantee: Guarantee) -> None:
+    """A sweep's frontier.json: ``guarantee`` (kind, delta) and, at every point of a calibrated row,
+    ``below_target`` (as in results.json) at that point's alpha."""
+    frontier["guarantee"] = {"kind": guarantee.kind, "delta": guarantee.delta}
+    for row, entry in frontier["rows"].items():
+        if not is_calibrated_row(row):
+            continue
+        for pt in entry["points"]:
+            m = grid[pt["alpha"]].get(row)
+            if m is not None:
+                pt["below_target"] = below_target(np.asarray(m["coverage"]), pt["alpha"])
+
+
 def format_guarantees(results: Mapping[str, Any]) -> str:
     """table.md's section: the guarantee and, per calibrated row, the splits whose test coverage fell
     below 1 - alpha (a PAC row's fraction should be <= delta, up to the test split's own sampling noise)."""

@@ -354,6 +354,8 @@ class SweepConfig(RunOptions):
     lambdas: tuple[float, ...] = option("--lambdas", help="the CCPO set-size penalties, increasing; 0 is the row "
                                         "CCPO (lambda=0)", metavar="L1,L2,...", default=(0.0, 1e-4, 2e-4),
                                         check=_lambdas)
+    guarantee: str = _guarantee_option()
+    delta: float | None = _delta_option()
 
     def train_config(self, alpha: float | None = None) -> TrainConfig:
         """The trainer configuration (its alpha is the setting's; every sweep member has its own)."""
