@@ -78,6 +78,13 @@ def test_results_and_table_state_the_guarantee_and_the_splits_below_target(runs)
             assert pol[row]["guarantee"]["delta"] == (0.1 if kind == "pac" else None)
             assert ("within_delta" in bt) == (kind == "pac")
         assert "guarantee" not in pol["CPO online"] and "below_target" not in pol["CPO online"]
+    # per group: the splits whose group coverage fell below target (below_target itself: test_guarantee.py)
+    g = pac.results["policies"]["CCPO (lambda=0) [Mondrian]"]
+    for name, e in g["groups"].items():
+        bt = e["below_target"]
+        assert bt["n"] <= 6 and 0 <= bt["count"] <= bt["n"]
+    assert g["group_below_target"]["n_groups"] == 3 and 0 <= g["group_below_target"]["within_delta"] <= 3
+    assert "within_delta" not in marg.results["policies"]["CCPO (lambda=0) [Mondrian]"]["group_below_target"]
     assert "## Guarantee: pac (delta 0.1)" in pac.table and "## Guarantee: marginal" in marg.table
     assert "## Guarantee: pac" in (pac.out_dir / "table.md").read_text()
 

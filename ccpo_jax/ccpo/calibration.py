@@ -39,6 +39,35 @@ def is_calibrated_row(row: str) -> bool:
     return base == "CPO batch" or base.startswith("CCPO (")
 
 
+def add_group_guarantees(results: dict, group_rows: Mapping[str, Any] | None, alpha: float,
+                         guarantee: Guarantee) -> None:
+    """With per-group outcomes (``--calibration mondrian``): under every group of every calibrated row
+    its ``below_target`` (splits whose test coverage of the group is below 1 - alpha; splits without a
+    test question of the group are skipped), and per row ``group_below_target``: the groups whose fraction
+    is within delta (pac) and the largest fraction with its group."""
+    if not group_rows:
+        return
+    names = group_rows["names"]
+    for row, per in group_rows["rows"].items():
+        entry = results["policies"].get(row)
+        if entry is None or "groups" not in entry:
+            continue
+        cov = np.asarray(per["coverage"], np.float64)  # [N, S, G]
+        fr = {}
+        for g, name in enumerate(names):
+            bt = below_target(cov[..., g], alpha)
+            entry["groups"][name]["below_target"] = bt
+            if bt["fraction"] is not None:
+                fr[name] = bt["fraction"]
+        if fr:
+            worst = max(fr, key=fr.get)
+            summ = {"max": fr[worst], "max_group": worst, "median": float(np.median(list(fr.values())))}
+            if guarantee.kind == "pac":
+                summ["within_delta"] = int(sum(f <= guarantee.delta for f in fr.values()))
+            summ["n_groups"] = len(fr)
+            entry["group_below_target"] = summ
+
+
 def caps_text(alpha: float, guarantee: Guarantee) -> str:
     """The caps of a two-risk request, for messages: ``coverage >= 0.9, guide-call rate <= 0.3, delta 0.1``."""
     return f"coverage >= {1 - alpha:g}, guide-call rate <= {guarantee.guide_cap:g}, delta {guarantee.delta:g}"

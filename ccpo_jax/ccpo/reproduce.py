@@ -33,7 +33,8 @@ import numpy as np
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
 from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
-from ccpo_jax.ccpo.calibration import add_guarantees, check_feasible, effective_group_min, format_guarantees
+from ccpo_jax.ccpo.calibration import (add_group_guarantees, add_guarantees, check_feasible, effective_group_min,
+                                       format_guarantees)
 from ccpo_jax.ccpo.evaluation import GroupSpec
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.presets import deviations
@@ -295,6 +296,7 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
             report.add_groups(results, group_rows, cfg.alpha)
     if trains:
         add_guarantees(results, rows, cfg.alpha, run_guarantee(cfg), ltt)
+        add_group_guarantees(results, group_rows, cfg.alpha, run_guarantee(cfg))
     report.write_results(work, results)
     report.write_table(work, results, st, cfg.split_sizes, compare_paper=compare)
     table = report.format_table(results, st, cfg.split_sizes, compare_paper=compare)
