@@ -84,17 +84,25 @@ def check_feasible(ltt: Mapping[str, Mapping[str, Any]] | None, alpha: float, gu
                     f"called on this share of calibration questions (mean over splits): {rates}", field="guide_cap")
 
 
-def ltt_entry(x: Mapping[str, Any], guarantee: Guarantee) -> dict:
+def ltt_entry(x: Mapping[str, Any], guarantee: Guarantee, coverage: Any, alpha: float) -> dict:
     """results.json's ``ltt`` of one row: on how many splits a threshold passed both tests (there coverage
     binds: the cheapest threshold passing the coverage test also passes the guide test, both being
-    monotone in kappa), on how many the guide cap made the request infeasible, and the test guide rate."""
+    monotone in kappa), on how many the guide cap made the request infeasible, and the test guide rate;
+    ``violations``: the splits (of all, an infeasible one returns no threshold and so breaks no cap) whose
+    threshold broke a cap on the test split, with its Clopper-Pearson interval; Learn then Test bounds
+    that probability by delta (up to the test split's sampling noise)."""
     feas = np.asarray(x["feasible"], bool)
-    rate = np.asarray(x["guide_rate"], np.float64)[feas]
+    all_rate = np.asarray(x["guide_rate"], np.float64)
+    rate = all_rate[feas]
     above = {"count": int(np.sum(rate > guarantee.guide_cap + 1e-6)), "n": int(rate.size)}
+    cov = np.asarray(coverage, np.float64)
+    broke = feas & ((np.nan_to_num(cov, nan=1.0) < 1.0 - alpha - 1e-6) | (all_rate > guarantee.guide_cap + 1e-6))
+    viol = below_target(np.where(broke, 0.0, 1.0), 0.5)  # the share of splits that broke a cap
+    viol["within_delta"] = bool(viol["fraction"] <= guarantee.delta)
     return {"guide_cap": float(guarantee.guide_cap), "splits": int(feas.size), "feasible": int(feas.sum()),
             "binding": {"coverage": int(feas.sum()), "guide_cap (infeasible)": int((~feas).sum())},
             "guide_rate": float(rate.mean()) if rate.size else None,
-            "guide_rate_above_cap": above,
+            "guide_rate_above_cap": above, "violations": viol,
             "cal_guide_rate_at_coverage_threshold": float(np.mean(np.asarray(x["cal_guide_rate"])))}
 
 
@@ -114,7 +122,7 @@ def add_guarantees(results: dict, rows: Mapping[str, Mapping[str, Any]], alpha: 
         entry["guarantee"] = dict(desc)
         entry["below_target"] = bt
         if ltt and row in ltt:
-            entry["ltt"] = ltt_entry(ltt[row], guarantee)
+            entry["ltt"] = ltt_entry(ltt[row], guarantee, rows[row]["coverage"], alpha)
 
 
 def add_frontier_guarantees(frontier: dict, grid: Mapping[float, Mapping[str, Mapping[str, Any]]],
@@ -154,12 +162,15 @@ def format_guarantees(results: Mapping[str, Any]) -> str:
         lines += ["", f"Learn then Test, guide-call rate <= {ltt_rows[0][1]['guide_cap']:g}: the binding constraint "
                       "per split (coverage, or the guide cap making the request infeasible; splits without a "
                       "threshold have no result):", "",
-                  "| row | coverage binds | infeasible (guide cap) | test guide rate | cal. guide rate at the coverage threshold |",
-                  "|---|---|---|---|---|"]
+                  "| row | coverage binds | infeasible (guide cap) | test guide rate | cal. guide rate at the coverage "
+                  "threshold | splits breaking a cap (95% CI) |",
+                  "|---|---|---|---|---|---|"]
         for row, e in ltt_rows:
             rate = "-" if e["guide_rate"] is None else f"{e['guide_rate']:.3f}"
+            v = e["violations"]
             lines.append(f"| {row} | {e['feasible']} of {e['splits']} | {e['splits'] - e['feasible']} | {rate} | "
-                         f"{e['cal_guide_rate_at_coverage_threshold']:.3f} |")
+                         f"{e['cal_guide_rate_at_coverage_threshold']:.3f} | {v['count']} = {v['fraction']:.3f} "
+                         f"({v['ci'][0]:.3f}-{v['ci'][1]:.3f}) |")
     if g["kind"] == "pac":
         lines += ["", "A split's test coverage is a finite-sample estimate of its threshold's coverage, so the "
                       "fraction below target also counts test-sampling noise (docs/calibration.md)."]
