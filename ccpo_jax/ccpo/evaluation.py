@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ccpo_jax.ccpo.blocked import blocked_policy_probs
-from ccpo_jax.ccpo.calibration import variant_ranks
+from ccpo_jax.ccpo.calibration import GroupSpec, variant_ranks  # GroupSpec: also importable from here
 from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.core import conformal
 from ccpo_jax.core.guarantee import LTT_GRID, Guarantee
@@ -59,20 +59,6 @@ def eval_pointwise(key, probs, params: EnvParams, idx):
     p = probs[idx]
     a = jax.random.categorical(key, jnp.log(jnp.maximum(p, 1e-30)), axis=-1)
     return evaluate_actions(a.astype(jnp.int32), params, idx)
-
-
-class GroupSpec(NamedTuple):
-    """The cache's question groups for the group-conditional (Mondrian) calibration:
-    ``codes`` [Q] int32 into ``names`` (sorted), and the smallest group with its own threshold."""
-
-    codes: np.ndarray
-    names: tuple[str, ...]
-    group_min: int
-
-    @classmethod
-    def of(cls, groups: np.ndarray, group_min: int) -> "GroupSpec":
-        names, codes = np.unique(np.asarray(groups).astype(str), return_inverse=True)
-        return cls(codes.astype(np.int32), tuple(str(n) for n in names), int(group_min))
 
 
 class GroupEval(NamedTuple):

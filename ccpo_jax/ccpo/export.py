@@ -40,7 +40,7 @@ from jax import export as jax_export
 from ccpo_jax.ccpo.blocked import in_blocks
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
 from ccpo_jax.core.conformal import conformal_set
-from ccpo_jax.core.guarantee import Guarantee
+from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES, guarantee_manifest, mondrian_manifest
 from ccpo_jax.core.networks import masked_probs, policy_net
 from ccpo_jax.errors import UserError
 from ccpo_jax.serving import Router
@@ -266,33 +266,8 @@ def _why_degenerate(meta: dict) -> str:
     return f"{meta['row']!r}: " + ("; ".join(bits) if bits else "usable")
 
 
-#: ``calibration`` values of :func:`export_router`.
-EXPORT_CALIBRATIONS = ("marginal", "mondrian")
-
-
-def mondrian_manifest(meta: dict, policy_dir: Path) -> dict:
-    """The manifest's ``mondrian`` block from a policy saved by ``reproduce --calibration mondrian``."""
-    m = meta.get("mondrian")
-    if not m:
-        raise UserError(f"calibration: {policy_dir}/policy.json has no per-group thresholds; the run was calibrated "
-                        "marginally. Re-run it with `ccpo-jax reproduce --calibration mondrian` (the cache needs a "
-                        "'group' per question), or export with --calibration marginal", field="calibration")
-    return {"group_min": int(m["group_min"]), "kappas": {str(g): float(k) for g, k in m["kappas"].items()},
-            "rest_kappa": float(m["rest_kappa"]), "rest_groups": [str(g) for g in m["rest_groups"]],
-            "n_cal": {str(g): int(n) for g, n in m.get("n_cal", {}).items()},
-            "rule": "a request's group with its own threshold (kappas) uses it; any other group, or none, "
-                    "uses rest_kappa (the pooled small groups; the marginal kappa when none was pooled)",
-            "note": "thresholds of seed 0 on split 0, like kappa"}
-
-
-def guarantee_manifest(meta: dict, policy_dir: Path, want: str | None) -> dict:
-    """The manifest's ``guarantee`` (kind, alpha, delta, statement) from the saved policy (a policy saved
-    before ``--guarantee`` was marginal); ``want`` not None must be the saved kind."""
-    g = meta.get("guarantee") or Guarantee().describe(float(meta["alpha"]))
-    if want is not None and want != g["kind"]:
-        raise UserError(f"guarantee: {policy_dir}/policy.json was calibrated with a {g['kind']} guarantee, not {want}; "
-                        f"re-run `ccpo-jax reproduce --guarantee {want}` to get {want} thresholds", field="guarantee")
-    return {k: g.get(k) for k in ("kind", "alpha", "delta", "statement", "guide_cap") if k in g or k != "guide_cap"}
+#: ``calibration`` values of :func:`export_router` (the run's vocabulary, :mod:`ccpo_jax.ccpo.calibration`).
+EXPORT_CALIBRATIONS = CALIBRATIONS
 
 
 def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str | None = None,
@@ -317,6 +292,8 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
         raise UserError(f"out {out}: already exists; choose a new path (an artefact is never overwritten)", field="out")
+    if guarantee is not None and guarantee not in GUARANTEES:
+        raise UserError(f"guarantee: unknown guarantee {guarantee!r}; valid: {', '.join(GUARANTEES)}", field="guarantee")
     if calibration not in EXPORT_CALIBRATIONS:
         raise UserError(f"calibration: unknown calibration {calibration!r}; valid: {', '.join(EXPORT_CALIBRATIONS)}",
                         field="calibration")

@@ -33,9 +33,8 @@ import numpy as np
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
 from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
-from ccpo_jax.ccpo.calibration import (add_group_guarantees, add_guarantees, check_feasible, effective_group_min,
-                                       format_guarantees)
-from ccpo_jax.ccpo.evaluation import GroupSpec
+from ccpo_jax.ccpo.calibration import (add_group_guarantees, add_guarantees, check_feasible,  # noqa: F401 - the
+                                       describe_pooling, format_guarantees, group_spec, run_guarantee)  # names moved
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.presets import deviations
 from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn
@@ -43,12 +42,11 @@ from ccpo_jax.ccpo.run_config import ReproduceConfig
 from ccpo_jax.ccpo.settings import METRICS, Setting, get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
 from ccpo_jax.core.conformal import calibration_size_warning
-from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.errors import UserError, add_hint
 from ccpo_jax.runtime import options, sharding, workdir
 from envs.atomic import atomic_write_text
 from envs.bound import BOUND_ROW, bound_of_params
-from envs.cache import ResponseCache, cache_groups
+from envs.cache import ResponseCache
 from envs.formats import load_cache
 from envs.orchestration import make_env_params
 from envs.synthetic import generate
@@ -215,45 +213,6 @@ def bound_row(params, test_idx, alpha: float) -> dict[str, np.ndarray]:
     b = bound_of_params(params, np.asarray(test_idx), alpha)
     nan = np.full_like(b["cost_cents"], np.nan)
     return {"cost_cents": b["cost_cents"], "coverage": b["coverage"], "avg_len": nan, "set_size": nan}
-
-
-def group_spec(cfg: ReproduceConfig, cache: ResponseCache) -> GroupSpec | None:
-    """The cache's groups for ``--calibration mondrian`` (None for marginal); a cache without a
-    ``group`` per question is refused."""
-    if cfg.calibration != "mondrian":
-        return None
-    g = cache_groups(cache.arrays)
-    if g is None:
-        raise UserError(f"calibration: mondrian needs a question group ('group') for every question, and the cache "
-                        f"'{cache.manifest.name}' has none; add a 'group' field beside each question's 'id' "
-                        "(docs/caches.md) or use --calibration marginal", field="calibration")
-    return GroupSpec.of(g, effective_group_min(cfg.group_min, cfg.alpha, run_guarantee(cfg)))
-
-
-def run_guarantee(cfg: Any) -> Guarantee:
-    """The run's ``--guarantee`` and ``--delta`` (a configuration saved before them: marginal)."""
-    return Guarantee(getattr(cfg, "guarantee", "marginal") or "marginal", getattr(cfg, "delta", None),
-                     getattr(cfg, "guide_cap", None))
-
-
-def describe_pooling(spec: GroupSpec, cal_idx: Any, say: Callable[[str], Any] | None = None) -> dict[str, Any]:
-    """How the Mondrian calibration groups the calibration questions, mean (and range) over splits:
-    groups with their own threshold, groups and questions pooled into the rest (said in one line)."""
-    counts = np.stack([np.bincount(spec.codes[np.asarray(c)], minlength=len(spec.names)) for c in np.asarray(cal_idx)])
-    own = counts >= spec.group_min
-    pooled_q = np.where(own, 0, counts).sum(axis=1)
-    out = {"kind": "mondrian", "group_min": spec.group_min, "n_groups": len(spec.names),
-            "own_groups": {"mean": float(own.sum(1).mean()), "min": int(own.sum(1).min()), "max": int(own.sum(1).max())},
-            "pooled_groups": {"mean": float((~own).sum(1).mean()), "min": int((~own).sum(1).min()),
-                              "max": int((~own).sum(1).max())},
-            "pooled_questions": {"mean": float(pooled_q.mean()), "min": int(pooled_q.min()), "max": int(pooled_q.max())},
-            "n_cal": int(counts.sum(1)[0])}
-    if say is not None:
-        say(f"  calibration mondrian: {out['n_groups']} groups, --group-min {spec.group_min}: "
-            f"{out['own_groups']['mean']:.1f} groups with their own threshold, "
-            f"{out['pooled_groups']['mean']:.2f} groups ({out['pooled_questions']['mean']:.1f} of "
-            f"{out['n_cal']} calibration questions) pooled into one 'rest' group (means over splits)")
-    return out
 
 
 def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cache: ResponseCache, trains: bool,

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ccpo_jax.ccpo.calibration import CALIBRATIONS, DELTA, GUARANTEES  # the one vocabulary
 from ccpo_jax.ccpo.config import TrainConfig
 from ccpo_jax.ccpo.presets import apply_overrides, get_preset
 from ccpo_jax.ccpo.settings import DEFAULT_SETTING, PROTOCOLS, get_setting
@@ -110,8 +111,6 @@ def _setting_lambdas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
     return tuple(get_setting(cfg.setting).lambdas) if v is None else tuple(float(x) for x in v)
 
 
-#: ``--calibration`` values: one marginal threshold, or per group as well (Mondrian).
-CALIBRATIONS = ("marginal", "mondrian")
 #: Default ``--group-min``: 19 calibration questions are the fewest with a threshold at alpha 0.05
 #: (the rank ceil((n+1)(1-alpha)) <= n), so a group of 20 has one at every alpha >= 0.05.
 GROUP_MIN = 20
@@ -123,9 +122,6 @@ def _calibration(name: str, v: Any, cfg: Any) -> str:
     return v
 
 
-#: ``--guarantee`` values (:mod:`ccpo_jax.core.guarantee`) and the default ``--delta`` of ``pac``.
-GUARANTEES = ("marginal", "pac")
-DELTA = 0.1
 
 
 def _guarantee(name: str, v: Any, cfg: Any) -> str:

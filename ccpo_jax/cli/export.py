@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES
 from envs.atomic import atomic_write_text
 
 
@@ -21,10 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--force", action="store_true",
                    help="export a degenerate router anyway (kappa-hat 0, or every action in the set for >= 90%% of "
                    "calibration questions)")
-    e.add_argument("--calibration", choices=("marginal", "mondrian"), default="marginal",
+    e.add_argument("--calibration", choices=CALIBRATIONS, default="marginal",
                    help="mondrian: the router carries the row's per-group thresholds (a run of 'reproduce "
                    "--calibration mondrian') and takes a request's 'group' (default: marginal, one threshold)")
-    e.add_argument("--guarantee", choices=("marginal", "pac"), default=None,
+    e.add_argument("--guarantee", choices=GUARANTEES, default=None,
                    help="the guarantee the router must carry: the run's thresholds were chosen by 'reproduce "
                    "--guarantee', so another one is refused (default: the run's; the manifest and every decision "
                    "state it with alpha and delta)")

@@ -29,7 +29,6 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from scipy import stats
 
 #: ``--guarantee`` values.
 GUARANTEES = ("marginal", "pac")
@@ -69,6 +68,8 @@ def marginal_rank(n: int, alpha: float) -> int:
 def pac_rank(n: int, alpha: float, delta: float) -> int | None:
     """The smallest k in 1..n with P(Binomial(n, 1-alpha) <= k-1) >= 1 - delta; None when no k <= n
     works (n < :func:`pac_min_n`). The k-th largest score is then a PAC threshold (module doc)."""
+    from scipy import stats  # here, not at import: the command line's vocabulary imports this module
+
     if n < 1:
         return None
     ks = np.arange(1, n + 1)
@@ -104,6 +105,8 @@ def rank_table(n_max: int, alpha: float, guarantee: Guarantee) -> np.ndarray:
 def below_target(coverage: np.ndarray, alpha: float, level: float = 0.95) -> dict:
     """How often a split's test coverage is below 1 - alpha: the count, the number of splits, the
     fraction and its Clopper-Pearson (exact binomial) ``level`` interval. NaN coverages are skipped."""
+    from scipy import stats
+
     c = np.asarray(coverage, np.float64).ravel()
     c = c[np.isfinite(c)]
     n = int(c.size)
@@ -118,6 +121,8 @@ def ltt_critical_count(n: int, cap: float, delta_part: float) -> int:
     """The largest count c with P(Binomial(n, cap) <= c) <= ``delta_part``: the null "risk > cap" of a
     0/1 loss is rejected at level ``delta_part`` when at most c of n calibration questions incur it
     (the exact binomial p-value of Learn then Test for 0/1 losses); -1 when no count is rejected."""
+    from scipy import stats
+
     cs = np.arange(0, n + 1)
     ok = stats.binom.cdf(cs, n, cap) <= delta_part
     return int(cs[ok].max()) if ok.any() else -1
