@@ -61,7 +61,7 @@ def test_pac_threshold_is_the_pac_order_statistic_of_the_calibration_scores(runs
     assert marg_meta["kappa"] >= meta["kappa"]  # same policy (same seed): PAC is the more conservative threshold
     # per group: groups a and b have about 30 / 24 calibration questions; PAC needs 22 at (0.1, 0.1)
     m = meta["mondrian"]
-    assert m["group_min"] == 22
+    assert m["group_min"] == 22 and pac.results["calibration"]["group_min_asked"] == 20
     for g, kap in m["kappas"].items():
         s = np.sort(scores[groups[cal] == g])[::-1]
         assert kap == pytest.approx(float(np.clip(s[pac_rank(len(s), 0.1, 0.1) - 1], 0, 1)), abs=0)

@@ -68,9 +68,11 @@ def group_spec(cfg: Any, cache: ResponseCache) -> GroupSpec | None:
     return GroupSpec.of(g, effective_group_min(cfg.group_min, cfg.alpha, run_guarantee(cfg)))
 
 
-def describe_pooling(spec: GroupSpec, cal_idx: Any, say: Callable[[str], Any] | None = None) -> dict[str, Any]:
+def describe_pooling(spec: GroupSpec, cal_idx: Any, say: Callable[[str], Any] | None = None,
+                     asked: int | None = None) -> dict[str, Any]:
     """How the Mondrian calibration groups the calibration questions, mean (and range) over splits:
-    groups with their own threshold, groups and questions pooled into the rest (said in one line)."""
+    groups with their own threshold, groups and questions pooled into the rest (said in one line).
+    ``asked``: the ``--group-min`` given, when a PAC guarantee raised it to ``spec.group_min``."""
     counts = np.stack([np.bincount(spec.codes[np.asarray(c)], minlength=len(spec.names)) for c in np.asarray(cal_idx)])
     own = counts >= spec.group_min
     pooled_q = np.where(own, 0, counts).sum(axis=1)
@@ -80,8 +82,12 @@ def describe_pooling(spec: GroupSpec, cal_idx: Any, say: Callable[[str], Any] | 
                               "max": int((~own).sum(1).max())},
             "pooled_questions": {"mean": float(pooled_q.mean()), "min": int(pooled_q.min()), "max": int(pooled_q.max())},
             "n_cal": int(counts.sum(1)[0])}
+    raised = asked is not None and asked != spec.group_min
+    if raised:
+        out["group_min_asked"] = int(asked)
     if say is not None:
-        say(f"  calibration mondrian: {out['n_groups']} groups, --group-min {spec.group_min}: "
+        why = f" (raised from {asked} for the PAC threshold)" if raised else ""
+        say(f"  calibration mondrian: {out['n_groups']} groups, --group-min {spec.group_min}{why}: "
             f"{out['own_groups']['mean']:.1f} groups with their own threshold, "
             f"{out['pooled_groups']['mean']:.2f} groups ({out['pooled_questions']['mean']:.1f} of "
             f"{out['n_cal']} calibration questions) pooled into one 'rest' group (means over splits)")

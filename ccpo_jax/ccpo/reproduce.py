@@ -348,7 +348,7 @@ def reproduce(
         splits = splits_for_protocol(cfg.protocol, k_split, cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits)
         params = make_env_params(cache_obj)
         groups = group_spec(cfg, cache_obj)
-        pooling = None if groups is None else describe_pooling(groups, splits.cal, say)
+        pooling = None if groups is None else describe_pooling(groups, splits.cal, say, cfg.group_min)
         # 5. the non-learned rows: all splits in one vmapped call
         t0 = time.perf_counter()
         base = non_learned_rows(cache_obj, params, k_base, splits.cal, splits.test, cfg.alpha)
