@@ -162,6 +162,18 @@ def test_two_risks_choose_the_learn_then_test_threshold_and_refuse_an_infeasible
     assert meta["calibration"]["ltt_feasible"] == bool(ok)
     if ok:  # a threshold passed both tests: the largest
         assert meta["kappa"] == pytest.approx(float(LTT_GRID[max(ok)]), abs=0)
+    # export refuses a row whose saved threshold passed only the coverage test, naming the caps
+    import shutil
+
+    run_dir = tmp_path / "infeasible"
+    shutil.copytree(res.out_dir / "policies", run_dir / "policies")
+    mp = run_dir / "policies" / "ccpo-lambda-0" / "policy.json"
+    m = json.loads(mp.read_text())
+    m["calibration"]["ltt_feasible"] = False
+    mp.write_text(json.dumps(m))
+    bad = run_cli(["export", str(run_dir), "--row", "CCPO (lambda=0)", "--out", str(tmp_path / "art")])
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --row: 'CCPO (lambda=0)' has no threshold that meets")
+    assert "guide-call rate <= 0.9" in bad.stderr and not (tmp_path / "art").exists()
     # a cap no policy of this run meets: an error naming the caps, nothing written but the checkpoints
     with pytest.raises(UserError, match=r"guide_cap: infeasible request \(coverage >= 0.9, guide-call rate <= 0.95"):
         reproduce(out_dir=tmp_path / "no", guide_cap=0.95, discard_failed=True, **kw)
