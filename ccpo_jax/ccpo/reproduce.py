@@ -280,6 +280,30 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
     return results, table
 
 
+def _learned(trainer: LearnedRowsFn | None, cfg: ReproduceConfig, cache_obj: ResponseCache, params: Any, splits: Any,
+             key: Any, work: Path, mesh: Any, block: int | None, groups: Any, rows: dict, timing: dict,
+             notes: list[str], say: Callable[[str], Any]):
+    """Train and evaluate the learned rows (step 6 of :func:`reproduce`): add them to ``rows`` and
+    their times to ``timing``; refuse a two-risk request no row met; (per-group rows, two-risk outcome).
+    No trainer (``train=False``): a note, and (None, None)."""
+    if trainer is None:
+        notes.append("learned rows (CPO, CPO batch, CPO online, CCPO) not run (train=False)")
+        say(f"  note: {notes[-1]}")
+        return None, None
+    got: LearnedRows = trainer(
+        cache=cache_obj, params=params, splits=splits, key=key, config=cfg.train_config(),
+        lambdas=cfg.lambdas, protocol=cfg.protocol, seeds=cfg.seeds, ckpt_dir=work / CKPT_DIR,
+        tb_dir=work / TB_DIR, progress=cfg.progress, mesh=mesh, member_block=block,
+        **({} if groups is None else {"groups": groups}),
+        **({} if cfg.guarantee == "marginal" else {"guarantee": run_guarantee(cfg)}),
+    )
+    check_feasible(getattr(got, "ltt", None), cfg.alpha, run_guarantee(cfg))
+    rows.update(as_rows(got.rows, cfg.n_splits, "the trainer"))
+    for k in ("compile_s", "train_s", "eval_s"):
+        timing[k] += float(got.timing.get(k, 0.0))
+    return got.groups, getattr(got, "ltt", None)
+
+
 def reproduce(
     setting: str | None = None,
     /,
@@ -356,23 +380,8 @@ def reproduce(
         rows[BOUND_ROW] = bound_row(params, splits.test, cfg.alpha)  # not a policy: what none can beat
         timing = {"compile_s": 0.0, "train_s": 0.0, "eval_s": time.perf_counter() - t0}
         # 6. training and evaluation of the learned rows
-        group_rows = ltt = None
-        if trainer is not None:
-            got: LearnedRows = trainer(
-                cache=cache_obj, params=params, splits=splits, key=k_train, config=cfg.train_config(),
-                lambdas=cfg.lambdas, protocol=cfg.protocol, seeds=cfg.seeds, ckpt_dir=work / CKPT_DIR,
-                tb_dir=work / TB_DIR, progress=cfg.progress, mesh=mesh, member_block=block,
-                **({} if groups is None else {"groups": groups}),
-                **({} if cfg.guarantee == "marginal" else {"guarantee": run_guarantee(cfg)}),
-            )
-            check_feasible(getattr(got, "ltt", None), cfg.alpha, run_guarantee(cfg))
-            rows.update(as_rows(got.rows, cfg.n_splits, "the trainer"))
-            group_rows, ltt = got.groups, getattr(got, "ltt", None)
-            for k in ("compile_s", "train_s", "eval_s"):
-                timing[k] += float(got.timing.get(k, 0.0))
-        else:
-            notes.append("learned rows (CPO, CPO batch, CPO online, CCPO) not run (train=False)")
-            say(f"  note: {notes[-1]}")
+        group_rows, ltt = _learned(trainer, cfg, cache_obj, params, splits, k_train, work, mesh, block, groups,
+                                   rows, timing, notes, say)
         # 7. outputs
         timing["total_s"] = time.perf_counter() - t_start
         results, table = _write_outputs(work, st, cfg, cache_obj, rows, timing, trainer is not None, splits.test,
