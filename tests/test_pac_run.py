@@ -143,6 +143,9 @@ def test_two_risks_choose_the_learn_then_test_threshold_and_refuse_an_infeasible
     e = pol["CCPO (lambda=0)"]["ltt"]
     assert e["splits"] == 6 and e["binding"]["coverage"] + e["binding"]["guide_cap (infeasible)"] == 6
     assert e["violations"]["n"] == 6 and e["violations"]["count"] <= e["feasible"]
+    # the two-risk threshold is at most the PAC one (delta/2 <= delta, nested sets): it costs no less
+    feasible_rows = [pol[r]["ltt"] for r in pol if "ltt" in pol[r] and pol[r]["ltt"]["feasible"]]
+    assert feasible_rows and all(x["cap_cost_cents"] >= -1e-4 for x in feasible_rows)
     assert "Learn then Test, guide-call rate <= 0.9" in res.table
     assert sum(pol[r]["ltt"]["feasible"] for r in ("CPO batch", "CCPO (lambda=0)", "CCPO (lambda=2e-4)")) > 0
     # the saved threshold (seed 0, split 0) is the largest grid point passing both tests on the policy's scores

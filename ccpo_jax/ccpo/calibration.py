@@ -192,7 +192,10 @@ def ltt_entry(x: Mapping[str, Any], guarantee: Guarantee, coverage: Any, alpha: 
     monotone in kappa), on how many the guide cap made the request infeasible, and the test guide rate;
     ``violations``: the splits (of all, an infeasible one returns no threshold and so breaks no cap) whose
     threshold broke a cap on the test split, with its Clopper-Pearson interval; Learn then Test bounds
-    that probability by delta (up to the test split's sampling noise)."""
+    that probability by delta (up to the test split's sampling noise); ``cost_coverage_only_cents``: the
+    test cost of the coverage-only PAC threshold at the full delta on the same splits, and
+    ``cap_cost_cents``: the two-risk threshold's cost minus it, mean over the feasible splits (what adding
+    the cap costs where it is met: delta split in two, and the grid)."""
     feas = np.asarray(x["feasible"], bool)
     all_rate = np.asarray(x["guide_rate"], np.float64)
     rate = all_rate[feas]
@@ -201,7 +204,11 @@ def ltt_entry(x: Mapping[str, Any], guarantee: Guarantee, coverage: Any, alpha: 
     broke = feas & ((np.nan_to_num(cov, nan=1.0) < 1.0 - alpha - 1e-6) | (all_rate > guarantee.guide_cap + 1e-6))
     viol = below_target(np.where(broke, 0.0, 1.0), 0.5)  # the share of splits that broke a cap
     viol["within_delta"] = bool(viol["fraction"] <= guarantee.delta)
+    cost = np.asarray(x["cost"], np.float64) if "cost" in x else None
+    only = np.asarray(x["cost_coverage_only"], np.float64)
+    extra = {} if cost is None else {"cap_cost_cents": float(np.mean(cost[feas] - only[feas])) if feas.any() else None}
     return {"guide_cap": float(guarantee.guide_cap), "splits": int(feas.size), "feasible": int(feas.sum()),
+            "cost_coverage_only_cents": float(only.mean()), **extra,
             "binding": {"coverage": int(feas.sum()), "guide_cap (infeasible)": int((~feas).sum())},
             "guide_rate": float(rate.mean()) if rate.size else None,
             "guide_rate_above_cap": above, "violations": viol,
@@ -224,7 +231,8 @@ def add_guarantees(results: dict, rows: Mapping[str, Mapping[str, Any]], alpha: 
         entry["guarantee"] = dict(desc)
         entry["below_target"] = bt
         if ltt and row in ltt:
-            entry["ltt"] = ltt_entry(ltt[row], guarantee, rows[row]["coverage"], alpha)
+            entry["ltt"] = ltt_entry({**ltt[row], "cost": rows[row]["cost_cents"]}, guarantee, rows[row]["coverage"],
+                                     alpha)
 
 
 def add_frontier_guarantees(frontier: dict, grid: Mapping[float, Mapping[str, Mapping[str, Any]]],

@@ -127,12 +127,15 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
     n_cal_all = int(np.shape(cal_idx)[1])
     grid = jnp.asarray(LTT_GRID)
 
-    def two_risks(probs, kappa_i, cal, test, counts):
-        """Learn then Test over the grid (coverage and the guide-call rate): kappa-hat and its extras."""
+    def two_risks(probs, kappa_i, cal, test, counts, rank):
+        """Learn then Test over the grid (coverage and the guide-call rate): kappa-hat and its extras,
+        with the test cost of the coverage-only PAC threshold (``rank``) beside it: what the cap costs."""
         g_i = jax.vmap(conformal.largest_guide_kappa)(probs, params.available, params.round_mask)
         khat, feasible, kcov = conformal.ltt_threshold(kappa_i[cal], g_i[cal], counts[0], counts[1], grid)
+        pac_m, _ = eval_batch_calibrated(probs, kappa_i, params, cal, test, None, rank)
         return khat, {"feasible": feasible, "guide_rate": jnp.mean((khat <= g_i[test]).astype(jnp.float32)),
-                      "cal_guide_rate": jnp.mean((kcov <= g_i[cal]).astype(jnp.float32))}
+                      "cal_guide_rate": jnp.mean((kcov <= g_i[cal]).astype(jnp.float32)),
+                      "cost_coverage_only": jnp.sum(pac_m.cost_cents)}
     codes = None if groups is None else jnp.asarray(groups.codes, jnp.int32)
     G = 0 if groups is None else len(groups.names)
 
@@ -141,7 +144,7 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
         probs, kappa_i = policy_tables(policy, params, config.hidden)
         extra = {}
         if ltt:
-            khat, extra = two_risks(probs, kappa_i, cal, test, counts)
+            khat, extra = two_risks(probs, kappa_i, cal, test, counts, ranks[n_cal_all])
             batch_m = eval_conformal(probs, khat, params, test)
         else:
             batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha,
