@@ -16,8 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ccpo_jax.ccpo.blocked import blocked_policy_probs
+from ccpo_jax.ccpo.calibration import GroupSpec, variant_ranks  # GroupSpec: also importable from here
 from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.core import conformal
+from ccpo_jax.core.guarantee import LTT_GRID, Guarantee
 from envs.orchestration import EnvParams, evaluate_actions, evaluate_sets, reached_rounds, summarise
 
 #: A router is degenerate when its set holds every available action on (at least) this
@@ -45,9 +47,10 @@ def eval_conformal(probs, kappa, params: EnvParams, idx):
     return evaluate_sets(sets, params, idx)
 
 
-def eval_batch_calibrated(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha):
-    """C_{pi,kappa-hat} on ``test_idx``, kappa-hat calibrated exactly on ``cal_idx``; and kappa-hat."""
-    kappa_hat = conformal.calibrate_kappa(kappa_i[cal_idx], alpha)
+def eval_batch_calibrated(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha, rank=None):
+    """C_{pi,kappa-hat} on ``test_idx``, kappa-hat calibrated exactly on ``cal_idx``; and kappa-hat.
+    ``rank``: the order statistic to take (a PAC rank), else the marginal ceil((n+1)(1-alpha))."""
+    kappa_hat = conformal.calibrate_kappa(kappa_i[cal_idx], alpha, rank)
     return eval_conformal(probs, kappa_hat, params, test_idx), kappa_hat
 
 
@@ -56,20 +59,6 @@ def eval_pointwise(key, probs, params: EnvParams, idx):
     p = probs[idx]
     a = jax.random.categorical(key, jnp.log(jnp.maximum(p, 1e-30)), axis=-1)
     return evaluate_actions(a.astype(jnp.int32), params, idx)
-
-
-class GroupSpec(NamedTuple):
-    """The cache's question groups for the group-conditional (Mondrian) calibration:
-    ``codes`` [Q] int32 into ``names`` (sorted), and the smallest group with its own threshold."""
-
-    codes: np.ndarray
-    names: tuple[str, ...]
-    group_min: int
-
-    @classmethod
-    def of(cls, groups: np.ndarray, group_min: int) -> "GroupSpec":
-        names, codes = np.unique(np.asarray(groups).astype(str), return_inverse=True)
-        return cls(codes.astype(np.int32), tuple(str(n) for n in names), int(group_min))
 
 
 class GroupEval(NamedTuple):
@@ -101,6 +90,10 @@ class MemberEval(NamedTuple):
     kappa_hat: np.ndarray
     kappa_online: np.ndarray
     groups: GroupEval | None = None
+    ltt: dict | None = None
+    """With a guide cap (Learn then Test): ``feasible`` (a threshold passed both tests), ``guide_rate``
+    (test share of questions that call the guide) and ``cal_guide_rate`` (calibration share at the
+    coverage-only threshold), leaves [V, N, S]."""
 
 
 def per_group(m, group, n_groups: int) -> dict:
@@ -111,41 +104,67 @@ def per_group(m, group, n_groups: int) -> dict:
     return {"coverage": jnp.where(n > 0, covered / jnp.maximum(n, 1.0), jnp.nan), "cost_cents": seg(m.cost_cents)}
 
 
-def eval_mondrian(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha, codes, n_groups: int, group_min: int):
+def eval_mondrian(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha, codes, n_groups: int, group_min: int,
+                  ranks=None):
     """C_{pi,kappa_g} on ``test_idx`` with kappa_g calibrated per group on ``cal_idx``
-    (:func:`ccpo_jax.core.conformal.mondrian_kappa`): (metrics, kappa [G+1], own [G], n_cal [G])."""
-    kap, own, n_cal = conformal.mondrian_kappa(kappa_i[cal_idx], codes[cal_idx], n_groups, alpha, group_min)
+    (:func:`ccpo_jax.core.conformal.mondrian_kappa`; ``ranks`` [n_cal + 1]: a PAC rank table):
+    (metrics, kappa [G+1], own [G], n_cal [G])."""
+    kap, own, n_cal = conformal.mondrian_kappa(kappa_i[cal_idx], codes[cal_idx], n_groups, alpha, group_min, ranks)
     thr = conformal.group_thresholds(kap, own, codes[test_idx])
     sets = conformal.conformal_set(probs[test_idx], thr[:, None], params.available[test_idx])
     return evaluate_sets(sets, params, test_idx), kap, own, n_cal
 
 
 def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Variant], state, cal_idx, test_idx, key,
-                     retrain: bool, groups: GroupSpec | None = None) -> MemberEval:
+                     retrain: bool, groups: GroupSpec | None = None, guarantee: Guarantee | None = None) -> MemberEval:
     """Every trained variant, seed and split in one jitted, vmapped call: see :func:`evaluate_trained`.
-    With ``groups`` the calibrated rows are also calibrated per group (:class:`GroupEval`)."""
+    With ``groups`` the calibrated rows are also calibrated per group (:class:`GroupEval`). With a
+    ``pac`` ``guarantee`` every calibrated threshold (marginal and per group) takes the PAC rank of its
+    calibration count at the variant's alpha (:func:`ccpo_jax.ccpo.calibration.variant_ranks`)."""
     S = cal_idx.shape[0]
+    pac = guarantee is not None and guarantee.kind == "pac"
+    ltt = pac and guarantee.guide_cap is not None
+    n_cal_all = int(np.shape(cal_idx)[1])
+    grid = jnp.asarray(LTT_GRID)
+
+    def two_risks(probs, kappa_i, cal, test, counts, rank):
+        """Learn then Test over the grid (coverage and the guide-call rate): kappa-hat and its extras,
+        with the test cost of the coverage-only PAC threshold (``rank``) beside it: what the cap costs."""
+        g_i = jax.vmap(conformal.largest_guide_kappa)(probs, params.available, params.round_mask)
+        khat, feasible, kcov = conformal.ltt_threshold(kappa_i[cal], g_i[cal], counts[0], counts[1], grid)
+        pac_m, _ = eval_batch_calibrated(probs, kappa_i, params, cal, test, None, rank)
+        return khat, {"feasible": feasible, "guide_rate": jnp.mean((khat <= g_i[test]).astype(jnp.float32)),
+                      "cal_guide_rate": jnp.mean((kcov <= g_i[cal]).astype(jnp.float32)),
+                      "cost_coverage_only": jnp.sum(pac_m.cost_cents)}
     codes = None if groups is None else jnp.asarray(groups.codes, jnp.int32)
     G = 0 if groups is None else len(groups.names)
 
-    def one(policy, kappa_online, cal, test, k, alpha):
+    def one(policy, kappa_online, cal, test, k, alpha, ranks, counts):
+        ranks = ranks if pac else None  # marginal: the float32 rank of conformal_rank, as always
         probs, kappa_i = policy_tables(policy, params, config.hidden)
-        batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha)
+        extra = {}
+        if ltt:
+            khat, extra = two_risks(probs, kappa_i, cal, test, counts, ranks[n_cal_all])
+            batch_m = eval_conformal(probs, khat, params, test)
+        else:
+            batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha,
+                                                  None if ranks is None else ranks[n_cal_all])
         online_m = eval_conformal(probs, kappa_online, params, test)
         point_m = eval_pointwise(k, probs, params, test)
-        out = (summarise(batch_m), summarise(online_m), summarise(point_m), khat)
+        out = (summarise(batch_m), summarise(online_m), summarise(point_m), khat, extra)
         if groups is None:
             return out
-        mond_m, kap, own, n_cal = eval_mondrian(probs, kappa_i, params, cal, test, alpha, codes, G, groups.group_min)
+        mond_m, kap, own, n_cal = eval_mondrian(probs, kappa_i, params, cal, test, alpha, codes, G, groups.group_min,
+                                                ranks)
         g_test = codes[test]
         n_test = jax.ops.segment_sum(jnp.ones(g_test.shape, jnp.int32), g_test, num_segments=G)
         return out + (summarise(mond_m), kap, own, n_cal, n_test, per_group(batch_m, g_test, G),
                       per_group(mond_m, g_test, G))
 
     split_axes = 0 if retrain else None
-    per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0, None))
-    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0, None))
-    per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None, 0)))
+    per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0, None, None, None))
+    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0, None, None, None))
+    per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None, 0, 0, 0)))
     # [V, S_t, N, ...] -> [V, N, S_t, ...] (retrain) or [V, N, ...] (recalibrate)
     if retrain:
         pol = jax.tree.map(lambda x: jnp.swapaxes(x, 1, 2), state.policy)
@@ -155,15 +174,20 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
         kap = state.kappa[:, 0]
     N = kap.shape[1]
     keys = jax.random.split(key, N * S).reshape(N, S, -1)
-    alphas = jnp.asarray([var.target_alpha(config) for var in variants], jnp.float32)  # each at its own alpha
-    got = jax.device_get(per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys, alphas))
-    batch_m, online_m, point_m, khat = got[:4]
+    alpha_list = [var.target_alpha(config) for var in variants]
+    alphas = jnp.asarray(alpha_list, jnp.float32)  # each at its own alpha
+    ranks = variant_ranks(guarantee, alpha_list, n_cal_all) if pac else np.zeros((len(variants), 1), np.int32)
+    counts = np.asarray([guarantee.ltt_counts(n_cal_all, a) if ltt else (0, 0) for a in alpha_list], np.int32)
+    got = jax.device_get(per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys, alphas,
+                                     jnp.asarray(ranks), jnp.asarray(counts)))
+    batch_m, online_m, point_m, khat, ltt_out = got[:5]
     group_ev = None
     if groups is not None:
-        mond_m, gkap, own, n_cal, n_test, marg_g, mond_g = got[4:]
+        mond_m, gkap, own, n_cal, n_test, marg_g, mond_g = got[5:]
         group_ev = GroupEval(mond_m, np.asarray(gkap), np.asarray(own), np.asarray(n_cal)[0, 0],
                              np.asarray(n_test)[0, 0], marg_g, mond_g)
-    return MemberEval(batch_m, online_m, point_m, np.asarray(khat), np.asarray(jax.device_get(kap)), group_ev)
+    return MemberEval(batch_m, online_m, point_m, np.asarray(khat), np.asarray(jax.device_get(kap)), group_ev,
+                      {k: np.asarray(x) for k, x in ltt_out.items()} if ltt else None)
 
 
 #: Suffix of a calibrated row's group-conditional (Mondrian) twin, e.g. ``CPO batch [Mondrian]``.
@@ -196,6 +220,14 @@ def variant_group_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict, dict
     return rows, per
 
 
+def variant_ltt(var: Variant, ev: MemberEval, v: int) -> dict[str, dict[str, np.ndarray]]:
+    """With a guide cap: ``{row: {"feasible", "guide_rate", "cal_guide_rate": [N, S]}}`` for each
+    calibrated row of ``var`` (:attr:`MemberEval.ltt`); else {}."""
+    if ev.ltt is None:
+        return {}
+    return {row: {k: np.asarray(x[v]) for k, x in ev.ltt.items()} for row in calibrated_rows(var)}
+
+
 def variant_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
     """The table rows of variant ``var`` (index ``v`` of ``ev``): ``{row: {metric: [N, S]}}`` and
     ``{row: kappa [N, S]}`` (the calibrated kappa-hat, or the online kappa for CPO online)."""
@@ -210,6 +242,9 @@ def variant_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict[str, dict[s
         if var.conformal or row == "CPO batch":
             rows[row] = take(ev.batch)
             kappas[row] = np.asarray(ev.kappa_hat[v])
+            if ev.ltt is not None:  # no threshold passed both tests: the split has no result, not a best effort
+                bad = ~np.asarray(ev.ltt["feasible"][v], bool)
+                rows[row] = {k: np.where(bad, np.nan, x) for k, x in rows[row].items()}
         elif row == "CPO":
             rows[row] = take(ev.pointwise)
         elif row == "CPO online":

@@ -40,6 +40,7 @@ from jax import export as jax_export
 from ccpo_jax.ccpo.blocked import in_blocks
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
 from ccpo_jax.core.conformal import conformal_set
+from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES, guarantee_manifest, mondrian_manifest
 from ccpo_jax.core.networks import masked_probs, policy_net
 from ccpo_jax.errors import UserError
 from ccpo_jax.serving import Router
@@ -220,7 +221,8 @@ def _policy_metas(pdir: Path) -> list[tuple[Path, dict]]:
 def _usable(meta: dict) -> bool:
     """A calibrated row whose calibration coverage holds and that is not degenerate."""
     cal = meta.get("calibration")
-    return bool(cal) and not cal["degenerate"] and cal["coverage"] >= cal["target"]
+    return (bool(cal) and not cal["degenerate"] and cal["coverage"] >= cal["target"]
+            and cal.get("ltt_feasible") is not False)
 
 
 def _describe(meta: dict) -> str:
@@ -264,27 +266,12 @@ def _why_degenerate(meta: dict) -> str:
     return f"{meta['row']!r}: " + ("; ".join(bits) if bits else "usable")
 
 
-#: ``calibration`` values of :func:`export_router`.
-EXPORT_CALIBRATIONS = ("marginal", "mondrian")
-
-
-def mondrian_manifest(meta: dict, policy_dir: Path) -> dict:
-    """The manifest's ``mondrian`` block from a policy saved by ``reproduce --calibration mondrian``."""
-    m = meta.get("mondrian")
-    if not m:
-        raise UserError(f"calibration: {policy_dir}/policy.json has no per-group thresholds; the run was calibrated "
-                        "marginally. Re-run it with `ccpo-jax reproduce --calibration mondrian` (the cache needs a "
-                        "'group' per question), or export with --calibration marginal", field="calibration")
-    return {"group_min": int(m["group_min"]), "kappas": {str(g): float(k) for g, k in m["kappas"].items()},
-            "rest_kappa": float(m["rest_kappa"]), "rest_groups": [str(g) for g in m["rest_groups"]],
-            "n_cal": {str(g): int(n) for g, n in m.get("n_cal", {}).items()},
-            "rule": "a request's group with its own threshold (kappas) uses it; any other group, or none, "
-                    "uses rest_kappa (the pooled small groups; the marginal kappa when none was pooled)",
-            "note": "thresholds of seed 0 on split 0, like kappa"}
+#: ``calibration`` values of :func:`export_router` (the run's vocabulary, :mod:`ccpo_jax.ccpo.calibration`).
+EXPORT_CALIBRATIONS = CALIBRATIONS
 
 
 def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str | None = None,
-                  force: bool = False, echo=None, calibration: str = "marginal") -> Path:
+                  force: bool = False, echo=None, calibration: str = "marginal", guarantee: str | None = None) -> Path:
     """Write the artefact of ``row`` of ``run_dir`` to ``out`` (must not exist).
 
     ``row`` None: the cheapest calibrated row whose calibration coverage holds
@@ -295,6 +282,8 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
 
     ``calibration`` "mondrian": the router carries the row's per-group thresholds (saved by
     ``reproduce --calibration mondrian``) and a request's ``group`` picks its threshold.
+    ``guarantee`` ("marginal" / "pac", None: the run's): the guarantee the router must carry; the
+    thresholds were chosen by ``reproduce --guarantee``, so another one is refused.
 
     Atomic: everything is written into a temporary sibling directory, loaded
     back with :class:`ccpo_jax.serving.Router` and checked against the trainer's
@@ -303,6 +292,8 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
         raise UserError(f"out {out}: already exists; choose a new path (an artefact is never overwritten)", field="out")
+    if guarantee is not None and guarantee not in GUARANTEES:
+        raise UserError(f"guarantee: unknown guarantee {guarantee!r}; valid: {', '.join(GUARANTEES)}", field="guarantee")
     if calibration not in EXPORT_CALIBRATIONS:
         raise UserError(f"calibration: unknown calibration {calibration!r}; valid: {', '.join(EXPORT_CALIBRATIONS)}",
                         field="calibration")
@@ -314,6 +305,11 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     except (OSError, ValueError, KeyError, TypeError) as e:  # incl. invalid UTF-8 (a ValueError)
         raise UserError(f"{policy_dir}: cannot read the trained policy ({type(e).__name__}: {e})") from None
     cal = meta.get("calibration")
+    if cal and cal.get("ltt_feasible") is False:
+        g = meta.get("guarantee") or {}
+        raise UserError(f"row: {meta['row']!r} has no threshold that meets its caps (coverage >= {1 - meta['alpha']:g}, "
+                        f"guide-call rate <= {g.get('guide_cap')}, delta {g.get('delta')}) on the saved calibration "
+                        "split: infeasible; choose another row or looser caps", field="row")
     if cal and cal["degenerate"] and not force:
         better = ""
         try:
@@ -334,6 +330,7 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     exp = jax_export.deserialize(bytearray(blob))
     info = {"platforms": list(exp.platforms), "calling_convention_version": int(exp.calling_convention_version)}
     manifest = build_manifest(meta, names, leaves, policy_dir, run_dir, info)
+    manifest["guarantee"] = guarantee_manifest(meta, policy_dir, guarantee)
     if calibration == "mondrian":
         manifest["mondrian"] = mondrian_manifest(meta, policy_dir)
 

@@ -18,6 +18,7 @@ import numpy as np
 from flax import serialization
 
 from ccpo_jax.ccpo.config import TrainConfig, Variant
+from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.core.networks import policy_net
 from envs.atomic import atomic_write_bytes, atomic_write_text
 from envs.cache import ACTION_NAMES
@@ -42,7 +43,7 @@ def policy_row(var: Variant) -> str | None:
 
 
 def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, kappas, cache, protocol: str,
-                  diagnostics: dict | None = None, mondrian: dict | None = None) -> None:
+                  diagnostics: dict | None = None, mondrian: dict | None = None, guarantee: Guarantee | None = None) -> None:
     """Write every trained policy of split 0, seed 0 to ``out/<slug>/``.
 
     ``state`` leaves are [V, S_train, N, ...]; ``kappas[row]`` [N, S] the calibrated kappas;
@@ -51,7 +52,8 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
     and checksum; ``diagnostics[row]`` (optional) goes to ``calibration``, which
     ``ccpo-jax export`` reads to refuse a degenerate router and to pick its default row;
     ``mondrian[row]`` (optional, ``reproduce --calibration mondrian``) goes to ``mondrian``: the
-    per-group thresholds that ``ccpo-jax export --calibration mondrian`` puts in the router.
+    per-group thresholds that ``ccpo-jax export --calibration mondrian`` puts in the router;
+    ``guarantee`` goes to ``guarantee`` (kind, alpha, delta: what the thresholds guarantee).
     """
     out.mkdir(parents=True, exist_ok=True)
     for v, var in enumerate(variants):
@@ -86,6 +88,8 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
         }
         if diagnostics and row in diagnostics:
             meta["calibration"] = diagnostics[row]
+        if guarantee is not None:
+            meta["guarantee"] = guarantee.describe(cfg.alpha)
         if mondrian and row in mondrian:
             meta["mondrian"] = mondrian[row]
         atomic_write_text(d / POLICY_META, json.dumps(meta, indent=2, default=str) + "\n")

@@ -33,7 +33,8 @@ import numpy as np
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
 from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
-from ccpo_jax.ccpo.evaluation import GroupSpec
+from ccpo_jax.ccpo.calibration import (add_group_guarantees, add_guarantees, check_feasible,  # noqa: F401 - the
+                                       describe_pooling, format_guarantees, group_spec, run_guarantee)  # names moved
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.presets import deviations
 from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn
@@ -45,7 +46,7 @@ from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import options, sharding, workdir
 from envs.atomic import atomic_write_text
 from envs.bound import BOUND_ROW, bound_of_params
-from envs.cache import ResponseCache, cache_groups
+from envs.cache import ResponseCache
 from envs.formats import load_cache
 from envs.orchestration import make_env_params
 from envs.synthetic import generate
@@ -227,39 +228,6 @@ def bound_row(params, test_idx, alpha: float) -> dict[str, np.ndarray]:
     return {"cost_cents": b["cost_cents"], "coverage": b["coverage"], "avg_len": nan, "set_size": nan}
 
 
-def group_spec(cfg: ReproduceConfig, cache: ResponseCache) -> GroupSpec | None:
-    """The cache's groups for ``--calibration mondrian`` (None for marginal); a cache without a
-    ``group`` per question is refused."""
-    if cfg.calibration != "mondrian":
-        return None
-    g = cache_groups(cache.arrays)
-    if g is None:
-        raise UserError(f"calibration: mondrian needs a question group ('group') for every question, and the cache "
-                        f"{cache.manifest.name!r} has none; add a 'group' field beside each question's 'id' "
-                        "(docs/caches.md) or use --calibration marginal", field="calibration")
-    return GroupSpec.of(g, cfg.group_min)
-
-
-def describe_pooling(spec: GroupSpec, cal_idx: Any, say: Callable[[str], Any] | None = None) -> dict[str, Any]:
-    """How the Mondrian calibration groups the calibration questions, mean (and range) over splits:
-    groups with their own threshold, groups and questions pooled into the rest (said in one line)."""
-    counts = np.stack([np.bincount(spec.codes[np.asarray(c)], minlength=len(spec.names)) for c in np.asarray(cal_idx)])
-    own = counts >= spec.group_min
-    pooled_q = np.where(own, 0, counts).sum(axis=1)
-    out = {"kind": "mondrian", "group_min": spec.group_min, "n_groups": len(spec.names),
-            "own_groups": {"mean": float(own.sum(1).mean()), "min": int(own.sum(1).min()), "max": int(own.sum(1).max())},
-            "pooled_groups": {"mean": float((~own).sum(1).mean()), "min": int((~own).sum(1).min()),
-                              "max": int((~own).sum(1).max())},
-            "pooled_questions": {"mean": float(pooled_q.mean()), "min": int(pooled_q.min()), "max": int(pooled_q.max())},
-            "n_cal": int(counts.sum(1)[0])}
-    if say is not None:
-        say(f"  calibration mondrian: {out['n_groups']} groups, --group-min {spec.group_min}: "
-            f"{out['own_groups']['mean']:.1f} groups with their own threshold, "
-            f"{out['pooled_groups']['mean']:.2f} groups ({out['pooled_questions']['mean']:.1f} of "
-            f"{out['n_cal']} calibration questions) pooled into one 'rest' group (means over splits)")
-    return out
-
-
 def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cache: ResponseCache, trains: bool,
               small: str | None, mesh, block: int | None) -> None:
     say(f"reproduce {st.name} ({st.run_title(cache.manifest.name, is_setting_profile(st, cache), cfg.alpha)})")
@@ -283,7 +251,7 @@ def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cach
 
 def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: ResponseCache, rows: dict, timing: dict,
                    trains: bool, splits_test: Any = None, pooling: dict | None = None,
-                   group_rows: dict | None = None) -> tuple[dict, str]:
+                   group_rows: dict | None = None, ltt: dict | None = None) -> tuple[dict, str]:
     """results.json, table.md and the box plots of a finished run, in its work directory (with
     ``--calibration mondrian`` also the per-group coverage and its picture)."""
     results = report.build_results(
@@ -298,6 +266,9 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
         results["calibration"] = pooling
         if group_rows:
             report.add_groups(results, group_rows, cfg.alpha)
+    if trains:
+        add_guarantees(results, rows, cfg.alpha, run_guarantee(cfg), ltt)
+        add_group_guarantees(results, group_rows, cfg.alpha, run_guarantee(cfg))
     report.write_results(work, results)
     report.write_table(work, results, st, cfg.split_sizes, compare_paper=compare)
     table = report.format_table(results, st, cfg.split_sizes, compare_paper=compare)
@@ -308,6 +279,11 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
         table = table.rstrip("\n") + "\n" + extra
         if group_rows:
             report.write_group_plot(work, results)
+    if results.get("guarantee"):
+        extra = format_guarantees(results)
+        with open(work / report.TABLE_FILE, "a", encoding="utf-8") as f:
+            f.write(extra)
+        table = table.rstrip("\n") + "\n" + extra
     if left:
         extra = "\nRows left out:\n" + "".join(f"- {r}: {why}\n" for r, why in left.items())
         with open(work / report.TABLE_FILE, "a", encoding="utf-8") as f:
@@ -315,6 +291,30 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
         table = table.rstrip("\n") + "\n" + extra
     report.write_boxplots(work, results, st, own_cache=compare)
     return results, table
+
+
+def _learned(trainer: LearnedRowsFn | None, cfg: ReproduceConfig, cache_obj: ResponseCache, params: Any, splits: Any,
+             key: Any, work: Path, mesh: Any, block: int | None, groups: Any, rows: dict, timing: dict,
+             notes: list[str], say: Callable[[str], Any]):
+    """Train and evaluate the learned rows (step 6 of :func:`reproduce`): add them to ``rows`` and
+    their times to ``timing``; refuse a two-risk request no row met; (per-group rows, two-risk outcome).
+    No trainer (``train=False``): a note, and (None, None)."""
+    if trainer is None:
+        notes.append("learned rows (CPO, CPO batch, CPO online, CCPO) not run (train=False)")
+        say(f"  note: {notes[-1]}")
+        return None, None
+    got: LearnedRows = trainer(
+        cache=cache_obj, params=params, splits=splits, key=key, config=cfg.train_config(),
+        lambdas=cfg.lambdas, protocol=cfg.protocol, seeds=cfg.seeds, ckpt_dir=work / CKPT_DIR,
+        tb_dir=work / TB_DIR, progress=cfg.progress, mesh=mesh, member_block=block,
+        **({} if groups is None else {"groups": groups}),
+        **({} if cfg.guarantee == "marginal" else {"guarantee": run_guarantee(cfg)}),
+    )
+    check_feasible(getattr(got, "ltt", None), cfg.alpha, run_guarantee(cfg))
+    rows.update(as_rows(got.rows, cfg.n_splits, "the trainer"))
+    for k in ("compile_s", "train_s", "eval_s"):
+        timing[k] += float(got.timing.get(k, 0.0))
+    return got.groups, getattr(got, "ltt", None)
 
 
 def reproduce(
@@ -386,7 +386,7 @@ def reproduce(
         splits = splits_for_protocol(cfg.protocol, k_split, cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits)
         params = make_env_params(cache_obj)
         groups = group_spec(cfg, cache_obj)
-        pooling = None if groups is None else describe_pooling(groups, splits.cal, say)
+        pooling = None if groups is None else describe_pooling(groups, splits.cal, say, cfg.group_min)
         # 5. the non-learned rows: all splits in one vmapped call
         t0 = time.perf_counter()
         base = non_learned_rows(cache_obj, params, k_base, splits.cal, splits.test, cfg.alpha)
@@ -394,25 +394,12 @@ def reproduce(
         rows[BOUND_ROW] = bound_row(params, splits.test, cfg.alpha)  # not a policy: what none can beat
         timing = {"compile_s": 0.0, "train_s": 0.0, "eval_s": time.perf_counter() - t0}
         # 6. training and evaluation of the learned rows
-        group_rows = None
-        if trainer is not None:
-            got: LearnedRows = trainer(
-                cache=cache_obj, params=params, splits=splits, key=k_train, config=cfg.train_config(),
-                lambdas=cfg.lambdas, protocol=cfg.protocol, seeds=cfg.seeds, ckpt_dir=work / CKPT_DIR,
-                tb_dir=work / TB_DIR, progress=cfg.progress, mesh=mesh, member_block=block,
-                **({} if groups is None else {"groups": groups}),
-            )
-            rows.update(as_rows(got.rows, cfg.n_splits, "the trainer"))
-            group_rows = got.groups
-            for k in ("compile_s", "train_s", "eval_s"):
-                timing[k] += float(got.timing.get(k, 0.0))
-        else:
-            notes.append("learned rows (CPO, CPO batch, CPO online, CCPO) not run (train=False)")
-            say(f"  note: {notes[-1]}")
+        group_rows, ltt = _learned(trainer, cfg, cache_obj, params, splits, k_train, work, mesh, block, groups,
+                                   rows, timing, notes, say)
         # 7. outputs
         timing["total_s"] = time.perf_counter() - t_start
         results, table = _write_outputs(work, st, cfg, cache_obj, rows, timing, trainer is not None, splits.test,
-                                        pooling, group_rows)
+                                        pooling, group_rows, ltt)
         out.parent.mkdir(parents=True, exist_ok=True)
         os.replace(work, out)
     except KeyboardInterrupt:

@@ -21,11 +21,12 @@ import numpy as np
 
 from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.ccpo.evaluation import (GroupSpec, calibration_diagnostics, evaluate_members, variant_group_rows,
-                                      variant_rows)
+                                      variant_ltt, variant_rows)
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, policy_row, save_policies
 from ccpo_jax.ccpo.settings import lambda_row_name
 from ccpo_jax.ccpo.splits import Splits
+from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime.scalars import ScalarWriter
 from envs.cache import ResponseCache
@@ -50,6 +51,9 @@ class LearnedRows:
     """With a group-conditional calibration (``groups=`` given): ``{"names": [G], "n_cal": [S, G],
     "n_test": [S, G], "group_min": int, "rows": {row: {"coverage", "cost_cents", "kappa", "own":
     [N, S, G]}}}`` for every calibrated row and its Mondrian twin (``rows`` holds the twins' metrics)."""
+    ltt: dict[str, Any] | None = None
+    """With a guide cap (``--guide-cap``): ``{row: {"feasible", "guide_rate", "cal_guide_rate": [N, S]}}``
+    for every calibrated row (:func:`ccpo_jax.ccpo.evaluation.variant_ltt`)."""
 
 
 class LearnedRowsFn(Protocol):
@@ -58,7 +62,7 @@ class LearnedRowsFn(Protocol):
     def __call__(self, *, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array,
                  config: TrainConfig, lambdas: tuple[float, ...], protocol: str, seeds: int, ckpt_dir: Path,
                  tb_dir: Path | None, progress: bool, mesh: Any, member_block: int | None,
-                 groups: GroupSpec | None = None) -> LearnedRows: ...
+                 groups: GroupSpec | None = None, guarantee: Guarantee | None = None) -> LearnedRows: ...
 
 
 #: Name of the CPO variant that serves the calibrated CPO rows when the margins differ.
@@ -123,6 +127,7 @@ class TrainedRows:
     timing: dict
     groups: dict = dataclasses.field(default_factory=dict)
     ev: Any = None
+    ltt: dict = dataclasses.field(default_factory=dict)
 
 
 def member_keys(key: jax.Array, names: list[str], n: int) -> jax.Array:
@@ -134,7 +139,7 @@ def member_keys(key: jax.Array, names: list[str], n: int) -> jax.Array:
 
 
 def _train_and_evaluate(config, params, splits, key, variants, key_names, *, seeds, protocol, ckpt_dir, tensorboard,
-                        progress, mesh, member_block, groups=None):
+                        progress, mesh, member_block, groups=None, guarantee=None):
     """Train ``variants`` x training splits x ``seeds`` in one program and evaluate every member on
     every split: (state [V, S_train, N, ...], :class:`MemberEval`, curves, timing)."""
     if int(seeds) < 1:
@@ -151,7 +156,7 @@ def _train_and_evaluate(config, params, splits, key, variants, key_names, *, see
     state = jax.tree.map(lambda x: x.reshape((x.shape[0], S_t, N) + x.shape[2:]), state)
     t0 = time.perf_counter()
     ev = evaluate_members(config, params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
-                          retrain, groups)
+                          retrain, groups, guarantee)
     timing = dict(timing, eval_s=time.perf_counter() - t0)
     curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
     return state, ev, curves, timing
@@ -172,6 +177,7 @@ def train_seeds(
     mesh=None,
     member_block: int | None = None,
     groups: GroupSpec | None = None,
+    guarantee: Guarantee | None = None,
 ) -> TrainedRows:
     """Train the learned rows (:func:`row_variants`) for ``seeds`` seeds and evaluate them on every split.
 
@@ -180,7 +186,8 @@ def train_seeds(
     trains once on ``splits.train[0]`` and is recalibrated on every split; under ``retrain`` every
     (split, seed) pair trains its own policy. ``member_block`` None: :func:`default_member_block`.
     With ``groups`` every calibrated row also gets its group-conditional (Mondrian) twin,
-    ``ROW [Mondrian]``, from the same trained policies.
+    ``ROW [Mondrian]``, from the same trained policies. ``guarantee`` (default marginal): which
+    order statistic every calibrated threshold takes (:mod:`ccpo_jax.core.guarantee`).
     """
     variants = row_variants(tuple(lambdas), config)
     if member_block is None:
@@ -188,11 +195,13 @@ def train_seeds(
     state, ev, curves, timing = _train_and_evaluate(
         config, params, splits, key, variants, [v.name for v in variants], seeds=seeds, protocol=protocol,
         ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh, member_block=member_block,
-        groups=groups)
+        groups=groups, guarantee=guarantee)
     rows: dict = {}
     kappas: dict = {}
     per_group: dict = {}
+    ltt: dict = {}
     for v, var in enumerate(variants):
+        ltt.update(variant_ltt(var, ev, v))
         r, k = variant_rows(var, ev, v)
         rows.update(r)
         kappas.update(k)
@@ -200,7 +209,7 @@ def train_seeds(
         rows.update(twins)
         per_group.update(g)
     return TrainedRows(rows=rows, kappas=kappas, state=state, variants=variants, curves=curves, timing=timing,
-                       groups=per_group, ev=ev)
+                       groups=per_group, ev=ev, ltt=ltt)
 
 
 def alpha_name(name: str, alpha: float) -> str:
@@ -223,6 +232,7 @@ def train_sweep(
     progress: bool = True,
     mesh=None,
     member_block: int | None = None,
+    guarantee: Guarantee | None = None,
 ) -> tuple[dict[float, dict[str, dict[str, np.ndarray]]], dict[str, float]]:
     """Every learned row x alpha x seed (x training split under ``retrain``) as members of ONE
     vmapped program (alpha is traced data, ``Variant.alpha``), each member calibrated and
@@ -238,7 +248,7 @@ def train_sweep(
     state, ev, _, timing = _train_and_evaluate(
         config, params, splits, key, variants, [v.name for a in alphas for v in base], seeds=seeds,
         protocol=protocol, ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh,
-        member_block=member_block)
+        member_block=member_block, guarantee=guarantee)
     out: dict[float, dict[str, dict[str, np.ndarray]]] = {}
     for v, var in enumerate(variants):
         out.setdefault(float(var.alpha), {}).update(variant_rows(var, ev, v)[0])
@@ -248,7 +258,7 @@ def train_sweep(
 def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array, config: TrainConfig,
                  lambdas: tuple[float, ...], protocol: str, seeds: int, ckpt_dir: Path, tb_dir: Path | None,
                  progress: bool, mesh: Any = None, member_block: int | None = None,
-                 groups: GroupSpec | None = None) -> LearnedRows:
+                 groups: GroupSpec | None = None, guarantee: Guarantee | None = None) -> LearnedRows:
     """Train and evaluate the learned rows; save seed 0's split-0 policies beside ``ckpt_dir``.
 
     ``splits.train`` is [S, n_train], ``splits.cal``/``splits.test`` [S, n]; ``lambdas`` are the
@@ -257,13 +267,14 @@ def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key
     to ``ckpt_dir/../policies``. Rows hold [N seeds, S splits] arrays. With ``groups`` (the
     cache's groups, ``reproduce --calibration mondrian``) every calibrated row gets its Mondrian
     twin and the per-group outcome (:attr:`LearnedRows.groups`); the saved policies carry their
-    per-group thresholds (seed 0, split 0) for ``ccpo-jax export``.
+    per-group thresholds (seed 0, split 0) for ``ccpo-jax export``. ``guarantee`` (``--guarantee``;
+    None: marginal) chooses every calibrated threshold's order statistic and is saved with the policies.
     """
     writer = None if tb_dir is None else ScalarWriter(tb_dir, ".train")
     try:
         trained = train_seeds(config, params, splits, key, lambdas=tuple(lambdas), seeds=seeds, protocol=protocol,
                               ckpt_dir=Path(ckpt_dir), tensorboard=writer, progress=progress, mesh=mesh,
-                              member_block=member_block, groups=groups)
+                              member_block=member_block, groups=groups, guarantee=guarantee)
     finally:
         if writer is not None:
             writer.close()
@@ -275,17 +286,26 @@ def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key
         pol = jax.tree.map(lambda x: x[v, 0, 0], trained.state.policy)
         d = calibration_diagnostics(pol, params, float(np.asarray(trained.kappas[row])[0, 0]),
                                     np.asarray(splits.cal)[0], config.alpha, config.hidden)
-        d["test_cost_cents_mean"] = float(np.mean(trained.rows[row]["cost_cents"]))
-        d["test_coverage_mean"] = float(np.mean(trained.rows[row]["coverage"]))
+        d["test_cost_cents_mean"] = _finite_mean(trained.rows[row]["cost_cents"])
+        d["test_coverage_mean"] = _finite_mean(trained.rows[row]["coverage"])
+        if row in trained.ltt:  # the saved threshold (seed 0, split 0) passed both tests, or not
+            d["ltt_feasible"] = bool(trained.ltt[row]["feasible"][0, 0])
         diagnostics[row] = d
     mondrian = None if groups is None else mondrian_thresholds(trained, groups)
     save_policies(Path(ckpt_dir).parent / POLICIES_DIR, config, trained.variants, trained.state, trained.kappas,
-                  cache, protocol, diagnostics, mondrian)
+                  cache, protocol, diagnostics, mondrian, guarantee or Guarantee())
     group_out = None
     if groups is not None:
         group_out = {"names": list(groups.names), "group_min": groups.group_min, "n_cal": trained.ev.groups.n_cal,
                      "n_test": trained.ev.groups.n_test, "rows": trained.groups}
-    return LearnedRows(rows=trained.rows, timing=trained.timing, groups=group_out)
+    return LearnedRows(rows=trained.rows, timing=trained.timing, groups=group_out, ltt=trained.ltt or None)
+
+
+def _finite_mean(x) -> float:
+    """The mean over the finite entries (a guide cap leaves NaN on the splits without a threshold)."""
+    x = np.asarray(x, np.float64)
+    ok = np.isfinite(x)
+    return float(np.mean(x[ok])) if ok.any() else float("nan")
 
 
 def mondrian_thresholds(trained: TrainedRows, groups: GroupSpec) -> dict[str, dict]:

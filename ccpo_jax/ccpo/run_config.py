@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ccpo_jax.ccpo.calibration import CALIBRATIONS, DELTA, GUARANTEES  # the one vocabulary
 from ccpo_jax.ccpo.config import TrainConfig
 from ccpo_jax.ccpo.presets import apply_overrides, get_preset
 from ccpo_jax.ccpo.settings import DEFAULT_SETTING, PROTOCOLS, get_setting
@@ -121,8 +122,6 @@ def _setting_lambdas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
     return tuple(get_setting(cfg.setting).lambdas) if v is None else tuple(float(x) for x in v)
 
 
-#: ``--calibration`` values: one marginal threshold, or per group as well (Mondrian).
-CALIBRATIONS = ("marginal", "mondrian")
 #: Default ``--group-min``: 19 calibration questions are the fewest with a threshold at alpha 0.05
 #: (the rank ceil((n+1)(1-alpha)) <= n), so a group of 20 has one at every alpha >= 0.05.
 GROUP_MIN = 20
@@ -132,6 +131,83 @@ def _calibration(name: str, v: Any, cfg: Any) -> str:
     if v not in CALIBRATIONS:
         raise UserError(f"calibration: unknown calibration {v!r}; valid: {', '.join(CALIBRATIONS)}", field=name)
     return v
+
+
+
+
+def _guarantee(name: str, v: Any, cfg: Any) -> str:
+    if v not in GUARANTEES:
+        raise UserError(f"guarantee: unknown guarantee {v!r}; valid: {', '.join(GUARANTEES)}", field=name)
+    return v
+
+
+def _delta(name: str, v: Any, cfg: Any) -> float | None:
+    """None under ``marginal`` (a --delta there is refused); under ``pac`` a number in (0, 1) for which
+    the calibration split has a PAC threshold at every alpha of the run (else the size it needs)."""
+    from ccpo_jax.core.guarantee import pac_min_n
+
+    if cfg.guarantee != "pac":
+        if v is not None:
+            raise UserError(f"delta: only with --guarantee pac (this run's guarantee is {cfg.guarantee})", field=name)
+        return None
+    try:
+        d = DELTA if v is None else float(v)
+    except (TypeError, ValueError):
+        raise UserError(f"delta: must be a number in (0, 1), got {v!r}", field=name) from None
+    if not (0.0 < d < 1.0):
+        raise UserError(f"delta: must be in (0, 1) (the guarantee holds with probability 1 - delta), got {v!r}",
+                        field=name)
+    n_cal = cfg.split_sizes[1]
+    for a in getattr(cfg, "alphas", None) or (cfg.alpha,):
+        n_min = pac_min_n(a, d)
+        if n_cal < n_min:
+            raise UserError(f"delta: {n_cal} calibration questions are too few for a PAC threshold at alpha {a:g}, "
+                            f"delta {d:g}: even the lowest score needs (1-alpha)^n <= delta, n >= {n_min}; use at "
+                            f"least {n_min} (the middle number of --split-sizes) or a larger delta", field=name)
+    return d
+
+
+def _guarantee_option() -> Any:
+    return option("--guarantee", help="marginal: coverage >= 1 - alpha on average over calibration draws; pac: "
+                  "every calibrated threshold (and per group) takes the order statistic with P(coverage >= 1 - alpha) "
+                  ">= 1 - delta over the calibration draw", choices=GUARANTEES, default="marginal", check=_guarantee,
+                  if_missing="marginal")
+
+
+def _delta_option() -> Any:
+    return option("--delta", help="with --guarantee pac: the probability that the guarantee fails", metavar="D",
+                  type=float, default_doc=f"{DELTA:g} with --guarantee pac", check=_delta, if_missing=None)
+
+
+def _guide_cap(name: str, v: Any, cfg: Any) -> float | None:
+    """A cap in (0, 1) on the share of questions that call the guide, with --guarantee pac and one
+    threshold (marginal calibration); refused when no calibration outcome could pass both tests."""
+    from ccpo_jax.core.guarantee import Guarantee
+
+    if v is None:
+        return None
+    try:
+        r = float(v)
+    except (TypeError, ValueError):
+        raise UserError(f"guide_cap: must be a number in (0, 1), got {v!r}", field=name) from None
+    if not (0.0 < r < 1.0):
+        raise UserError(f"guide_cap: must be in (0, 1) (the largest share of questions that call the guide), "
+                        f"got {v!r}", field=name)
+    if cfg.guarantee != "pac":
+        raise UserError("guide_cap: a cap on a second risk needs --guarantee pac (Learn then Test holds both "
+                        "with probability 1 - delta)", field=name)
+    if getattr(cfg, "calibration", "marginal") != "marginal":
+        raise UserError("guide_cap: not with --calibration mondrian (one threshold per row only)", field=name)
+    n_cal = cfg.split_sizes[1]
+    for a in getattr(cfg, "alphas", None) or (cfg.alpha,):
+        c_cov, c_guide = Guarantee("pac", cfg.delta, r).ltt_counts(n_cal, a)
+        for c, what in ((c_cov, f"coverage >= {1 - a:g}"), (c_guide, f"guide-call rate <= {r:g}")):
+            if c < 0:
+                raise UserError(f"guide_cap: infeasible request (caps: coverage >= {1 - a:g}, guide-call rate <= "
+                                f"{r:g}, delta {cfg.delta:g}): with {n_cal} calibration questions no outcome can "
+                                f"show {what} at level delta/2; use more calibration questions or looser caps",
+                                field=name)
+    return r
 
 
 def _preset_iterations(cfg: Any) -> int:
@@ -220,6 +296,12 @@ class ReproduceConfig(RunOptions):
                             "questions for its own threshold; smaller groups are pooled into one 'rest' group",
                             metavar="N", type=int, default=GROUP_MIN, check=check_int("the smallest group", 1),
                             if_missing=GROUP_MIN)
+    guarantee: str = _guarantee_option()
+    delta: float | None = _delta_option()
+    guide_cap: float | None = option("--guide-cap", help="with --guarantee pac: also cap the share of questions "
+                                     "that call the guide at R; each calibrated row's threshold is chosen by Learn "
+                                     "then Test over a grid, both caps holding with probability 1 - delta",
+                                     metavar="R", type=float, check=_guide_cap, if_missing=None)
 
     def train_config(self, alpha: float | None = None) -> TrainConfig:
         return super().train_config(self.alpha if alpha is None else alpha)
@@ -288,6 +370,8 @@ class SweepConfig(RunOptions):
     lambdas: tuple[float, ...] = option("--lambdas", help="the CCPO set-size penalties, increasing; 0 is the row "
                                         "CCPO (lambda=0)", metavar="L1,L2,...", default=(0.0, 1e-4, 2e-4),
                                         check=_lambdas)
+    guarantee: str = _guarantee_option()
+    delta: float | None = _delta_option()
 
     def train_config(self, alpha: float | None = None) -> TrainConfig:
         """The trainer configuration (its alpha is the setting's; every sweep member has its own)."""

@@ -30,7 +30,8 @@ import jax
 from ccpo_jax.ccpo import frontier as fr
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo.baselines import non_learned_rows
-from ccpo_jax.ccpo.reproduce import (CKPT_DIR, RUN_FILE, TB_DIR, as_rows, bound_row, check_resumed_cache,
+from ccpo_jax.ccpo.calibration import add_frontier_guarantees
+from ccpo_jax.ccpo.reproduce import (CKPT_DIR, RUN_FILE, TB_DIR, as_rows, bound_row, check_resumed_cache, run_guarantee,
                                      describe_cache, is_setting_profile, load_run_cache, open_run, resolve_mesh)
 from ccpo_jax.ccpo.rows import row_variants, run_batch, train_sweep
 from ccpo_jax.ccpo.run_config import SweepConfig
@@ -132,7 +133,7 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
                 got, t_learn = train_sweep(tc, params, splits, k_train, alphas=cfg.alphas, lambdas=cfg.lambdas,
                                            seeds=cfg.seeds, protocol=cfg.protocol, ckpt_dir=work / CKPT_DIR,
                                            tensorboard=writer, progress=cfg.progress, mesh=mesh,
-                                           member_block=block)
+                                           member_block=block, guarantee=run_guarantee(cfg))
             finally:
                 writer.close()
             for a in cfg.alphas:
@@ -145,6 +146,7 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
                                      n_splits=cfg.n_splits, seeds=cfg.seeds if train else 1, lambdas=cfg.lambdas,
                                      preset=cfg.preset, train_config=dataclasses.asdict(tc) if train else None,
                                      timing=timing, learned=learned)
+        add_frontier_guarantees(frontier, grid, run_guarantee(cfg))
         md = fr.write_frontier(work, frontier)
         out.parent.mkdir(parents=True, exist_ok=True)
         os.replace(work, out)

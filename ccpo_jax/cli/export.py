@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES
 from envs.atomic import atomic_write_text
 
 
@@ -21,9 +22,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--force", action="store_true",
                    help="export a degenerate router anyway (kappa-hat 0, or every action in the set for >= 90%% of "
                    "calibration questions)")
-    e.add_argument("--calibration", choices=("marginal", "mondrian"), default="marginal",
+    e.add_argument("--calibration", choices=CALIBRATIONS, default="marginal",
                    help="mondrian: the router carries the row's per-group thresholds (a run of 'reproduce "
                    "--calibration mondrian') and takes a request's 'group' (default: marginal, one threshold)")
+    e.add_argument("--guarantee", choices=GUARANTEES, default=None,
+                   help="the guarantee the router must carry: the run's thresholds were chosen by 'reproduce "
+                   "--guarantee', so another one is refused (default: the run's; the manifest and every decision "
+                   "state it with alpha and delta)")
     e.add_argument("--out", required=True, metavar="ARTIFACT", help="output directory (must not exist)")
     e.set_defaults(func=_export)
 
@@ -66,15 +71,18 @@ def _export(args) -> int:
 
     try:
         out = export_router(args.run_dir, args.out, row=args.row, force=args.force, echo=print,
-                            calibration=args.calibration)
+                            calibration=args.calibration, guarantee=args.guarantee)
     except UserError as e:  # the library names its arguments; say which flag that is
-        raise e.for_cli({"row": "--row", "out": "--out", "force": "--force", "calibration": "--calibration"}) from None
+        raise e.for_cli({"row": "--row", "out": "--out", "force": "--force", "calibration": "--calibration",
+                         "guarantee": "--guarantee"}) from None
     m = read_verified(out)[0]
     kind = m["cache"].get("provenance", {}).get("kind", "?")
     tag = " (trained on a SYNTHETIC cache)" if kind == "synthetic" else ""
     mond = m.get("mondrian")
     groups = "" if not mond else (f"; Mondrian: {len(mond['kappas'])} group thresholds, rest {mond['rest_kappa']:.6g}"
                                   f" for {len(mond['rest_groups'])} pooled group(s), unknown or missing groups")
+    g = m.get("guarantee") or {"kind": "marginal"}
+    groups += f"; guarantee {g['kind']}" + (f" (delta {g['delta']:g})" if g["kind"] == "pac" else "")
     print(f"exported {m['policy']['row']!r} (alpha={m['alpha']}, kappa={m['kappa']:.6g}{groups}, T={m['T']}, "
           f"F={m['features']['count']}){tag} to {out}")
     return 0

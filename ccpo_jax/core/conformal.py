@@ -241,7 +241,7 @@ def calibration_size_warning(n: int, alpha: float) -> str | None:
             f"use at least {n_min} (the middle number of --split-sizes)")
 
 
-def calibrate_kappa(kappa_i: Array, alpha: Array | float) -> Array:
+def calibrate_kappa(kappa_i: Array, alpha: Array | float, rank: Array | int | None = None) -> Array:
     """Exact split-conformal threshold (docs/algorithms.md): kappa-hat = the
     ceil((n+1)(1-alpha))-th LARGEST kappa_i, clipped to [0, 1].
 
@@ -255,10 +255,12 @@ def calibrate_kappa(kappa_i: Array, alpha: Array | float) -> Array:
     Args:
       kappa_i: ``[n]`` scores from :func:`largest_covering_kappa` (n static).
       alpha: miscoverage level (may be traced, e.g. vmapped over alpha).
+      rank: the rank k to use instead (may be traced), e.g. the PAC rank of
+        :func:`ccpo_jax.core.guarantee.pac_rank`; k > n gives 0.0 as above.
     Returns: scalar kappa-hat in [0, 1].
     """
     n = kappa_i.shape[0]
-    k = conformal_rank(n, alpha)
+    k = conformal_rank(n, alpha) if rank is None else jnp.asarray(rank, jnp.int32)
     desc = -jnp.sort(-kappa_i)
     val = desc[jnp.clip(k - 1, 0, n - 1)]
     return jnp.where(k > n, 0.0, jnp.clip(val, 0.0, 1.0)).astype(jnp.float32)
@@ -274,7 +276,8 @@ def covered_at(kappa: Array | float, kappa_i: Array) -> Array:
 
 
 def mondrian_kappa(
-    kappa_i: Array, group: Array, n_groups: int, alpha: Array | float, group_min: int
+    kappa_i: Array, group: Array, n_groups: int, alpha: Array | float, group_min: int,
+    ranks: Array | None = None,
 ) -> tuple[Array, Array, Array]:
     """Group-conditional (Mondrian) split-conformal thresholds (Vovk et al. 2003; as in MAPIE / crepes).
 
@@ -291,6 +294,8 @@ def mondrian_kappa(
       kappa_i: ``[n]`` calibration scores (:func:`largest_covering_kappa`).
       group: ``[n]`` int group ids in ``[0, n_groups)``.
       n_groups: G, static. alpha: may be traced. group_min: static minimum size of an own group.
+      ranks: ``[n + 1]`` int, the rank to use for a group of each size 0..n instead of
+        ceil((n_g+1)(1-alpha)) (a PAC guarantee: :func:`ccpo_jax.core.guarantee.rank_table`).
 
     Returns:
       ``(kappa_hat [G + 1], own [G] bool, n_cal [G] int32)``: the threshold of every group and of
@@ -308,11 +313,12 @@ def mondrian_kappa(
     s = jnp.clip(kappa_i, 0.0, 1.0)
     _, neg_sorted = jax.lax.sort((eff, -s), num_keys=2)
     start = jnp.cumsum(n_j) - n_j
-    k = conformal_rank(n_j, alpha)  # the rank of each group (array n)
+    k = conformal_rank(n_j, alpha) if ranks is None else jnp.asarray(ranks, jnp.int32)[n_j]  # each group's rank
     val = -neg_sorted[jnp.clip(start + k - 1, 0, n - 1)]
     kap = jnp.where(k > n_j, 0.0, val).astype(jnp.float32)
     rest_empty = n_j[n_groups] == 0
-    kap = kap.at[n_groups].set(jnp.where(rest_empty, calibrate_kappa(kappa_i, alpha), kap[n_groups]))
+    marginal = calibrate_kappa(kappa_i, alpha, None if ranks is None else jnp.asarray(ranks, jnp.int32)[n])
+    kap = kap.at[n_groups].set(jnp.where(rest_empty, marginal, kap[n_groups]))
     return kap, own, n_cal
 
 
@@ -321,3 +327,54 @@ def group_thresholds(kappa_hat: Array, own: Array, group: Array) -> Array:
     g = jnp.asarray(group, jnp.int32)
     n_groups = own.shape[0]
     return kappa_hat[jnp.where(own[g], g, n_groups)]
+
+
+# ----------------------------------------------------------------------------- two risks (Learn then Test)
+
+
+def largest_guide_kappa(probs: Array, available: Array, round_mask: Array) -> Array:
+    """Largest kappa at which the set-valued rollout of C_{pi,kappa} calls the guide on one question.
+
+    As in :func:`largest_covering_kappa`: round t is reached at kappa iff pi(next|o_s) >= kappa for
+    every s < t, and the guide's answer is collected there iff "guide" is available and
+    pi(guide|o_t) >= kappa; so the guide is called at kappa iff kappa <= g_i with
+
+        g_i = max_t min( min_{s<t} pi(next|o_s), pi(guide|o_t) )  over existing rounds with the guide available.
+
+    Args: probs ``[T, 3]``, available ``[T, 3]`` bool, round_mask ``[T]`` bool.
+    Returns: scalar g_i; ``-inf`` when the guide is available at no existing round.
+    """
+    p_next = jnp.where(available[:, NEXT], probs[:, NEXT], -jnp.inf)
+    reach = jnp.concatenate([jnp.ones((1,), probs.dtype), jax.lax.cummin(p_next)[:-1]])
+    ok = round_mask & available[:, GUIDE]
+    return jnp.max(jnp.where(ok, jnp.minimum(reach, probs[:, GUIDE]), -jnp.inf))
+
+
+def ltt_threshold(kappa_i: Array, guide_i: Array, c_cov: Array | int, c_guide: Array | int, grid: Array):
+    """Learn-then-Test choice of kappa over a fixed ``grid`` (increasing) for two risks at once
+    (Angelopoulos, Bates, Candes, Jordan and Lei 2021, "Learn then Test").
+
+    Miscoverage at kappa counts #{kappa_i < kappa} (non-decreasing in kappa), guide calls
+    #{guide_i >= kappa} (non-increasing). Each null "risk above its cap" at grid point kappa is
+    rejected when its count is at most its critical count ``c_cov`` / ``c_guide`` (the largest count
+    whose exact binomial p-value is <= the family's share of delta; -1: never,
+    :func:`ccpo_jax.core.guarantee.ltt_critical_count`). Coverage is tested in fixed sequence from the
+    smallest kappa up and the guide rate from the largest down, each stopping at its first
+    non-rejection; by the counts' monotonicity these are the prefix {#miss <= c_cov} and the suffix
+    {#guide <= c_guide} of the grid. The choice is the largest kappa in both (the smallest sets: the
+    cheapest), valid for both caps with probability >= 1 - delta (Bonferroni over the two families).
+
+    Returns ``(kappa, feasible, kappa_cov)``: the choice (``kappa_cov`` where infeasible), whether any
+    grid point passes both tests, and the largest kappa passing the coverage test alone (0.0 if none).
+    """
+    n_miss = jnp.searchsorted(jnp.sort(kappa_i), grid, side="left")  # #{kappa_i < kappa}
+    n_guide = guide_i.shape[0] - jnp.searchsorted(jnp.sort(guide_i), grid, side="left")  # #{guide_i >= kappa}
+    cov_ok = n_miss <= c_cov
+    both = cov_ok & (n_guide <= c_guide)
+    idx = jnp.arange(grid.shape[0])
+    last_cov = jnp.max(jnp.where(cov_ok, idx, -1))
+    last_both = jnp.max(jnp.where(both, idx, -1))
+    kappa_cov = jnp.where(last_cov >= 0, grid[jnp.maximum(last_cov, 0)], 0.0)
+    feasible = last_both >= 0
+    kappa = jnp.where(feasible, grid[jnp.maximum(last_both, 0)], kappa_cov)
+    return kappa.astype(jnp.float32), feasible, kappa_cov.astype(jnp.float32)

@@ -59,6 +59,14 @@ def _check_manifest_values(manifest: dict, where: str) -> None:
         for name, v in [*((f"kappas.{g}", k) for g, k in mond["kappas"].items()), ("rest_kappa", mond.get("rest_kappa"))]:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and 0.0 <= v <= 1.0):
                 raise ArtifactError(f"{where}: mondrian.{name}: expected a number in [0, 1], got {v!r}")
+    g = manifest.get("guarantee")
+    if g is not None:
+        if not isinstance(g, dict) or g.get("kind") not in ("marginal", "pac"):
+            raise ArtifactError(f"{where}: guarantee.kind: expected 'marginal' or 'pac', got "
+                                f"{g.get('kind') if isinstance(g, dict) else g!r}")
+        d = g.get("delta")
+        if g["kind"] == "pac" and (isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 < d < 1.0):
+            raise ArtifactError(f"{where}: guarantee.delta: expected a number in (0, 1) for a pac guarantee, got {d!r}")
     for role in ("base", "guide"):
         for key in ("price_in", "price_out"):
             v = manifest["models"][role][key]
@@ -95,6 +103,10 @@ class Router:
         #: Per-group thresholds of a Mondrian router (``{group: kappa}``), else None.
         self.group_kappas = None if mond is None else {g: np.float32(k) for g, k in mond["kappas"].items()}
         self.rest_kappa = None if mond is None else np.float32(mond["rest_kappa"])
+        g = manifest.get("guarantee") or {"kind": "marginal", "delta": None}  # artefacts before --guarantee
+        #: What the thresholds guarantee, stated in every decision: ``{"kind", "alpha", "delta"}``.
+        self.guarantee = {"kind": g["kind"], "alpha": self.alpha, "delta": g.get("delta"),
+                          **({"guide_cap": g["guide_cap"]} if g.get("guide_cap") is not None else {})}
         m = manifest["models"]
         self._base = ModelInfo(m["base"]["name"], float(m["base"]["price_in"]), float(m["base"]["price_out"]))
         self._guide = ModelInfo(m["guide"]["name"], float(m["guide"]["price_in"]), float(m["guide"]["price_out"]))
@@ -255,6 +267,7 @@ class Router:
                 "probs": {a: float(p) for a, p in zip(self.actions, probs[i])},
                 "available": [a for a, k in zip(self.actions, avail[i]) if k],
                 "kappa": float(kappas[i][0]),
+                "guarantee": self.guarantee,
                 **extra,
             })
         return out
@@ -263,7 +276,8 @@ class Router:
                group: str | None = None) -> dict:
         """Decision after the last of ``rounds_so_far`` (per-round dicts as in the human JSONL format).
 
-        Returns ``{"round", "action_set", "continue", "answers", "probs", "available", "kappa"}``:
+        Returns ``{"round", "action_set", "continue", "answers", "probs", "available", "kappa",
+        "guarantee"}`` (``guarantee``: kind, alpha, delta of the calibrated threshold):
         the set-valued policy (docs/environment.md) collects the base and/or guide answer of
         this round when they are in the set and runs another round iff "next" is.
         """
@@ -284,6 +298,7 @@ class Router:
             "policy": m["policy"]["row"],
             "alpha": self.alpha,
             "kappa": float(self.kappa),
+            "guarantee": self.guarantee,
             "calibration": "marginal" if self.group_kappas is None else
                            {"kind": "mondrian", "groups": sorted(self.group_kappas), "rest_kappa": float(self.rest_kappa)},
             "T": self.T,

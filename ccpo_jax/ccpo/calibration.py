@@ -1,0 +1,287 @@
+"""Calibration's room on the host: the ``--calibration`` / ``--guarantee`` vocabulary shared by
+``reproduce``, ``sweep``, ``export`` and serving, the Mondrian groups and their pooling, the rank
+tables, the exported thresholds' manifest blocks, and what results.json and table.md say of them.
+
+The maths is in :mod:`ccpo_jax.core.guarantee` (which order statistic gives which guarantee; Learn
+then Test's critical counts) and :mod:`ccpo_jax.core.conformal` (scores and thresholds, marginal,
+Mondrian and two-risk); the jitted per-split evaluation is :mod:`ccpo_jax.ccpo.evaluation`. Here: one
+rank table per trained variant (each has its own alpha in a sweep), the group minimum a PAC Mondrian
+calibration needs, and per calibrated row its guarantee and how often a split fell short of it.
+docs/calibration.md describes all of it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from ccpo_jax.core.guarantee import GUARANTEES, Guarantee, below_target, pac_min_n, rank_table  # noqa: F401
+from ccpo_jax.errors import UserError
+from envs.cache import ResponseCache, cache_groups
+
+#: Suffix of a calibrated row's group-conditional (Mondrian) twin (as ``evaluation.MONDRIAN``).
+MONDRIAN = " [Mondrian]"
+
+
+# -- the vocabulary of reproduce, sweep, export and serving ----------------------------------
+
+#: ``--calibration``: one marginal threshold, or per question group as well (Mondrian).
+CALIBRATIONS = ("marginal", "mondrian")
+#: ``--guarantee``: GUARANTEES (:mod:`ccpo_jax.core.guarantee`); the default ``--delta`` of ``pac``:
+DELTA = 0.1
+
+
+def run_guarantee(cfg: Any) -> Guarantee:
+    """A run configuration's ``--guarantee``, ``--delta`` and ``--guide-cap`` (a configuration saved before
+    them: marginal)."""
+    return Guarantee(getattr(cfg, "guarantee", "marginal") or "marginal", getattr(cfg, "delta", None),
+                     getattr(cfg, "guide_cap", None))
+
+
+# -- Mondrian: the groups, their pooling, the exported thresholds ------------------------------
+
+class GroupSpec(NamedTuple):
+    """The cache's question groups for the group-conditional (Mondrian) calibration:
+    ``codes`` [Q] int32 into ``names`` (sorted), and the smallest group with its own threshold."""
+
+    codes: np.ndarray
+    names: tuple[str, ...]
+    group_min: int
+
+    @classmethod
+    def of(cls, groups: np.ndarray, group_min: int) -> "GroupSpec":
+        names, codes = np.unique(np.asarray(groups).astype(str), return_inverse=True)
+        return cls(codes.astype(np.int32), tuple(str(n) for n in names), int(group_min))
+
+
+def group_spec(cfg: Any, cache: ResponseCache) -> GroupSpec | None:
+    """The cache's groups for ``--calibration mondrian`` (None for marginal); a cache without a
+    ``group`` per question is refused."""
+    if cfg.calibration != "mondrian":
+        return None
+    g = cache_groups(cache.arrays)
+    if g is None:
+        raise UserError(f"calibration: mondrian needs a question group ('group') for every question, and the cache "
+                        f"{cache.manifest.name!r} has none; add a 'group' field beside each question's 'id' "
+                        "(docs/caches.md) or use --calibration marginal", field="calibration")
+    return GroupSpec.of(g, effective_group_min(cfg.group_min, cfg.alpha, run_guarantee(cfg)))
+
+
+def describe_pooling(spec: GroupSpec, cal_idx: Any, say: Callable[[str], Any] | None = None,
+                     asked: int | None = None) -> dict[str, Any]:
+    """How the Mondrian calibration groups the calibration questions, mean (and range) over splits:
+    groups with their own threshold, groups and questions pooled into the rest (said in one line).
+    ``asked``: the ``--group-min`` given, when a PAC guarantee raised it to ``spec.group_min``."""
+    counts = np.stack([np.bincount(spec.codes[np.asarray(c)], minlength=len(spec.names)) for c in np.asarray(cal_idx)])
+    own = counts >= spec.group_min
+    pooled_q = np.where(own, 0, counts).sum(axis=1)
+    out = {"kind": "mondrian", "group_min": spec.group_min, "n_groups": len(spec.names),
+            "own_groups": {"mean": float(own.sum(1).mean()), "min": int(own.sum(1).min()), "max": int(own.sum(1).max())},
+            "pooled_groups": {"mean": float((~own).sum(1).mean()), "min": int((~own).sum(1).min()),
+                              "max": int((~own).sum(1).max())},
+            "pooled_questions": {"mean": float(pooled_q.mean()), "min": int(pooled_q.min()), "max": int(pooled_q.max())},
+            "n_cal": int(counts.sum(1)[0])}
+    raised = asked is not None and asked != spec.group_min
+    if raised:
+        out["group_min_asked"] = int(asked)
+    if say is not None:
+        why = f" (raised from {asked} for the PAC threshold)" if raised else ""
+        say(f"  calibration mondrian: {out['n_groups']} groups, --group-min {spec.group_min}{why}: "
+            f"{out['own_groups']['mean']:.1f} groups with their own threshold, "
+            f"{out['pooled_groups']['mean']:.2f} groups ({out['pooled_questions']['mean']:.1f} of "
+            f"{out['n_cal']} calibration questions) pooled into one 'rest' group (means over splits)")
+    return out
+
+
+def mondrian_manifest(meta: dict, policy_dir: Path) -> dict:
+    """The manifest's ``mondrian`` block from a policy saved by ``reproduce --calibration mondrian``."""
+    m = meta.get("mondrian")
+    if not m:
+        raise UserError(f"calibration: {policy_dir}/policy.json has no per-group thresholds; the run was calibrated "
+                        "marginally. Re-run it with `ccpo-jax reproduce --calibration mondrian` (the cache needs a "
+                        "'group' per question), or export with --calibration marginal", field="calibration")
+    return {"group_min": int(m["group_min"]), "kappas": {str(g): float(k) for g, k in m["kappas"].items()},
+            "rest_kappa": float(m["rest_kappa"]), "rest_groups": [str(g) for g in m["rest_groups"]],
+            "n_cal": {str(g): int(n) for g, n in m.get("n_cal", {}).items()},
+            "rule": "a request's group with its own threshold (kappas) uses it; any other group, or none, "
+                    "uses rest_kappa (the pooled small groups; the marginal kappa when none was pooled)",
+            "note": "thresholds of seed 0 on split 0, like kappa"}
+
+
+def guarantee_manifest(meta: dict, policy_dir: Path, want: str | None) -> dict:
+    """The manifest's ``guarantee`` (kind, alpha, delta, statement) from the saved policy (a policy saved
+    before ``--guarantee`` was marginal); ``want`` not None must be the saved kind."""
+    g = meta.get("guarantee") or Guarantee().describe(float(meta["alpha"]))
+    if want is not None and want != g["kind"]:
+        raise UserError(f"guarantee: {policy_dir}/policy.json was calibrated with a {g['kind']} guarantee, not {want}; "
+                        f"re-run `ccpo-jax reproduce --guarantee {want}` to get {want} thresholds", field="guarantee")
+    return {k: g.get(k) for k in ("kind", "alpha", "delta", "statement", "guide_cap") if k in g or k != "guide_cap"}
+
+
+# -- rank tables and results ------------------------------------------------------------------
+
+def variant_ranks(guarantee: Guarantee, alphas: Sequence[float], n_cal: int) -> np.ndarray:
+    """``[V, n_cal + 1]`` int32: each variant's rank for every calibration count 0..n_cal."""
+    return np.stack([rank_table(int(n_cal), float(a), guarantee) for a in alphas]).astype(np.int32)
+
+
+def effective_group_min(group_min: int, alpha: float, guarantee: Guarantee) -> int:
+    """The smallest group with a threshold of its own: ``--group-min``, raised under ``pac`` to the
+    fewest calibration questions that have a PAC threshold at (alpha, delta), so that no group gets
+    the trivial "every action" threshold of its own; the smaller groups are pooled into the rest."""
+    if guarantee.kind != "pac":
+        return int(group_min)
+    return max(int(group_min), pac_min_n(alpha, guarantee.delta))
+
+
+def is_calibrated_row(row: str) -> bool:
+    """A row whose sets are batch-calibrated: CPO batch, the CCPO rows, and their Mondrian twins."""
+    base = row[: -len(MONDRIAN)] if row.endswith(MONDRIAN) else row
+    return base == "CPO batch" or base.startswith("CCPO (")
+
+
+def add_group_guarantees(results: dict, group_rows: Mapping[str, Any] | None, alpha: float,
+                         guarantee: Guarantee) -> None:
+    """With per-group outcomes (``--calibration mondrian``): under every group of every calibrated row
+    its ``below_target`` (splits whose test coverage of the group is below 1 - alpha; splits without a
+    test question of the group are skipped), and per row ``group_below_target``: the groups whose fraction
+    is within delta (pac) and the largest fraction with its group."""
+    if not group_rows:
+        return
+    names = group_rows["names"]
+    for row, per in group_rows["rows"].items():
+        entry = results["policies"].get(row)
+        if entry is None or "groups" not in entry:
+            continue
+        cov = np.asarray(per["coverage"], np.float64)  # [N, S, G]
+        fr = {}
+        for g, name in enumerate(names):
+            bt = below_target(cov[..., g], alpha)
+            entry["groups"][name]["below_target"] = bt
+            if bt["fraction"] is not None:
+                fr[name] = bt["fraction"]
+        if fr:
+            worst = max(fr, key=fr.get)
+            summ = {"max": fr[worst], "max_group": worst, "median": float(np.median(list(fr.values())))}
+            if guarantee.kind == "pac":
+                summ["within_delta"] = int(sum(f <= guarantee.delta for f in fr.values()))
+            summ["n_groups"] = len(fr)
+            entry["group_below_target"] = summ
+
+
+def caps_text(alpha: float, guarantee: Guarantee) -> str:
+    """The caps of a two-risk request, for messages: ``coverage >= 0.9, guide-call rate <= 0.3, delta 0.1``."""
+    return f"coverage >= {1 - alpha:g}, guide-call rate <= {guarantee.guide_cap:g}, delta {guarantee.delta:g}"
+
+
+def check_feasible(ltt: Mapping[str, Mapping[str, Any]] | None, alpha: float, guarantee: Guarantee) -> None:
+    """Refuse a two-risk request that no calibrated row met on any split (not a silent best effort):
+    the message names the caps and the guide-call rate at each row's coverage threshold."""
+    if not ltt or any(np.asarray(x["feasible"]).any() for x in ltt.values()):
+        return
+    rates = ", ".join(f"{row}: {float(np.mean(x['cal_guide_rate'])):.3f}" for row, x in ltt.items())
+    raise UserError(f"guide_cap: infeasible request ({caps_text(alpha, guarantee)}): on no split did a threshold "
+                    f"of any calibrated row pass both tests; at the thresholds where coverage holds the guide is "
+                    f"called on this share of calibration questions (mean over splits): {rates}", field="guide_cap")
+
+
+def ltt_entry(x: Mapping[str, Any], guarantee: Guarantee, coverage: Any, alpha: float) -> dict:
+    """results.json's ``ltt`` of one row: on how many splits a threshold passed both tests (there coverage
+    binds: the cheapest threshold passing the coverage test also passes the guide test, both being
+    monotone in kappa), on how many the guide cap made the request infeasible, and the test guide rate;
+    ``violations``: the splits (of all, an infeasible one returns no threshold and so breaks no cap) whose
+    threshold broke a cap on the test split, with its Clopper-Pearson interval; Learn then Test bounds
+    that probability by delta (up to the test split's sampling noise); ``cost_coverage_only_cents``: the
+    test cost of the coverage-only PAC threshold at the full delta on the same splits, and
+    ``cap_cost_cents``: the two-risk threshold's cost minus it, mean over the feasible splits (what adding
+    the cap costs where it is met: delta split in two, and the grid)."""
+    feas = np.asarray(x["feasible"], bool)
+    all_rate = np.asarray(x["guide_rate"], np.float64)
+    rate = all_rate[feas]
+    above = {"count": int(np.sum(rate > guarantee.guide_cap + 1e-6)), "n": int(rate.size)}
+    cov = np.asarray(coverage, np.float64)
+    broke = feas & ((np.nan_to_num(cov, nan=1.0) < 1.0 - alpha - 1e-6) | (all_rate > guarantee.guide_cap + 1e-6))
+    viol = below_target(np.where(broke, 0.0, 1.0), 0.5)  # the share of splits that broke a cap
+    viol["within_delta"] = bool(viol["fraction"] <= guarantee.delta)
+    cost = np.asarray(x["cost"], np.float64) if "cost" in x else None
+    only = np.asarray(x["cost_coverage_only"], np.float64)
+    extra = {} if cost is None else {"cap_cost_cents": float(np.mean(cost[feas] - only[feas])) if feas.any() else None}
+    return {"guide_cap": float(guarantee.guide_cap), "splits": int(feas.size), "feasible": int(feas.sum()),
+            "cost_coverage_only_cents": float(only.mean()), **extra,
+            "binding": {"coverage": int(feas.sum()), "guide_cap (infeasible)": int((~feas).sum())},
+            "guide_rate": float(rate.mean()) if rate.size else None,
+            "guide_rate_above_cap": above, "violations": viol,
+            "cal_guide_rate_at_coverage_threshold": float(np.mean(np.asarray(x["cal_guide_rate"])))}
+
+
+def add_guarantees(results: dict, rows: Mapping[str, Mapping[str, Any]], alpha: float, guarantee: Guarantee,
+                   ltt: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Put the run's ``guarantee`` in ``results`` and, under every calibrated row, its ``guarantee``
+    and ``below_target``: how many of the seeds x splits had a test coverage below 1 - alpha, the
+    fraction and its Clopper-Pearson 95% interval; under ``pac`` also ``within_delta`` (fraction <= delta)."""
+    desc = guarantee.describe(alpha)
+    results["guarantee"] = desc
+    for row, entry in results["policies"].items():
+        if not is_calibrated_row(row) or row not in rows:
+            continue
+        bt = below_target(np.asarray(rows[row]["coverage"]), alpha)
+        if guarantee.kind == "pac" and bt["fraction"] is not None:
+            bt["within_delta"] = bool(bt["fraction"] <= guarantee.delta)
+        entry["guarantee"] = dict(desc)
+        entry["below_target"] = bt
+        if ltt and row in ltt:
+            entry["ltt"] = ltt_entry({**ltt[row], "cost": rows[row]["cost_cents"]}, guarantee, rows[row]["coverage"],
+                                     alpha)
+
+
+def add_frontier_guarantees(frontier: dict, grid: Mapping[float, Mapping[str, Mapping[str, Any]]],
+                            guarantee: Guarantee) -> None:
+    """A sweep's frontier.json: ``guarantee`` (kind, delta) and, at every point of a calibrated row,
+    ``below_target`` (as in results.json) at that point's alpha."""
+    frontier["guarantee"] = {"kind": guarantee.kind, "delta": guarantee.delta}
+    for row, entry in frontier["rows"].items():
+        if not is_calibrated_row(row):
+            continue
+        for pt in entry["points"]:
+            m = grid[pt["alpha"]].get(row)
+            if m is not None:
+                pt["below_target"] = below_target(np.asarray(m["coverage"]), pt["alpha"])
+
+
+def format_guarantees(results: Mapping[str, Any]) -> str:
+    """table.md's section: the guarantee and, per calibrated row, the splits whose test coverage fell
+    below 1 - alpha (a PAC row's fraction should be <= delta, up to the test split's own sampling noise)."""
+    g = results.get("guarantee")
+    if not g:
+        return ""
+    target = 1.0 - g["alpha"]
+    lines = ["", f"## Guarantee: {g['kind']}" + (f" (delta {g['delta']:g})" if g["kind"] == "pac" else ""), "",
+             g["statement"] + ".", "",
+             f"| row | splits below {target:g} | fraction (95% CI) |" + (" <= delta |" if g["kind"] == "pac" else ""),
+             "|---|---|---|" + ("---|" if g["kind"] == "pac" else "")]
+    for row, entry in results["policies"].items():
+        bt = entry.get("below_target")
+        if not bt or bt["fraction"] is None:
+            continue
+        cell = f"{bt['fraction']:.3f} ({bt['ci'][0]:.3f}-{bt['ci'][1]:.3f})"
+        extra = (" yes |" if bt["within_delta"] else " no |") if "within_delta" in bt else ""
+        lines.append(f"| {row} | {bt['count']} of {bt['n']} | {cell} |{extra}")
+    ltt_rows = [(row, e["ltt"]) for row, e in results["policies"].items() if "ltt" in e]
+    if ltt_rows:
+        lines += ["", f"Learn then Test, guide-call rate <= {ltt_rows[0][1]['guide_cap']:g}: the binding constraint "
+                      "per split (coverage, or the guide cap making the request infeasible; splits without a "
+                      "threshold have no result):", "",
+                  "| row | coverage binds | infeasible (guide cap) | test guide rate | cal. guide rate at the coverage "
+                  "threshold | splits breaking a cap (95% CI) |",
+                  "|---|---|---|---|---|---|"]
+        for row, e in ltt_rows:
+            rate = "-" if e["guide_rate"] is None else f"{e['guide_rate']:.3f}"
+            v = e["violations"]
+            lines.append(f"| {row} | {e['feasible']} of {e['splits']} | {e['splits'] - e['feasible']} | {rate} | "
+                         f"{e['cal_guide_rate_at_coverage_threshold']:.3f} | {v['count']} = {v['fraction']:.3f} "
+                         f"({v['ci'][0]:.3f}-{v['ci'][1]:.3f}) |")
+    if g["kind"] == "pac":
+        lines += ["", "A split's test coverage is a finite-sample estimate of its threshold's coverage, so the "
+                      "fraction below target also counts test-sampling noise (docs/calibration.md)."]
+    return "\n".join(lines) + "\n"
