@@ -159,7 +159,7 @@ def test_stackelberg_chunk_loop_refuses_a_damaged_checkpoint(tmp_path):
     """The Stackelberg chunk loop uses the same module: a damaged newest step is not resumed."""
     import jax
 
-    from ccpo_jax.stackelberg.pipeline import _train_chunks
+    from ccpo_jax.stackelberg.training import _train_chunks
 
     Writer, init, run = _toy_chunk_run()
 
@@ -189,7 +189,7 @@ def test_a_save_cut_short_by_a_kill_is_removed_quietly_on_resume(tmp_path, capfd
 
     import jax
 
-    from ccpo_jax.stackelberg.pipeline import _train_chunks
+    from ccpo_jax.stackelberg.training import _train_chunks
 
     Writer, init, run = _toy_chunk_run()
 

@@ -151,7 +151,7 @@ class _Stub(float):
 
 
 def test_stackelberg_table_escapes_the_grid_name_and_task_types(tmp_path):
-    from ccpo_jax.stackelberg.pipeline import write_table
+    from ccpo_jax.stackelberg.tables import write_table
 
     tasks = ["a|b\x1b[31m", "plain"]
     res = {k: _Stub() for k in ("evaluation", "trap_audit", "surrogate", "sim_to_real", "tool_repair", "probes",

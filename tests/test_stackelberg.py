@@ -260,8 +260,8 @@ def test_ppo_solves_a_bandit_with_known_optimum():
 
 def _untrained_ctrls(cfg, n_models):
     """Controllers with initial weights: enough to exercise the evaluation's programs."""
-    from ccpo_jax.stackelberg.pipeline import Controller
-    from ccpo_jax.stackelberg.ppo import BoxPolicy
+    from ccpo_jax.stackelberg.acting import Controller
+    from ccpo_jax.stackelberg.nets import BoxPolicy
 
     ctrls = {}
     for i, kind in enumerate(("scalar", "task")):
@@ -279,7 +279,7 @@ def test_evaluation_compiles_one_rollout_per_env_kind(monkeypatch, small_grid, s
     output equals its own per-strategy rollout (make_act + rollout, arXiv 2606.23026 §10.2)."""
     import dataclasses
 
-    from ccpo_jax.stackelberg import pipeline
+    from ccpo_jax.stackelberg import strategies
     from ccpo_jax.stackelberg.config import StackelbergConfig
     from ccpo_jax.stackelberg.evaluate import rollout
     from ccpo_jax.stackelberg.repair import UNeedHead
@@ -290,20 +290,20 @@ def test_evaluation_compiles_one_rollout_per_env_kind(monkeypatch, small_grid, s
     ctrls = _untrained_ctrls(cfg, M)
     u_head = UNeedHead(jnp.linspace(0.0, 0.4, 6 + M), M)  # the small grid has no level inside A_real to fit one
     traces = []
-    inner = pipeline.rollout_episodes
-    monkeypatch.setattr(pipeline, "rollout_episodes", lambda env, *a: traces.append(env.cfg.state) or inner(env, *a))
+    inner = strategies.rollout_episodes
+    monkeypatch.setattr(strategies, "rollout_episodes", lambda env, *a: traces.append(env.cfg.state) or inner(env, *a))
     key = jax.random.PRNGKey(5)
     sizes = [(3, jax.random.fold_in(key, 3)), (5, jax.random.fold_in(key, 5))]
-    small, large = pipeline.evaluate_sizes(cfg, session_params, ctrls, u_head, sizes)
+    small, large = strategies.evaluate_sizes(cfg, session_params, ctrls, u_head, sizes)
     assert sorted(traces) == ["scalar", "task"]
-    plan = pipeline.eval_plan(cfg)
+    plan = strategies.eval_plan(cfg)
     assert list(small) == list(large) == list(plan)
     assert large["Scalar+R"]["tokens"].shape == (5, 2) and small["Middle"]["a_exec"].shape == (3, 2, 3)
     for name in ("Conservative", "Task-aware+R"):  # one static, one learned: the reference per-strategy rollout
         ekind, ckind, mode, static = plan[name]
         env = SessionEnv(dataclasses.replace(cfg.session, state=ekind, mode="replay", horizon=2), ctrls[ekind].env.n_models)
         ctrl = None if ckind is None else ctrls[ckind]._replace(env=env)
-        act = pipeline.make_act(ctrl, cfg, u_head, mode, static)
+        act = strategies.make_act(ctrl, cfg, u_head, mode, static)
         pp = {} if ctrl is None else {"leader": ctrl.leader_params, "fol": ctrl.follower_params}
         want = rollout(env, act, jax.random.fold_in(sizes[1][1], list(plan).index(name)), session_params, pp, 5)
         for k, v in want.items():
@@ -366,7 +366,7 @@ def test_ppo_reaches_a_corner_through_the_output_margin():
     import dataclasses
 
     from ccpo_jax.stackelberg.config import StackelbergConfig
-    from ccpo_jax.stackelberg.pipeline import leader_raw
+    from ccpo_jax.stackelberg.acting import leader_raw
 
     cfg = StackelbergConfig()
     np.testing.assert_allclose(leader_raw(cfg, jnp.array([0.5, 0.96, 0.03])), [0.5, 1.0, 0.0], atol=1e-6)  # 1.1 a - 0.05
@@ -439,7 +439,7 @@ def test_seed_spread_against_numpy(tmp_path):
 def test_miss_rate_counts_the_hand_picked_misses():
     """Oracle: a hand count. Need per (task, model) [[0, .4], [.2, 0]], tolerance .05: of the four turns
     on cells that need tools, two have u more than .05 below the need."""
-    from ccpo_jax.stackelberg.pipeline import miss_rate
+    from ccpo_jax.stackelberg.strategies import miss_rate
 
     need = np.array([[0.0, 0.4], [0.2, 0.0]])
     run = {"task": np.array([[0, 0, 1, 1, 0, 1]]), "model": np.array([[0, 1, 0, 1, 1, 0]]),
@@ -485,7 +485,7 @@ def test_stackelberg_config_carries_its_leader_profile():
     import dataclasses
 
     from ccpo_jax.stackelberg.config import StackelbergConfig
-    from ccpo_jax.stackelberg.pipeline import leader_profile_record
+    from ccpo_jax.stackelberg.tables import leader_profile_record
 
     cfg = StackelbergConfig()
     assert cfg.leader_profile == "paper" and not cfg.synthetic_leader
@@ -532,3 +532,32 @@ def test_state_feedback_profile_table_beats_every_constant(session_params):
     g = gaps["state-feedback"]
     assert g["mean"] > 0.3 and g["mean"] > 10 * g["se"], gaps
     assert gaps["paper"]["mean"] < 0.1 * g["mean"], gaps
+
+
+def test_leader_learner_table(tmp_path, monkeypatch, session_params):
+    """The leader learner comes from one table (ccpo_jax.stackelberg.leaders): 'ppo' is the paper's PPO, a new
+    row is what train_controller calls (checked with a stand-in that records its call and defers to PPO),
+    and an unknown name is one error naming the field before anything is written."""
+    import dataclasses
+
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.stackelberg import leaders, training
+    from ccpo_jax.stackelberg.config import StackelbergConfig
+    from ccpo_jax.stackelberg.pipeline import run_pipeline
+
+    assert leaders.leader_learner("ppo") is make_ppo
+    calls = []
+
+    def stand_in(*a):
+        calls.append(a[5])  # the leader's config
+        raise RuntimeError("stand-in reached")
+
+    monkeypatch.setitem(leaders.LEADER_LEARNERS, "mine", stand_in)
+    cfg = dataclasses.replace(StackelbergConfig().quick(), leader_learner="mine")
+    monkeypatch.setattr(training, "_train_follower", lambda *a, **k: {"policy": None, "params": None})
+    with pytest.raises(RuntimeError, match="stand-in reached"):
+        training.train_controller("scalar", cfg, session_params, jax.random.PRNGKey(0), tmp_path, None, False)
+    assert calls == [cfg.leader]
+    with pytest.raises(UserError, match=r"leader_learner must be one of \['mine', 'ppo'\], got 'nope'") as e:
+        run_pipeline(dataclasses.replace(cfg, leader_learner="nope"), tmp_path / "out")
+    assert e.value.field == "leader_learner" and not list(tmp_path.glob("*out*"))

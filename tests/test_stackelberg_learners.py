@@ -11,6 +11,7 @@ import pytest
 from ccpo_jax.runtime.scalars import ScalarWriter
 from ccpo_jax.stackelberg import pipeline as P
 from ccpo_jax.stackelberg.config import StackelbergConfig
+from ccpo_jax.stackelberg.leader_oracles import leader_oracles
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_leader_reaches_best_constant_and_gail_imitates_like_bc(tmp_path, setup,
     w = ScalarWriter(tmp_path / "tb", ".t")
     ctrl = P.train_controller("scalar", cfg, params, jax.random.fold_in(key, 0), tmp_path / "ck", w, False)
     w.close()
-    o = P.leader_oracles(cfg, params, {"scalar": ctrl}, u_head, key)["scalar"]["surrogate"]
+    o = leader_oracles(cfg, params, {"scalar": ctrl}, u_head, key)["scalar"]["surrogate"]
     best, learned = o["constant"], o["learned"]
     print(f"seed {seed}: best constant {best['u_leader']:.4f} (se {best['u_leader_se']:.4f}) {best['action']}, "
           f"learned {learned['u_leader']:.4f}, untrained {o['untrained']['u_leader']:.4f}; imitation {ctrl.report['imitation_error']}")
@@ -51,7 +52,7 @@ def test_task_aware_leader_reaches_the_best_table_when_feedback_matters(tmp_path
     w = ScalarWriter(tmp_path / "tb", ".t")
     ctrl = P.train_controller("task", cfg, params, jax.random.fold_in(key, 1), tmp_path / "ck", w, False)
     w.close()
-    o = P.leader_oracles(cfg, params, {"task": ctrl}, u_head, key, modes=("surrogate",))["task"]["surrogate"]
+    o = leader_oracles(cfg, params, {"task": ctrl}, u_head, key, modes=("surrogate",))["task"]["surrogate"]
     const, table, learned = o["constant"], o["table"], o["learned"]
     gain = o["table"]["gap_to_constant"]
     print(f"seed {seed}: constant {const['u_leader']:.4f} {const['action']}, table {table['u_leader']:.4f} "

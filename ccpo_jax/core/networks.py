@@ -24,7 +24,7 @@ class MLP(nn.Module):
     on the hidden layers and ``final_scale**2`` on the head; biases zero. The default is
     Glorot-uniform (scale 1, ``fan_avg``, ``uniform``: the CCPO networks); the Stackelberg
     networks use He-style ``(2.0, "fan_in", "truncated_normal")``
-    (:func:`ccpo_jax.stackelberg.ppo.mlp`).
+    (:func:`ccpo_jax.stackelberg.nets.mlp`).
 
     Variance scaling, not flax's orthogonal initialiser: that one runs a LAPACK QR, and
     batched QR under vmap froze XLA:CPU (jaxlib 0.10.2) in this project.

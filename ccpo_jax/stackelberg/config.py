@@ -190,6 +190,8 @@ class StackelbergConfig:
     on every task) or the SYNTHETIC 'state-feedback' (savings weight -1 on the first three task types), whose
     best leader policy depends on the task. ``session`` must carry that profile's weights: build it with
     :meth:`with_leader_profile`."""
+    leader_learner: str = "ppo"
+    """The leader's learner, a row of :data:`ccpo_jax.stackelberg.leaders.LEADER_LEARNERS` ('ppo': the paper's)."""
 
     def __post_init__(self):
         if self.leader_profile not in LEADER_PROFILES:

@@ -32,7 +32,7 @@ from flax import struct
 from envs.governance.session import N_TASKS, SessionEnv, SessionParams, surrogate_predict
 
 from .config import ExpertConfig, GAILConfig
-from .ppo import BoxPolicy, clipped_surrogate_loss, mlp
+from .nets import BoxPolicy, clipped_surrogate_loss, mlp
 
 
 @struct.dataclass
