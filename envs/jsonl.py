@@ -40,6 +40,10 @@ with ``FILE:LINE: FIELD: problem`` (round indices are 0-based, as in JSON).
   the last is 0 or 1, and there are at most as many as the question's rounds.
 * ``baselines.exit.<model>.rounds`` is an integer in [1, T].
 * Extra fields anywhere are allowed and ignored.
+* A gateway journal (a manifest with ``provenance.journal``, docs/gateway.md):
+  a line with no ``gold`` and no ``correct`` on any answer is a request that
+  awaits feedback; it is checked like a question and then skipped, and a later
+  labelled line with its id (the feedback) takes its place.
 """
 from __future__ import annotations
 
@@ -266,6 +270,43 @@ def read_jsonl(path: str | os.PathLike) -> ResponseCache:
     return _read(path, _parse_lines(path))
 
 
+def is_journal(manifest: Any) -> bool:
+    """A gateway journal's manifest (``provenance.journal``): its unlabelled lines are skipped."""
+    prov = manifest.get("provenance") if isinstance(manifest, dict) else None
+    return isinstance(prov, dict) and isinstance(prov.get("journal"), dict)
+
+
+def _unlabelled(obj: dict) -> bool:
+    """A journal line without outcome: no ``gold`` and no ``correct`` on any answer."""
+    rounds = obj.get("rounds")
+    if "gold" in obj or not isinstance(rounds, list):
+        return False
+    return not any(isinstance(r, dict) and isinstance(r.get(role), dict) and "correct" in r[role]
+                   for r in rounds for role in ("base", "guide"))
+
+
+def _as_labelled(obj: dict) -> dict:
+    """``obj`` with ``correct: false`` on every answer, so that the question checks apply to it."""
+    out = dict(obj, rounds=[dict(r) for r in obj["rounds"]])
+    for r in out["rounds"]:
+        for role in ("base", "guide"):
+            if isinstance(r.get(role), dict):
+                r[role] = dict(r[role], correct=False)
+    return out
+
+
+def awaiting_feedback(path: str | os.PathLike) -> int:
+    """How many of a journal's requests await feedback (0 for a cache that is no journal)."""
+    lines = _parse_lines(Path(path))
+    first = next(lines, None)
+    if first is None or not is_journal(first[1].get("manifest")):
+        return 0
+    waiting: set = set()
+    for _, obj in lines:
+        (waiting.add if _unlabelled(obj) else waiting.discard)(obj.get("id"))
+    return len(waiting)
+
+
 def check_question(manifest: dict, record: dict, where: str) -> None:
     """Refuse (CacheError) a question line that :func:`read_jsonl` would refuse under ``manifest``,
     before it is written (``data collect`` appends lines as questions finish). Messages read
@@ -297,11 +338,21 @@ def _read(path: Path, lines: Iterator[tuple[int, dict]]) -> ResponseCache:
     first_line: dict[str, int] = {}
     exit_seen: list[str] = []
     policy_seen: list[str] = []
+    journal = is_journal(mdict)
+    awaiting: dict[str, int] = {}  # a journal's unlabelled lines: id -> line
     for line_no, obj in lines:
         L = _Line(f"{path}:{line_no}")
         if "manifest" in obj:
             raise L.fail("manifest", "the manifest must be on the first line")
+        if journal and _unlabelled(obj):
+            # a gateway request awaiting feedback: checked as a question, then skipped (no outcome to learn from)
+            q = _read_question(L, _as_labelled(obj), T_limit)
+            if q["id"] in first_line:
+                raise L.fail("id", f"duplicate question id {q['id']!r} (labelled on line {first_line[q['id']]})")
+            awaiting[q["id"]] = line_no
+            continue
         q = _read_question(L, obj, T_limit)
+        awaiting.pop(q["id"], None)  # a journal's feedback line supersedes the request's unlabelled line
         if q["id"] in first_line:
             raise L.fail("id", f"duplicate question id {q['id']!r} (first on line {first_line[q['id']]})")
         first_line[q["id"]] = line_no
@@ -315,6 +366,8 @@ def _read(path: Path, lines: Iterator[tuple[int, dict]]) -> ResponseCache:
         questions.append(q)
 
     if not questions:
+        if awaiting:
+            raise NoQuestions(f"{path}: no questions yet: {len(awaiting)} journal line(s) await feedback")
         raise NoQuestions(f"{path}: no questions (the file holds only a manifest)")
     max_rounds = max(len(q["rounds"]) for q in questions)
     man = _manifest(path, mline, mdict, max_rounds, exit_seen, policy_seen)

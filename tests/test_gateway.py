@@ -1,0 +1,306 @@
+"""The OpenAI-compatible gateway (docs/gateway.md), end to end against the scripted upstream.
+
+The test client is the official ``openai`` package. Oracles: the scripted server's own
+replies and usage (tests/chat_server.py), ``Router.decide`` on the journaled rounds (the
+exported router, called directly), the cache reader (``data check``), the closed-form
+recursion of Eq. 9 and an exact binomial tail summed by hand.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts, token_logprob  # noqa: E402
+from conftest import run_cli  # noqa: E402
+from gateway_harness import GatewayThread, build_artefact, post  # noqa: E402
+
+from ccpo_jax.collect.client import Endpoint, RetryPolicy  # noqa: E402
+from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
+
+FAST = RetryPolicy(retries=2, backoff_s=0.01, max_backoff_s=0.02, max_retry_after_s=5.0, timeout_s=0.5,
+                   attempt_timeout_s=2.0)
+SCRIPTS = make_scripts(12)
+QS = list(SCRIPTS)
+
+
+@pytest.fixture(scope="module")
+def art(tmp_path_factory):
+    return build_artefact(tmp_path_factory.mktemp("gw"))
+
+
+def _gateway(art, up, journal=None, **kw):
+    cfg = GatewayConfig(base=Endpoint(up.url, BASE_MODEL), guide=Endpoint(up.url, GUIDE_MODEL), retry=FAST,
+                        journal=None if journal is None else str(journal), **kw)
+    return GatewayThread(load_gateway(art, cfg))
+
+
+@pytest.fixture(scope="module")
+def live(art, tmp_path_factory):
+    """(upstream, gateway thread, openai client, journal path): logprobs on, the openai flavour."""
+    journal = tmp_path_factory.mktemp("gwj") / "journal.jsonl"
+    with FakeChatServer(SCRIPTS, timeout_sleep_s=1.0) as up, _gateway(art, up, journal) as g:
+        yield up, g, openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0, timeout=30), journal
+
+
+def _ask(client, q, **extra):
+    return client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": q}],
+                                          extra_body=extra or None)
+
+
+def _journal(path: Path) -> dict[str, dict]:
+    """The last line of each id (what the reader takes)."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    return {x["id"]: x for x in lines[1:]}
+
+
+def test_openai_client_reply_usage_and_decisions(live):
+    up, g, client, journal = live
+    router = g.gw.router
+    for q in QS[:6]:
+        n0 = up.requests
+        r = _ask(client, q)
+        ccpo = r.model_extra["ccpo"]
+        rec = _journal(journal)[r.id]
+        # the decisions equal the exported router's on the journaled rounds, round by round
+        for t, d in enumerate(ccpo["decisions"]):
+            last = t == len(ccpo["decisions"]) - 1
+            want = router.decide(rec["rounds"][: t + 1], can_continue=t + 1 < router.T)
+            assert d["action_set"] == want["action_set"] and d["probs"] == want["probs"]
+            assert d["kappa"] == pytest.approx(float(router.kappa)) and d["kappa_source"] == "marginal"
+            assert "next" in d["action_set"] if not last else (ccpo["stopped_by"] != "router" or
+                                                               "next" not in d["action_set"])
+        # two upstream calls a round, nothing more
+        assert up.requests - n0 == 2 * ccpo["rounds"] == 2 * len(rec["rounds"])
+        # the content is the answer collected last (the guide's when the set holds both)
+        assert r.choices[0].message.content == ccpo["answer_set"][-1]["answer"]
+        if len(ccpo["answer_set"]) > 1 and ccpo["answer_set"][-1]["round"] == ccpo["answer_set"][-2]["round"]:
+            assert ccpo["answer_set"][-1]["role"] == "guide"
+        # usage: the scripted server's usage (words + 4 per message in, words out), summed
+        tin = sum(rd[role]["tokens_in"] for rd in rec["rounds"] for role in ("base", "guide"))
+        tout = sum(rd[role]["tokens_out"] for rd in rec["rounds"] for role in ("base", "guide"))
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (tin, tout, tin + tout)
+        prices = router.manifest["models"]
+        want_cents = sum((rd[role]["tokens_in"] * prices[role]["price_in"] + rd[role]["tokens_out"] *
+                          prices[role]["price_out"]) / 1e4 for rd in rec["rounds"] for role in ("base", "guide"))
+        assert ccpo["cost_cents"] == pytest.approx(want_cents, rel=1e-9)
+        assert ccpo["tokens"]["guide"]["model"] == GUIDE_MODEL and ccpo["coverage_target"] == pytest.approx(0.9)
+        assert "correct" not in rec["rounds"][0]["base"] and "gold" not in rec
+
+
+def test_round_one_values_are_data_collects(live):
+    """The journaled round equals what data collect's reading of the same replies gives."""
+    from ccpo_jax.collect import protocol as P
+
+    up, g, client, journal = live
+    q = QS[1]
+    r = _ask(client, q)
+    rnd = _journal(journal)[r.id]["rounds"][0]
+    b_text = up.reply(BASE_MODEL, P.base_messages(q, []))
+    br = P.read_base(b_text, [(t, token_logprob(t)) for t in re.findall(r"\s*\S+", b_text)])
+    assert rnd["base"]["answer"] == br.answer == "wrong 1"
+    assert rnd["base"]["confidence"] == br.confidence
+    assert rnd["guide"] == {**rnd["guide"], "verdict": False, "answer": "answer 1"}
+
+
+def test_streaming_equals_non_streaming(live):
+    up, g, client, journal = live
+    q = QS[2]
+    plain = _ask(client, q)
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": q}],
+                                                 stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].model_extra["ccpo"]["answer_set"] == plain.model_extra["ccpo"]["answer_set"]
+    assert [m.id for m in client.models.list()] == [MODEL_ID]
+
+
+def test_caps_max_rounds_and_cost(live):
+    up, g, client, journal = live
+    q = QS[4]  # the random router continues on this one when allowed (its set holds "next" at round 1)
+    r = _ask(client, q, max_rounds=1)
+    assert r.model_extra["ccpo"]["rounds"] == 1
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(client, q, max_cost_cents=1e-6)
+    assert e.value.body["code"] == "cost_cap_too_small" and e.value.body["param"] == "max_cost_cents"
+    n0 = up.requests
+    with pytest.raises(openai.BadRequestError):
+        _ask(client, q, max_rounds=0)
+    assert up.requests == n0  # nothing was sent
+
+
+@pytest.mark.parametrize("body,status,param", [
+    (b"{not json", 400, None),
+    ({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+    ({"model": MODEL_ID, "messages": []}, 400, "messages"),
+    ({"model": MODEL_ID, "messages": [{"role": "system", "content": "x"}]}, 400, "messages"),
+    ({"model": MODEL_ID, "messages": [{"role": "user", "content": "q"}], "n": 2}, 400, "n"),
+    ({"model": MODEL_ID, "messages": [{"role": "user", "content": "q"}], "tools": [{}]}, 400, "tools"),
+    ({"model": MODEL_ID, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content[0]"),
+    ({"model": MODEL_ID, "messages": [{"role": "user", "content": "q"}], "max_cost_cents": -1}, 400, "max_cost_cents"),
+    ({"model": MODEL_ID, "messages": [{"role": "user", "content": "q"}], "group": 3}, 400, "group"),
+    ({"model": MODEL_ID, "messages": [{"role": "user", "content": "q"}], "stream": "yes"}, 400, "stream"),
+])
+def test_bad_requests_get_openai_errors(live, body, status, param):
+    up, g, client, journal = live
+    n0 = up.requests
+    st, err = post(g.url, "/chat/completions", body)
+    assert st == status and set(err["error"]) == {"message", "type", "param", "code"} and err["error"]["param"] == param
+    assert up.requests == n0
+
+
+def test_oversized_body_is_413(live):
+    up, g, client, journal = live
+    st, err = post(g.url, "/chat/completions", b"{" + b" " * (g.gw.cfg.max_body_bytes + 1) + b"}")
+    assert st == 413 and err["error"]["code"] == "body_too_large"
+
+
+@pytest.mark.parametrize("kind,status,code", [("500", 502, "upstream_status"), ("malformed", 502, "upstream_malformed"),
+                                              ("timeout", 504, "upstream_timeout")])
+def test_upstream_failing_for_good_is_a_5xx_and_no_journal_line(live, kind, status, code):
+    up, g, client, journal = live
+    q = QS[5]
+    before = journal.read_text()
+    up.fault(q, kind, times=3)  # every attempt (1 + 2 retries) of the first call fails
+    st, err = post(g.url, "/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": q}]})
+    assert st == status and err["error"]["code"] == code and err["error"]["type"] == "upstream_error"
+    assert BASE_MODEL in err["error"]["message"]
+    assert journal.read_text() == before
+
+
+def test_upstream_transient_faults_are_retried(live):
+    up, g, client, journal = live
+    q = QS[6]
+    clean = _ask(client, q)
+    up.fault(q, "429", times=1, retry_after="0")
+    up.fault(q, "malformed", times=1)
+    again = _ask(client, q)
+    assert again.choices[0].message.content == clean.choices[0].message.content
+    assert again.model_extra["ccpo"]["decisions"] == clean.model_extra["ccpo"]["decisions"]
+
+
+def test_feedback_labels_the_journal_and_data_check_reads_it(live, tmp_path):
+    up, g, client, journal = live
+    ids = {}
+    for q in QS[:3]:
+        ids[q] = _ask(client, q).id
+    # before feedback: the journal is a valid cache with requests awaiting feedback
+    res = run_cli(["data", "check", str(journal)])
+    assert res.returncode == 0 and "await feedback" in res.stdout, res.stderr
+    for q, cid in ids.items():
+        st, fb = post(g.url, "/feedback", {"id": cid, "gold": SCRIPTS[q].gold})
+        assert st == 200 and fb["labelled"] is True
+    st, err = post(g.url, "/feedback", {"id": ids[QS[0]], "gold": "x"})
+    assert st == 409
+    assert post(g.url, "/feedback", {"id": "chatcmpl-nope", "correct": True})[0] == 404
+    assert post(g.url, "/feedback", {"id": ids[QS[0]], "correct": True, "gold": "x"})[0] == 400
+    assert post(g.url, "/feedback", {"id": ids[QS[0]], "correct": "yes"})[0] == 400
+    _ask(client, QS[3])  # one more, left without feedback
+    res = run_cli(["data", "check", str(journal)])
+    assert res.returncode == 0, res.stderr
+    from envs.jsonl import awaiting_feedback, read_jsonl
+
+    waiting = awaiting_feedback(journal)
+    assert waiting >= 1 and f"{waiting} gateway request line(s) await feedback" in res.stdout
+
+    cache = read_jsonl(journal)
+    assert cache.n_questions >= 3
+    recs = _journal(journal)
+    for q, cid in ids.items():
+        rec = recs[cid]
+        for rd in rec["rounds"]:
+            for role in ("base", "guide"):
+                assert rd[role]["correct"] == (rd[role]["answer"] == SCRIPTS[q].gold)
+    m = httpx.get(g.url.replace("/v1", "/metrics")).text
+    assert 'ccpo_gateway_feedback_total{outcome="covered"}' in m and "ccpo_gateway_rolling_coverage" in m
+
+
+def test_journal_torn_tail_is_dropped_on_reopen(live, tmp_path):
+    from ccpo_jax.gateway.journal import Journal
+    from envs.jsonl import read_jsonl
+
+    up, g, client, journal = live
+    _ask(client, QS[0])
+    copy = tmp_path / "j.jsonl"
+    text = journal.read_text()
+    copy.write_text(text + text.splitlines()[-1][:40])  # a line cut by a kill
+    man = json.loads(text.splitlines()[0])["manifest"]
+    j = Journal(copy, man)
+    j.close()
+    assert copy.read_text() == text
+    assert run_cli(["data", "check", str(copy)]).returncode == 0
+    # the unlabelled-line rule is a journal's only: in another cache a missing `correct` is still an error
+    lines = text.splitlines()
+    man["provenance"].pop("journal")
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("\n".join([json.dumps({"manifest": man})] + lines[1:]) + "\n")
+    with pytest.raises(Exception, match=r"plain.jsonl:2: rounds\[0\]\.base\.correct: missing required field"):
+        read_jsonl(plain)
+
+
+def test_no_logprobs_uses_the_missing_value(art):
+    """An upstream without log-probs: confidence/uncertainty are absent (the features' missing value),
+    the decisions are the router's on those rounds, and /metrics counts the missing signals."""
+    with FakeChatServer(SCRIPTS, logprobs=False) as up, _gateway(art, up) as g:
+        client = openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0)
+        r = _ask(client, QS[0])
+        ccpo = r.model_extra["ccpo"]
+        assert ccpo["rounds"] >= 2  # this router continues without the confidence
+        m = httpx.get(g.url.replace("/v1", "/metrics")).text
+        assert f'ccpo_gateway_missing_signal_total{{signal="confidence"}} {float(ccpo["rounds"])}' in m
+
+
+def test_client_disconnect_cancels_the_upstream_calls(art, tmp_path):
+    journal = tmp_path / "j.jsonl"
+    with FakeChatServer(SCRIPTS, delay_s=0.4) as up, _gateway(art, up, journal) as g:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(g.url + "/chat/completions", json={"model": MODEL_ID, "messages": [
+                {"role": "user", "content": QS[0]}]}, timeout=0.2)
+        time.sleep(1.5)
+        assert up.requests == 1  # the base call in flight; no guide call after the hang-up
+        assert len(journal.read_text().splitlines()) == 1  # the manifest only
+        m = httpx.get(g.url.replace("/v1", "/metrics")).text
+        assert 'ccpo_gateway_requests_total{outcome="client_disconnected"} 1.0' in m
+
+
+def test_mondrian_group_is_taken_from_the_request(art, tmp_path):
+    """A Mondrian router's per-group threshold comes from the request's `group` field."""
+    with FakeChatServer(SCRIPTS) as up:
+        th = _gateway(art, up)
+        r = th.gw.router
+        r.group_kappas, r.rest_kappa = {"easy": np.float32(0.05)}, np.float32(0.9)
+        with th as g:
+            client = openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0)
+            a = _ask(client, QS[0], group="easy").model_extra["ccpo"]
+            b = _ask(client, QS[0]).model_extra["ccpo"]
+        assert a["decisions"][0]["kappa"] == pytest.approx(0.05) and a["decisions"][0]["kappa_source"] == "group 'easy'"
+        assert b["decisions"][0]["kappa"] == pytest.approx(0.9)
+        assert b["decisions"][0]["kappa_source"] == "pooled: the request gives no group"
+        assert set(a["decisions"][0]["action_set"]) == set(a["decisions"][0]["available"])  # every pi >= 0.05
+
+
+def test_online_kappa_follows_eq9_and_the_alarm_is_a_binomial_test():
+    from ccpo_jax.gateway.online import XI, CoverageState
+
+    rng = np.random.default_rng(0)
+    outcomes = rng.random(300) < 0.7  # coverage 0.7 against a target of 0.9: drift
+    st = CoverageState(alpha=0.1, kappa=0.4, eta0=0.5, window=100, alarm_p=0.01)
+    k = 0.4
+    for i, c in enumerate(outcomes, start=1):
+        st.record(bool(c))
+        k = min(1.0, max(0.0, k + 0.5 * i ** -(0.5 + XI) * (0.1 - (not c))))
+        assert st.kappa == pytest.approx(k, abs=1e-5)
+    recent = outcomes[-100:]
+    s, n = int(recent.sum()), 100
+    p = sum(math.comb(n, j) * 0.9 ** j * 0.1 ** (n - j) for j in range(s + 1))
+    assert st.p_value == pytest.approx(p, rel=1e-6) and st.alarm == (p < 0.01) and st.alarm
