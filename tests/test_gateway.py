@@ -304,3 +304,58 @@ def test_online_kappa_follows_eq9_and_the_alarm_is_a_binomial_test():
     s, n = int(recent.sum()), 100
     p = sum(math.comb(n, j) * 0.9 ** j * 0.1 ** (n - j) for j in range(s + 1))
     assert st.p_value == pytest.approx(p, rel=1e-6) and st.alarm == (p < 0.01) and st.alarm
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--base", "nocomma"], "error: --base 'nocomma': expected URL,MODEL"),
+    (["--online-kappa", "-1"], "error: --online-kappa: expected a step > 0, got -1.0"),
+    (["--journal", "j.txt"], "--journal"),
+    (["--port", "70000"], "error: --port: expected 0..65535, got 70000"),
+])
+def test_gateway_flag_errors(art, tmp_path, extra, msg):
+    args = ["gateway", str(art), "--base", "http://127.0.0.1:9/v1,b", "--guide", "http://127.0.0.1:9/v1,g"]
+    res = run_cli(args + extra, cwd=tmp_path)
+    assert res.returncode == 2 and msg in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_gateway_missing_artefact_in_a_subprocess(tmp_path):
+    res = run_cli(["gateway", str(tmp_path / "nope"), "--base", "http://127.0.0.1:9/v1,b", "--guide",
+                   "http://127.0.0.1:9/v1,g"], in_subprocess=True)
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and "no such artefact" in res.stderr
+
+
+def test_drift_replay_equals_the_replay_environment(art, tmp_path):
+    """At the fixed kappa, the gateway's decision loop over cached rounds gives, question by question,
+    the covered flag, rounds and cost of the replay environment's set-valued rollout (evaluate_sets)."""
+    import jax.numpy as jnp
+
+    from ccpo_jax.gateway.drift import replay
+    from ccpo_jax.serving import Router
+    from envs.jsonl import cache_to_records
+    from envs.orchestration import evaluate_sets, make_env_params
+    from envs.synthetic import generate
+
+    from envs.jsonl import read_jsonl
+
+    router = Router.load(art)
+    full = generate("hotpotqa-llama2", 40, 11)
+    recs = cache_to_records(full)
+    for rec in recs[::2]:  # half without log-prob signals: this router then runs more rounds
+        for rd in rec["rounds"]:
+            rd["base"].pop("confidence", None)
+            rd["guide"].pop("uncertainty", None)
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in [{"manifest": full.manifest.to_dict()}] + recs))
+    cache = read_jsonl(src)
+    env = make_env_params(cache)
+    obs, avail = np.asarray(env.obs), np.asarray(env.available)
+    N, T = obs.shape[:2]
+    in_set = router.action_set(obs.reshape(N * T, -1), avail.reshape(N * T, -1) | ~avail.reshape(N * T, -1).any(1,
+                               keepdims=True)).reshape(N, T, 3) & avail
+    want = evaluate_sets(jnp.asarray(in_set), env, jnp.arange(N))
+    got = replay(router, cache_to_records(cache), eta=None)
+    assert np.array_equal(got["covered"], np.asarray(want.covered))
+    assert np.array_equal(got["rounds"], np.asarray(want.length))
+    np.testing.assert_allclose(got["cost_cents"], np.asarray(want.cost_cents), rtol=1e-5)
+    assert len(np.unique(got["rounds"])) >= 2
