@@ -359,3 +359,52 @@ def test_drift_replay_equals_the_replay_environment(art, tmp_path):
     assert np.array_equal(got["rounds"], np.asarray(want.length))
     np.testing.assert_allclose(got["cost_cents"], np.asarray(want.cost_cents), rtol=1e-5)
     assert len(np.unique(got["rounds"])) >= 2
+
+
+def test_live_eval_table_against_the_replay_prediction(art, tmp_path):
+    """live-eval's numbers recomputed from its journal; the Clopper-Pearson interval from beta quantiles."""
+    from scipy.stats import beta
+
+    from chat_server import write_questions
+    from envs.jsonl import read_jsonl
+
+    qfile = tmp_path / "q.jsonl"
+    write_questions(qfile, 10)
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"policies": {"CCPO (lambda=0)": {
+        "coverage": {"mean": 0.9}, "avg_len": {"mean": 1.5}, "cost_cents": {"mean": 2.0}}}}))
+    (tmp_path / "run.json").write_text(json.dumps({"split_sizes": [10, 10, 200]}))
+    journal = tmp_path / "live.jsonl"
+    with FakeChatServer(make_scripts(10)) as up:
+        res = run_cli(["live-eval", str(art), "--questions", str(qfile), "--journal", str(journal), "--base",
+                       f"{up.url},{BASE_MODEL}", "--guide", f"{up.url},{GUIDE_MODEL}", "--results", str(results)])
+    assert res.returncode == 0, res.stderr
+    cache = read_jsonl(journal)
+    assert cache.n_questions == 10
+    recs = list(_journal(journal).values())
+    from ccpo_jax.collect.protocol import is_correct
+
+    k = sum(any(is_correct(a["answer"], [r["gold"]]) for a in r["gateway"]["answer_set"]) for r in recs)
+    lo, hi = beta.ppf(0.025, k, 10 - k + 1) if k else 0.0, beta.ppf(0.975, k + 1, 10 - k) if k < 10 else 1.0
+    assert f"| coverage: set (CP 95%) | {k / 10:.4g} [{lo:.3f}, {hi:.3f}] | 0.9 |" in res.stdout
+    cost = np.mean([r["gateway"]["cost_cents"] for r in recs])
+    assert f"| cost per question (cents) | {cost:.4g} | 0.01 |" in res.stdout
+    assert "inside" in res.stdout
+
+
+def test_live_eval_budget_stops_before_crossing(art, tmp_path):
+    from chat_server import write_questions
+
+    qfile = tmp_path / "q.jsonl"
+    write_questions(qfile, 10)
+    journal = tmp_path / "live.jsonl"
+    with FakeChatServer(make_scripts(10)) as up:
+        res = run_cli(["live-eval", str(art), "--questions", str(qfile), "--journal", str(journal), "--base",
+                       f"{up.url},{BASE_MODEL}", "--guide", f"{up.url},{GUIDE_MODEL}", "--budget-cents", "1.3",
+                       "--concurrency", "1"])
+    assert res.returncode == 0, res.stderr
+    recs = list(_journal(journal).values())
+    assert 0 < len(recs) < 10 and "not started (--budget-cents)" in res.stdout
+    # each question reserves its worst case (about 1.27 cents here, realised cost ~0.01-0.03): with 1.3 cents
+    # the first questions start, and one whose reservation would cross the budget does not
+    assert sum(r["gateway"]["cost_cents"] for r in recs) <= 1.3

@@ -187,15 +187,17 @@ class Gateway:
         self.metrics.tokens.labels(model, "in").inc(info["tokens_in"])
         self.metrics.tokens.labels(model, "out").inc(info["tokens_out"])
 
-    async def complete(self, question: str, group: str | None, caps: Caps) -> tuple[str, Outcome]:
-        """Run the protocol for one question; journal it; (completion id, outcome)."""
+    async def complete(self, question: str, group: str | None, caps: Caps,
+                       cid: str | None = None) -> tuple[str, Outcome]:
+        """Run the protocol for one question; journal it; (completion id, outcome). ``cid``: the id to
+        journal it under (live-eval: the question's id; default a fresh ``chatcmpl-`` id)."""
         self.metrics.in_flight.inc()
         try:
             out = await run_protocol(question, group, caps, decider=self.decider, call=self._call,
                                      cfg=self.cfg.protocol, prices=self.prices, on_round=self._counted)
         finally:
             self.metrics.in_flight.dec()
-        cid = "chatcmpl-" + uuid.uuid4().hex
+        cid = cid or "chatcmpl-" + uuid.uuid4().hex
         self.metrics.rounds.observe(len(out.rounds))
         for d, s in zip(out.decisions, out.decide_s):
             self.metrics.decide.observe(s)

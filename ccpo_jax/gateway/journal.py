@@ -6,7 +6,7 @@
   written and fsync-ed before the reply is sent; ``correct`` and ``gold`` are
   absent: an *unlabelled* line, which the cache reader skips in a journal.
 * ``POST /v1/feedback`` appends the request's line again with its outcome:
-  with ``gold``, every answer is labelled (``correct`` by data collect's rule,
+  with ``gold`` (and optional ``gold_aliases``), every answer is labelled (``correct`` by data collect's rule,
   normalised exact match) and the line becomes a question of the cache; with
   ``correct`` (was the returned answer right?) the answers are labelled only
   when they all normalise to the returned one, else the line stays unlabelled
@@ -68,14 +68,16 @@ def journal_manifest(router_manifest: dict, endpoints: dict[str, dict], requests
     }
 
 
-def label(rec: dict, gold: str | None, correct: bool | None) -> dict:
+def label(rec: dict, gold: str | None, correct: bool | None, aliases: list[str] = ()) -> dict:
     """``rec`` with the outcome of its feedback (module doc's rules)."""
     out = json.loads(json.dumps(rec))
     out["feedback"] = {"gold": gold} if gold is not None else {"correct": correct}
     answers = [r[role]["answer"] for r in out["rounds"] for role in ("base", "guide")]
     if gold is not None:
         out["gold"] = gold
-        judge = lambda a: P.is_correct(a, [gold])  # noqa: E731
+        if aliases:
+            out["gold_aliases"] = list(aliases)
+        judge = lambda a: P.is_correct(a, [gold, *aliases])  # noqa: E731
     else:
         chosen = out["gateway"].get("answer")
         if chosen is None or any(normalise_answer(a) != normalise_answer(chosen) for a in answers):
@@ -87,14 +89,14 @@ def label(rec: dict, gold: str | None, correct: bool | None) -> dict:
     return out
 
 
-def covered(rec: dict, gold: str | None, correct: bool | None) -> bool | None:
+def covered(rec: dict, gold: str | None, correct: bool | None, aliases: list[str] = ()) -> bool | None:
     """Whether the request's answer set covered a correct answer (None: the feedback does not say).
     ``gold``: any answer of the set correct; ``correct``: the returned answer's outcome decides when
     it is true or the set holds no other answer."""
     gw = rec["gateway"]
     answers = [a["answer"] for a in gw["answer_set"]]
     if gold is not None:
-        return any(P.is_correct(a, [gold]) for a in answers)
+        return any(P.is_correct(a, [gold, *aliases]) for a in answers)
     if correct or len({normalise_answer(a) for a in answers}) <= 1:
         return bool(correct) and bool(answers)
     return None
@@ -177,6 +179,11 @@ class Journal:
             raise FeedbackError("gold: expected a non-empty answer string", 400, "gold")
         if has_c and not isinstance(correct, bool):
             raise FeedbackError("correct: expected true or false", 400, "correct")
+        aliases = body.get("gold_aliases", [])
+        if not (has_g or "gold_aliases" not in body) or not isinstance(aliases, list) or \
+                not all(isinstance(a, str) and normalise_answer(a) for a in aliases):
+            raise FeedbackError("gold_aliases: expected a list of non-empty answer strings, with `gold`", 400,
+                                "gold_aliases")
         with self._lock:
             if qid in self.labelled:
                 raise FeedbackError(f"id {qid!r}: its outcome is already recorded", 409, "id")
@@ -186,9 +193,9 @@ class Journal:
                                     404, "id")
             if "feedback" in rec and has_c:
                 raise FeedbackError(f"id {qid!r}: `correct` was already given; send `gold` to label it", 409, "id")
-        cov = covered(rec, gold if has_g else None, correct if has_c else None)
+        cov = covered(rec, gold if has_g else None, correct if has_c else None, aliases)
         counted = rec.get("feedback", {}).get("covered") is not None  # an earlier `correct` already counted
-        out = label(rec, gold if has_g else None, correct if has_c else None)
+        out = label(rec, gold if has_g else None, correct if has_c else None, aliases)
         out["feedback"]["covered"] = cov if not counted else rec["feedback"]["covered"]
         self._write(out)
         with self._lock:
