@@ -408,3 +408,36 @@ def test_live_eval_budget_stops_before_crossing(art, tmp_path):
     # each question reserves its worst case (about 1.27 cents here, realised cost ~0.01-0.03): with 1.3 cents
     # the first questions start, and one whose reservation would cross the budget does not
     assert sum(r["gateway"]["cost_cents"] for r in recs) <= 1.3
+
+
+def test_concurrent_decisions_are_batched_and_equal_router_decide(art):
+    """32 requests at once, no HTTP: the batcher makes fewer router calls than decisions, and every
+    decision equals Router.decide on that request's rounds."""
+    import asyncio
+
+    from ccpo_jax.collect.client import parse_completion
+    from ccpo_jax.gateway.engine import Batcher, Caps, Decider, ProtocolConfig, run_protocol
+    from ccpo_jax.gateway.online import CoverageState
+    from ccpo_jax.serving import Router
+
+    router = Router.load(art)
+    up = FakeChatServer(SCRIPTS, logprobs=False)  # (its replies only; not started): several rounds each
+    batcher = Batcher(Decider(router, CoverageState(router.alpha, float(router.kappa))))
+
+    async def call(role, body):
+        body["model"] = BASE_MODEL if role == "base" else GUIDE_MODEL
+        await asyncio.sleep(0.001)
+        return parse_completion(up.completion(body))
+
+    async def main():
+        return await asyncio.gather(*(run_protocol(QS[i % len(QS)], None, Caps(), decider=batcher, call=call,
+                                                   cfg=ProtocolConfig(), prices={"base": (0, 0), "guide": (1, 1)})
+                                      for i in range(32)))
+
+    outs = asyncio.run(main())
+    n = sum(len(o.decisions) for o in outs)
+    assert batcher.batches < n
+    for o in outs:
+        for t, d in enumerate(o.decisions):
+            want = router.decide(o.rounds[: t + 1], can_continue=t + 1 < router.T)
+            assert d["action_set"] == want["action_set"] and d["probs"] == want["probs"]

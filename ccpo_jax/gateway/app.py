@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ccpo_jax.collect.client import Endpoint, Reply, RetryPolicy
-from ccpo_jax.gateway.engine import Caps, CapTooSmall, Decider, Outcome, ProtocolConfig, run_protocol
+from ccpo_jax.gateway.engine import Batcher, Caps, CapTooSmall, Decider, Outcome, ProtocolConfig, run_protocol
 from ccpo_jax.gateway.journal import FeedbackError, Journal, journal_manifest
 from ccpo_jax.gateway.metrics import Metrics
 from ccpo_jax.gateway.online import CoverageState
@@ -146,6 +146,7 @@ class Gateway:
         self.endpoints = {"base": cfg.base, "guide": cfg.guide}
         self.coverage = CoverageState(router.alpha, float(router.kappa), cfg.online_eta, cfg.window, cfg.alarm_p)
         self.decider = Decider(router, self.coverage)
+        self.batcher = Batcher(self.decider)
         self.metrics = Metrics(router.T)
         self.metrics.kappa.set(float(router.kappa))
         self.metrics.target.set(1.0 - router.alpha)
@@ -193,7 +194,7 @@ class Gateway:
         journal it under (live-eval: the question's id; default a fresh ``chatcmpl-`` id)."""
         self.metrics.in_flight.inc()
         try:
-            out = await run_protocol(question, group, caps, decider=self.decider, call=self._call,
+            out = await run_protocol(question, group, caps, decider=self.batcher, call=self._call,
                                      cfg=self.cfg.protocol, prices=self.prices, on_round=self._counted)
         finally:
             self.metrics.in_flight.dec()

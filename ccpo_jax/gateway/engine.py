@@ -14,6 +14,7 @@ the end is an abstention (empty content).
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import time
@@ -79,15 +80,66 @@ class Decider:
         self.router = router
         self.coverage = coverage
 
+    def decide_many(self, reqs: list[tuple[list[dict], bool, str | None]]) -> list[dict]:
+        """One decision per (rounds so far, can_continue, group), in one batch of the router."""
+        ds = self.router.decide_many([{"rounds": r, "can_continue": c, "group": g} for r, c, g in reqs],
+                                     where="request" if len(reqs) == 1 else "batch")
+        k = float(self.coverage.kappa) if self.coverage.online else None
+        for (rounds, _, _), d in zip(reqs, ds):
+            d.setdefault("kappa_source", "marginal")
+            if k is not None:  # the conformal set at the live threshold
+                s = [a for a in d["available"] if d["probs"][a] >= k]
+                d.update({"kappa": k, "kappa_source": "online (--online-kappa)", "action_set": s,
+                          "continue": "next" in s,
+                          "answers": {a: rounds[-1][a]["answer"] for a in ("base", "guide") if a in s}})
+        return ds
+
     def decide(self, rounds: list[dict], can_continue: bool, group: str | None) -> dict:
-        d = self.router.decide(rounds, can_continue=can_continue, group=group)
-        d.setdefault("kappa_source", "marginal")
-        if self.coverage.online:
-            k = float(self.coverage.kappa)
-            s = [a for a in d["available"] if d["probs"][a] >= k]
-            d.update({"kappa": k, "kappa_source": "online (--online-kappa)", "action_set": s, "continue": "next" in s})
-            d["answers"] = {a: rounds[-1][a]["answer"] for a in ("base", "guide") if a in s}
-        return d
+        return self.decide_many([(rounds, can_continue, group)])[0]
+
+
+class Batcher:
+    """Decisions of concurrent requests in one router call: a request's decision waits for the call in
+    progress (if any) and joins the next batch, run in a worker thread (JAX releases the GIL, so the
+    event loop keeps serving I/O). A batch that fails is decided one by one, so one request's error
+    stays its own."""
+
+    def __init__(self, decider: Decider, max_batch: int = 256):
+        self.decider, self.max_batch = decider, max_batch
+        self._pending: list = []
+        self._running = False
+        self.batches = 0
+
+    async def decide(self, rounds: list[dict], can_continue: bool, group: str | None) -> dict:
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append(((rounds, can_continue, group), fut))
+        if not self._running:
+            self._running = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
+                batch = [(req, f) for req, f in batch if not f.done()]  # (a cancelled request's)
+                if not batch:
+                    continue
+                self.batches += 1
+                try:
+                    out = await asyncio.to_thread(self.decider.decide_many, [req for req, _ in batch])
+                except Exception:  # noqa: BLE001 - decide each alone: the error goes to its request
+                    out = []
+                    for req, _ in batch:
+                        try:
+                            out.append(self.decider.decide(*req))
+                        except Exception as e:  # noqa: BLE001
+                            out.append(e)
+                for (_, f), d in zip(batch, out):
+                    if not f.done():
+                        f.set_exception(d) if isinstance(d, Exception) else f.set_result(d)
+        finally:
+            self._running = False
 
 
 def cents(price: tuple[float, float], t_in: float, t_out: float) -> float:
@@ -114,12 +166,12 @@ def _side(reply: Reply, messages: list[dict]) -> tuple[int, int, bool]:
     return reply.tokens_in, reply.tokens_out, False
 
 
-async def run_protocol(question: str, group: str | None, caps: Caps, *, decider: Decider, call: Callable,
+async def run_protocol(question: str, group: str | None, caps: Caps, *, decider: Decider | Batcher, call: Callable,
                        cfg: ProtocolConfig, prices: dict[str, tuple[float, float]],
                        on_round: Callable[[str, dict], Any] = lambda role, rec: None) -> Outcome:
     """The protocol for one question. ``call(role, body)`` is awaited for each upstream call and returns a
     :class:`~ccpo_jax.collect.client.Reply`; ``on_round(role, info)`` sees each call's tokens/cost."""
-    T = decider.router.T
+    T = (decider.decider if isinstance(decider, Batcher) else decider).router.T
     limit = T if caps.max_rounds is None else min(T, caps.max_rounds)
     if caps.max_cost_cents is not None:
         first = round_reserve(question, [], cfg, prices)
@@ -180,6 +232,8 @@ async def run_protocol(question: str, group: str | None, caps: Caps, *, decider:
             stopped_by = "max_rounds" if limit < T else "T"
         t0 = time.perf_counter()
         d = decider.decide(rounds, can_continue, group)
+        if asyncio.iscoroutine(d):
+            d = await d
         decide_s.append(time.perf_counter() - t0)
         decisions.append(d)
         for role in ROLES:
