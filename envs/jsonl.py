@@ -43,7 +43,8 @@ with ``FILE:LINE: FIELD: problem`` (round indices are 0-based, as in JSON).
 * A gateway journal (a manifest with ``provenance.journal``, docs/gateway.md):
   a line with no ``gold`` and no ``correct`` on any answer is a request that
   awaits feedback; it is checked like a question and then skipped, and a later
-  labelled line with its id (the feedback) takes its place.
+  labelled line with its id (the feedback) takes its place. A last line without
+  its newline that is not valid JSON (a write cut by a kill) is skipped.
 """
 from __future__ import annotations
 
@@ -172,6 +173,7 @@ def _parse_lines(path: Path) -> Iterator[tuple[int, dict]]:
         "other formats go through 'ccpo-jax data import --format NAME')"
     )
     offset = 0
+    journal = False
     with _open(path) as f:
         for i in itertools.count(1):
             try:
@@ -195,6 +197,8 @@ def _parse_lines(path: Path) -> Iterator[tuple[int, dict]]:
             try:
                 val = json.loads(line, parse_constant=_reject_constant)
             except json.JSONDecodeError as e:
+                if journal and not raw.endswith(b"\n"):
+                    return  # a gateway journal's last line, cut by a kill (the gateway drops it on restart)
                 raise CacheError(
                     # e.msg may end in " at" ("Unterminated string starting at"): no "at at column"
                     f"{path}:{i}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno}; truncated line?){hint}"
@@ -205,6 +209,8 @@ def _parse_lines(path: Path) -> Iterator[tuple[int, dict]]:
                 raise CacheError(f"{path}:{i}: not valid JSON ({e})") from None
             if not isinstance(val, dict):
                 raise CacheError(f"{path}:{i}: expected a JSON object, got {json_type_name(val)}{hint}")
+            if i == 1:
+                journal = is_journal(val.get("manifest"))
             if _SURROGATE_ESCAPE.search(raw):  # "\ud800" parses to a str that UTF-8 cannot write
                 bad = lone_surrogate(val)
                 if bad:

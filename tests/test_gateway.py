@@ -234,6 +234,7 @@ def test_journal_torn_tail_is_dropped_on_reopen(live, tmp_path):
     copy = tmp_path / "j.jsonl"
     text = journal.read_text()
     copy.write_text(text + text.splitlines()[-1][:40])  # a line cut by a kill
+    assert run_cli(["data", "check", str(copy)]).returncode == 0  # a journal stays readable
     man = json.loads(text.splitlines()[0])["manifest"]
     j = Journal(copy, man)
     j.close()
@@ -245,6 +246,9 @@ def test_journal_torn_tail_is_dropped_on_reopen(live, tmp_path):
     plain = tmp_path / "plain.jsonl"
     plain.write_text("\n".join([json.dumps({"manifest": man})] + lines[1:]) + "\n")
     with pytest.raises(Exception, match=r"plain.jsonl:2: rounds\[0\]\.base\.correct: missing required field"):
+        read_jsonl(plain)
+    plain.write_text(json.dumps({"manifest": man}) + "\n" + lines[1][:40])  # and a cut line is an error
+    with pytest.raises(Exception, match=r"plain.jsonl:2: not valid JSON"):
         read_jsonl(plain)
 
 
@@ -441,3 +445,17 @@ def test_concurrent_decisions_are_batched_and_equal_router_decide(art):
         for t, d in enumerate(o.decisions):
             want = router.decide(o.rounds[: t + 1], can_continue=t + 1 < router.T)
             assert d["action_set"] == want["action_set"] and d["probs"] == want["probs"]
+
+
+def test_upstream_down_is_502_connection(art):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # a port nobody listens on
+    dead = Endpoint(f"http://127.0.0.1:{port}/v1", BASE_MODEL)
+    with GatewayThread(load_gateway(art, GatewayConfig(base=dead, guide=dead, retry=FAST))) as g:
+        st, err = post(g.url, "/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": "q"}]})
+        assert st == 502 and err["error"]["code"] == "upstream_connection"
+        assert "gave up after 3 attempts" in err["error"]["message"]
