@@ -62,25 +62,30 @@ async def _direct(client, url, question, rounds):
         history.append((b, g))
 
 
-async def _load(kind: str, conc: int, n: int, questions: list[str], up: str, gw: str, rounds: dict) -> list[float]:
+async def _load(kind: str, conc: int, n: int, questions: list[str], up: str, gw: str, rounds: dict,
+                errors: list) -> list[float]:
     import httpx
 
     lat: list[float] = []
     limits = httpx.Limits(max_connections=conc * 2, max_keepalive_connections=conc * 2)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
         todo = iter(range(n))
 
         async def worker():
             for i in todo:
                 q = questions[i % len(questions)]
                 t0 = time.perf_counter()
-                if kind == "gateway":
-                    r = await client.post(gw + "/chat/completions", json={"model": "ccpo-router", "messages": [
-                        {"role": "user", "content": q}]})
-                    assert r.status_code == 200, r.text
-                    rounds[q] = r.json()["ccpo"]["rounds"]
-                else:
-                    await _direct(client, up + "/chat/completions", q, rounds[q])
+                try:
+                    if kind == "gateway":
+                        r = await client.post(gw + "/chat/completions", json={"model": "ccpo-router", "messages": [
+                            {"role": "user", "content": q}]})
+                        assert r.status_code == 200, r.text
+                        rounds[q] = r.json()["ccpo"]["rounds"]
+                    else:
+                        await _direct(client, up + "/chat/completions", q, rounds[q])
+                except Exception as e:  # noqa: BLE001 - counted and reported, not a crash of the run
+                    errors.append(f"{kind}: {type(e).__name__} {str(e)[:100]}")
+                    continue
                 lat.append(time.perf_counter() - t0)
         await asyncio.gather(*(worker() for _ in range(conc)))
     return lat
@@ -139,17 +144,19 @@ def main(argv=None) -> int:
     try:
         time.sleep(1.0)
         rounds: dict = {}
-        asyncio.run(_load("gateway", 4, len(questions), questions, up, gw, rounds))  # warm-up, learns rounds
+        asyncio.run(_load("gateway", 4, len(questions), questions, up, gw, rounds, []))  # warm-up, learns rounds
         for c in (int(x) for x in a.concurrency.split(",")):
             row = {}
             for kind in ("direct", "gateway"):
                 cpu0 = _cpu_s(gw_p.pid)
                 t0 = time.perf_counter()
-                lat = np.asarray(asyncio.run(_load(kind, c, a.requests, questions, up, gw, rounds)))
+                errors: list = []
+                lat = np.asarray(asyncio.run(_load(kind, c, a.requests, questions, up, gw, rounds, errors)))
                 wall = time.perf_counter() - t0
                 row[kind] = {"median_ms": round(1e3 * float(np.median(lat)), 2),
                              "p99_ms": round(1e3 * float(np.quantile(lat, 0.99)), 2),
-                             "requests_per_s": round(a.requests / wall, 1)}
+                             "requests_per_s": round(a.requests / wall, 1), "errors": len(errors),
+                             "error_kinds": sorted(set(errors))[:5]}
                 if kind == "gateway":  # the gateway process's CPU time per request
                     row[kind]["gateway_cpu_ms_per_request"] = round(1e3 * (_cpu_s(gw_p.pid) - cpu0) / a.requests, 2)
             row["overhead_median_ms"] = round(row["gateway"]["median_ms"] - row["direct"]["median_ms"], 2)

@@ -38,6 +38,7 @@ def art(tmp_path_factory):
 
 
 def _gateway(art, up, journal=None, **kw):
+    kw.setdefault("max_batch", 4)  # (compiled at start: 3 batch sizes)
     cfg = GatewayConfig(base=Endpoint(up.url, BASE_MODEL), guide=Endpoint(up.url, GUIDE_MODEL), retry=FAST,
                         journal=None if journal is None else str(journal), **kw)
     return GatewayThread(load_gateway(art, cfg))
@@ -381,7 +382,7 @@ def test_live_eval_table_against_the_replay_prediction(art, tmp_path):
     journal = tmp_path / "live.jsonl"
     with FakeChatServer(make_scripts(10)) as up:
         res = run_cli(["live-eval", str(art), "--questions", str(qfile), "--journal", str(journal), "--base",
-                       f"{up.url},{BASE_MODEL}", "--guide", f"{up.url},{GUIDE_MODEL}", "--results", str(results)])
+                       f"{up.url},{BASE_MODEL}", "--guide", f"{up.url},{GUIDE_MODEL}", "--results", str(results), "--max-batch", "4"])
     assert res.returncode == 0, res.stderr
     cache = read_jsonl(journal)
     assert cache.n_questions == 10
@@ -405,7 +406,7 @@ def test_live_eval_budget_stops_before_crossing(art, tmp_path):
     with FakeChatServer(make_scripts(10)) as up:
         res = run_cli(["live-eval", str(art), "--questions", str(qfile), "--journal", str(journal), "--base",
                        f"{up.url},{BASE_MODEL}", "--guide", f"{up.url},{GUIDE_MODEL}", "--budget-cents", "1.3",
-                       "--concurrency", "1"])
+                       "--concurrency", "1", "--max-batch", "1"])
     assert res.returncode == 0, res.stderr
     recs = list(_journal(journal).values())
     assert 0 < len(recs) < 10 and "not started (--budget-cents)" in res.stdout
@@ -455,7 +456,30 @@ def test_upstream_down_is_502_connection(art):
     port = s.getsockname()[1]
     s.close()  # a port nobody listens on
     dead = Endpoint(f"http://127.0.0.1:{port}/v1", BASE_MODEL)
-    with GatewayThread(load_gateway(art, GatewayConfig(base=dead, guide=dead, retry=FAST))) as g:
+    with GatewayThread(load_gateway(art, GatewayConfig(base=dead, guide=dead, retry=FAST, max_batch=1))) as g:
         st, err = post(g.url, "/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": "q"}]})
         assert st == 502 and err["error"]["code"] == "upstream_connection"
         assert "gave up after 3 attempts" in err["error"]["message"]
+
+
+def test_gateway_port_taken_is_one_error_line(art, tmp_path):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        res = run_cli(["gateway", str(art), "--max-batch", "1", "--port", str(s.getsockname()[1]), "--base",
+                       "http://127.0.0.1:9/v1,b",
+                       "--guide", "http://127.0.0.1:9/v1,g"])
+    finally:
+        s.close()
+    assert res.returncode == 2 and res.stderr.startswith("error: --port: cannot listen on 127.0.0.1:")
+    assert "Traceback" not in res.stderr
+
+
+def test_missing_key_variable_is_an_error_at_start(art, monkeypatch):
+    monkeypatch.delenv("CCPO_TEST_NO_SUCH_KEY", raising=False)
+    res = run_cli(["gateway", str(art), "--base", "http://127.0.0.1:9/v1,b", "--guide", "http://127.0.0.1:9/v1,g",
+                   "--guide-key-env", "CCPO_TEST_NO_SUCH_KEY"])
+    assert res.returncode == 2 and "CCPO_TEST_NO_SUCH_KEY" in res.stderr and "Traceback" not in res.stderr

@@ -42,7 +42,7 @@ def gateway(tmp_path_factory):
             urls[role] = url
         cfg = GatewayConfig(base=Endpoint(urls["base"], "bigram-base"), guide=Endpoint(urls["guide"], "bigram-guide"),
                             journal=str(d / "journal.jsonl"))
-        with GatewayThread(load_gateway(build_artefact(d), cfg)) as g:
+        with GatewayThread(load_gateway(build_artefact(d), cfg)) as g:  # (max_batch 64: the load test batches)
             yield g, d / "journal.jsonl"
     finally:
         for p in procs:

@@ -22,6 +22,8 @@ def _endpoint_args(p: argparse.ArgumentParser) -> None:
                    help="seconds one upstream attempt may take in all (default: 120)")
     p.add_argument("--max-retry-after", type=float, default=10.0, metavar="S",
                    help="longest Retry-After honoured; a longer one fails the request (default: 10)")
+    p.add_argument("--max-batch", type=int, default=64, help="most decisions of concurrent requests in one router "
+                   "call; compiled for every power of two up to it at start-up (default: 64)")
     p.add_argument("--online-kappa", type=float, default=None, metavar="ETA",
                    help="update kappa online from feedback (Eq. 9, eta_k = ETA k^-0.6); default: the artefact's kappa")
 
@@ -71,7 +73,9 @@ def _config(args, journal):
                         timeout_s=args.timeout, attempt_timeout_s=args.attempt_timeout)
     base = parse_endpoint(args.base, "--base", args.base_key_env)
     guide = parse_endpoint(args.guide, "--guide", args.guide_key_env)
-    kw = {}
+    if not 1 <= args.max_batch <= 4096:
+        raise UserError(f"--max-batch: expected an integer in [1, 4096], got {args.max_batch}")
+    kw = {"max_batch": args.max_batch}
     if getattr(args, "window", None) is not None:
         if args.window < 1:
             raise UserError(f"--window: expected an integer >= 1, got {args.window}")
@@ -85,6 +89,7 @@ def _config(args, journal):
 
 def _gateway(args) -> int:
     import logging
+    import socket
 
     import uvicorn
 
@@ -99,13 +104,21 @@ def _gateway(args) -> int:
         gw = load_gateway(args.artifact, cfg)
     except UserError as e:
         raise e.for_cli(FLAGS) from None
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as e:  # (bound here, so that a taken port is one error line, not uvicorn's exit)
+        sock.close()
+        raise UserError(f"--port: cannot listen on {args.host}:{args.port} ({e.strerror or e})") from None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     r = gw.router
     print(f"gateway: model {MODEL_ID!r} = router {r.manifest['policy']['row']!r} (alpha {r.alpha:g}, kappa "
           f"{float(r.kappa):.6g}{', online' if cfg.online_eta else ''}, T {r.T}); base {cfg.base.model} at "
           f"{cfg.base.public_url}, guide {cfg.guide.model} at {cfg.guide.public_url}; "
           f"http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(build_app(gw), host=args.host, port=args.port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(build_app(gw), log_level="warning", timeout_graceful_shutdown=5))
+    server.run(sockets=[sock])
     return 0
 
 

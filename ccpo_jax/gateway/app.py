@@ -48,6 +48,9 @@ class GatewayConfig:
     max_body_bytes: int = 1 << 20
     max_question_chars: int = 100_000
     max_connections: int = 256
+    #: Most decisions in one router call; the decision path is compiled for every power of two up to it
+    #: at start-up (1 ... 64: 7 batch sizes, about 11 s here).
+    max_batch: int = 64
 
 
 class RequestError(Exception):
@@ -141,12 +144,14 @@ class Gateway:
         if cfg.online_eta is not None and router.group_kappas is not None:
             raise UserError("--online-kappa: a Mondrian router has one threshold per group; the online update "
                             "drives one threshold, so it needs a marginal router", field="online_kappa")
+        for e in (cfg.base, cfg.guide):
+            e.api_key()  # a missing key variable is a UserError now, not at the first request
         m = router.manifest["models"]
         self.prices = {r: (float(m[r]["price_in"]), float(m[r]["price_out"])) for r in ("base", "guide")}
         self.endpoints = {"base": cfg.base, "guide": cfg.guide}
         self.coverage = CoverageState(router.alpha, float(router.kappa), cfg.online_eta, cfg.window, cfg.alarm_p)
         self.decider = Decider(router, self.coverage)
-        self.batcher = Batcher(self.decider)
+        self.batcher = Batcher(self.decider, cfg.max_batch)
         self.metrics = Metrics(router.T)
         self.metrics.kappa.set(float(router.kappa))
         self.metrics.target.set(1.0 - router.alpha)
@@ -159,6 +164,16 @@ class Gateway:
             eps = {r: {"url": e.public_url, "model": e.model} for r, e in self.endpoints.items()}
             self.journal = Journal(cfg.journal, journal_manifest(router.manifest, eps, reqs))
         self.clients: dict[str, AsyncChatClient] = {}
+
+    def warm_up(self) -> None:
+        """Compile the decision path for every batch size the batcher can send (powers of two up to
+        ``warm_batch``), so that no request waits for a compilation (about 1.5 s each here)."""
+        rnd = [{"base": {"answer": "a", "tokens_in": 1, "tokens_out": 1},
+                "guide": {"verdict": True, "answer": "a", "tokens_in": 1, "tokens_out": 1}}]
+        b = 1
+        while b <= self.batcher.max_batch:
+            self.decider.decide_many([(rnd, True, None)] * b)
+            b *= 2
 
     async def start(self) -> None:
         self.clients = {r: AsyncChatClient(e, self.cfg.retry, max_connections=self.cfg.max_connections, seed=i)
@@ -272,5 +287,6 @@ class Gateway:
 
 def load_gateway(artefact: str | Path, cfg: GatewayConfig) -> Gateway:
     router = Router.load(artefact)
-    router.warm_up(1)
-    return Gateway(router, cfg)
+    gw = Gateway(router, cfg)
+    gw.warm_up()
+    return gw

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -14,6 +15,8 @@ from ccpo_jax.gateway.app import MODEL_ID, Gateway, RequestError, parse_request
 from ccpo_jax.gateway.engine import CapTooSmall
 from ccpo_jax.gateway.journal import FeedbackError
 from ccpo_jax.gateway.upstream import UpstreamError
+
+log = logging.getLogger("ccpo_jax.gateway")
 
 
 def _error(e: RequestError) -> JSONResponse:
@@ -83,6 +86,12 @@ def build_app(gw: Gateway) -> Starlette:
             status = 504 if e.kind == "timeout" else 502
             return _error(RequestError(status, f"upstream failed; no answer was chosen: {e}",
                                        code=f"upstream_{e.kind}", kind="upstream_error"))
+        except Exception as e:  # noqa: BLE001 - a bug or a full disk: OpenAI's shape, one log line, no answer
+            log.exception("request failed")
+            m.requests.labels("internal_error").inc()
+            m.errors.labels("internal").inc()
+            return _error(RequestError(500, f"internal error ({type(e).__name__}); no answer was chosen",
+                                       code="internal_error", kind="server_error"))
         if res is None:
             m.requests.labels("client_disconnected").inc()
             m.errors.labels("client_disconnected").inc()
