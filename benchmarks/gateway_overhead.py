@@ -23,6 +23,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def _start(cmd: list[str], ready: str, env=None) -> tuple[subprocess.Popen, str]
         if not line:
             raise RuntimeError(f"{cmd[:3]} exited")
         if ready in line:
+            threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()  # keep the pipe drained
             return p, line.strip()
     raise RuntimeError(f"{cmd[:3]} did not start")
 
@@ -100,8 +102,10 @@ def _router_rate(artifact: str, seconds: float = 3.0) -> dict:
     rnd = [{"base": {"answer": "x", "tokens_in": 40, "tokens_out": 13, "confidence": 0.5},
             "guide": {"verdict": False, "answer": "y", "tokens_in": 30, "tokens_out": 1, "uncertainty": 0.2}}]
     out = {}
-    for name, f in (("Router.decide", lambda: r.decide(rnd)),
-                    ("Decider (online kappa)", lambda d=Decider(r, CoverageState(r.alpha, 0.5, 1.0)): d.decide(rnd, False, None))):
+    dec = Decider(r, CoverageState(r.alpha, 0.5, 1.0))
+    for name, f, per in (("Router.decide", lambda: r.decide(rnd), 1),
+                         ("Decider (online kappa)", lambda: dec.decide(rnd, False, None), 1),
+                         ("Decider.decide_many, batch of 64", lambda: dec.decide_many([(rnd, False, None)] * 64), 64)):
         for _ in range(20):
             f()
         ts, t_end = [], time.perf_counter() + seconds
@@ -110,7 +114,7 @@ def _router_rate(artifact: str, seconds: float = 3.0) -> dict:
             f()
             ts.append(time.perf_counter() - t0)
         ts = np.asarray(ts)
-        out[name] = {"decisions_per_s": round(len(ts) / ts.sum(), 1), "median_ms": round(1e3 * float(np.median(ts)), 3),
+        out[name] = {"decisions_per_s": round(per * len(ts) / ts.sum(), 1), "median_ms": round(1e3 * float(np.median(ts)), 3),
                      "p99_ms": round(1e3 * float(np.quantile(ts, 0.99)), 3)}
     return out
 

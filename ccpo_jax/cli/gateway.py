@@ -111,7 +111,9 @@ def _gateway(args) -> int:
     except OSError as e:  # (bound here, so that a taken port is one error line, not uvicorn's exit)
         sock.close()
         raise UserError(f"--port: cannot listen on {args.host}:{args.port} ({e.strerror or e})") from None
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # the gateway's own lines (the drift alarm, request failures); not httpx's line per upstream call
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("ccpo_jax.gateway").setLevel(logging.INFO)
     r = gw.router
     print(f"gateway: model {MODEL_ID!r} = router {r.manifest['policy']['row']!r} (alpha {r.alpha:g}, kappa "
           f"{float(r.kappa):.6g}{', online' if cfg.online_eta else ''}, T {r.T}); base {cfg.base.model} at "
