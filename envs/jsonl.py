@@ -69,6 +69,7 @@ from envs.cache import (
     empty_arrays,
     values_problem,
 )
+from envs.journal import as_labelled as _as_labelled, is_journal, unlabelled as _unlabelled
 from envs.normalise import NORMALISATION, normalise_answer
 from envs.values import (  # noqa: F401  (MAX_* and json_type_name are re-exported for older callers)
     MAX_CENTS, MAX_T, MAX_TOKENS, actions_problem, cents_problem, exit_rounds_problem, json_type_name,
@@ -274,31 +275,6 @@ def read_jsonl(path: str | os.PathLike) -> ResponseCache:
     """Read and validate a human-format cache (module docstring); returns it with its checksum."""
     path = Path(path)
     return _read(path, _parse_lines(path))
-
-
-def is_journal(manifest: Any) -> bool:
-    """A gateway journal's manifest (``provenance.journal``): its unlabelled lines are skipped."""
-    prov = manifest.get("provenance") if isinstance(manifest, dict) else None
-    return isinstance(prov, dict) and isinstance(prov.get("journal"), dict)
-
-
-def _unlabelled(obj: dict) -> bool:
-    """A journal line without outcome: no ``gold`` and no ``correct`` on any answer."""
-    rounds = obj.get("rounds")
-    if "gold" in obj or not isinstance(rounds, list):
-        return False
-    return not any(isinstance(r, dict) and isinstance(r.get(role), dict) and "correct" in r[role]
-                   for r in rounds for role in ("base", "guide"))
-
-
-def _as_labelled(obj: dict) -> dict:
-    """``obj`` with ``correct: false`` on every answer, so that the question checks apply to it."""
-    out = dict(obj, rounds=[dict(r) for r in obj["rounds"]])
-    for r in out["rounds"]:
-        for role in ("base", "guide"):
-            if isinstance(r.get(role), dict):
-                r[role] = dict(r[role], correct=False)
-    return out
 
 
 def awaiting_feedback(path: str | os.PathLike) -> int:

@@ -483,3 +483,22 @@ def test_missing_key_variable_is_an_error_at_start(art, monkeypatch):
     res = run_cli(["gateway", str(art), "--base", "http://127.0.0.1:9/v1,b", "--guide", "http://127.0.0.1:9/v1,g",
                    "--guide-key-env", "CCPO_TEST_NO_SUCH_KEY"])
     assert res.returncode == 2 and "CCPO_TEST_NO_SUCH_KEY" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_restarted_journal_takes_feedback_for_earlier_requests(live, tmp_path):
+    from ccpo_jax.gateway.journal import Journal
+    from envs.jsonl import awaiting_feedback
+
+    up, g, client, journal = live
+    cid = _ask(client, QS[8]).id
+    copy = tmp_path / "j.jsonl"
+    copy.write_text(journal.read_text())
+    j = Journal(copy, {})  # an existing journal: its manifest is kept, the waiting requests reloaded
+    try:
+        assert cid in j.pending
+        before = awaiting_feedback(copy)
+        out, cov = j.feedback({"id": cid, "gold": SCRIPTS[QS[8]].gold})
+    finally:
+        j.close()
+    assert out["gold"] == SCRIPTS[QS[8]].gold and cov is not None
+    assert awaiting_feedback(copy) == before - 1

@@ -29,6 +29,7 @@ from ccpo_jax.collect.cachefile import collector_version, today
 from ccpo_jax.collect.calllog import truncate_partial_line
 from ccpo_jax.errors import UserError
 from envs.atomic import atomic_write_text
+from envs.journal import unlabelled
 from envs.normalise import normalise_answer
 
 #: Requests kept in memory for feedback (the oldest are forgotten first).
@@ -140,7 +141,7 @@ class Journal:
                                         field="journal")
                     continue
                 qid = obj.get("id")
-                if "gold" in obj or any("correct" in r.get("base", {}) for r in obj.get("rounds", [])):
+                if not unlabelled(obj):
                     self.labelled.add(qid)
                     self.pending.pop(qid, None)
                 else:
