@@ -502,3 +502,36 @@ def test_restarted_journal_takes_feedback_for_earlier_requests(live, tmp_path):
         j.close()
     assert out["gold"] == SCRIPTS[QS[8]].gold and cov is not None
     assert awaiting_feedback(copy) == before - 1
+
+
+def test_correct_feedback_labels_only_what_it_determines():
+    from ccpo_jax.gateway.journal import covered, label
+
+    def rec(answers, chosen, in_set):
+        rounds = [{"base": {"answer": b, "tokens_in": 1, "tokens_out": 1},
+                   "guide": {"verdict": b == g, "answer": g, "tokens_in": 1, "tokens_out": 1}} for b, g in answers]
+        return {"id": "x", "rounds": rounds, "gateway": {"answer": chosen, "answer_set": [{"answer": a} for a in in_set]}}
+
+    same = rec([("Paris", "paris")], "paris", ["Paris", "paris"])  # one normalised answer: determined
+    out = label(same, None, True)
+    assert out["rounds"][0]["base"]["correct"] is True and out["rounds"][0]["guide"]["correct"] is True
+    assert covered(same, None, True) is True and covered(same, None, False) is False
+    two = rec([("Lyon", "Paris")], "Paris", ["Lyon", "Paris"])  # the other answer's outcome is unknown
+    out = label(two, None, False)
+    assert "correct" not in out["rounds"][0]["base"] and out["feedback"] == {"correct": False}
+    assert covered(two, None, False) is None and covered(two, None, True) is True
+    out = label(two, "lyon", None, ["Lyons"])  # gold labels every answer
+    assert out["rounds"][0]["base"]["correct"] is True and out["rounds"][0]["guide"]["correct"] is False
+    assert covered(two, "lyon", None) is True and covered(two, "Nice", None) is False
+
+
+def test_online_kappa_needs_a_marginal_router(art):
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.gateway.app import Gateway
+    from ccpo_jax.serving import Router
+
+    r = Router.load(art)
+    r.group_kappas, r.rest_kappa = {"a": np.float32(0.2)}, np.float32(0.3)
+    ep = Endpoint("http://127.0.0.1:9/v1", "m")
+    with pytest.raises(UserError, match="--online-kappa: a Mondrian router"):
+        Gateway(r, GatewayConfig(base=ep, guide=ep, online_eta=1.0))
