@@ -535,3 +535,20 @@ def test_online_kappa_needs_a_marginal_router(art):
     ep = Endpoint("http://127.0.0.1:9/v1", "m")
     with pytest.raises(UserError, match="--online-kappa: a Mondrian router"):
         Gateway(r, GatewayConfig(base=ep, guide=ep, online_eta=1.0))
+
+
+def test_live_eval_upstream_failure_is_one_error_line_and_a_valid_journal(art, tmp_path):
+    from chat_server import write_questions
+    from envs.jsonl import read_jsonl
+
+    qfile = tmp_path / "q.jsonl"
+    write_questions(qfile, 6)
+    journal = tmp_path / "live.jsonl"
+    with FakeChatServer(make_scripts(6)) as up:
+        up.fault(list(make_scripts(6))[5], "500", times=100)
+        res = run_cli(["live-eval", str(art), "--questions", str(qfile), "--journal", str(journal), "--base",
+                       f"{up.url},{BASE_MODEL}", "--guide", f"{up.url},{GUIDE_MODEL}", "--concurrency", "1",
+                       "--retries", "0", "--max-batch", "1"])
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and "HTTP 500" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert read_jsonl(journal).n_questions == 5
