@@ -40,6 +40,11 @@ with ``FILE:LINE: FIELD: problem`` (round indices are 0-based, as in JSON).
   the last is 0 or 1, and there are at most as many as the question's rounds.
 * ``baselines.exit.<model>.rounds`` is an integer in [1, T].
 * Extra fields anywhere are allowed and ignored.
+* A gateway journal (a manifest with ``provenance.journal``, docs/gateway.md):
+  a line with no ``gold`` and no ``correct`` on any answer is a request that
+  awaits feedback; it is checked like a question and then skipped, and a later
+  labelled line with its id (the feedback) takes its place. A last line without
+  its newline that is not valid JSON (a write cut by a kill) is skipped.
 """
 from __future__ import annotations
 
@@ -64,6 +69,7 @@ from envs.cache import (
     empty_arrays,
     values_problem,
 )
+from envs.journal import as_labelled as _as_labelled, is_journal, unlabelled as _unlabelled
 from envs.normalise import NORMALISATION, normalise_answer
 from envs.values import (  # noqa: F401  (MAX_* and json_type_name are re-exported for older callers)
     MAX_CENTS, MAX_T, MAX_TOKENS, actions_problem, cents_problem, exit_rounds_problem, json_type_name,
@@ -168,6 +174,7 @@ def _parse_lines(path: Path) -> Iterator[tuple[int, dict]]:
         "other formats go through 'ccpo-jax data import --format NAME')"
     )
     offset = 0
+    journal = False
     with _open(path) as f:
         for i in itertools.count(1):
             try:
@@ -191,6 +198,8 @@ def _parse_lines(path: Path) -> Iterator[tuple[int, dict]]:
             try:
                 val = json.loads(line, parse_constant=_reject_constant)
             except json.JSONDecodeError as e:
+                if journal and not raw.endswith(b"\n"):
+                    return  # a gateway journal's last line, cut by a kill (the gateway drops it on restart)
                 raise CacheError(
                     # e.msg may end in " at" ("Unterminated string starting at"): no "at at column"
                     f"{path}:{i}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno}; truncated line?){hint}"
@@ -201,6 +210,8 @@ def _parse_lines(path: Path) -> Iterator[tuple[int, dict]]:
                 raise CacheError(f"{path}:{i}: not valid JSON ({e})") from None
             if not isinstance(val, dict):
                 raise CacheError(f"{path}:{i}: expected a JSON object, got {json_type_name(val)}{hint}")
+            if i == 1:
+                journal = is_journal(val.get("manifest"))
             if _SURROGATE_ESCAPE.search(raw):  # "\ud800" parses to a str that UTF-8 cannot write
                 bad = lone_surrogate(val)
                 if bad:
@@ -266,6 +277,18 @@ def read_jsonl(path: str | os.PathLike) -> ResponseCache:
     return _read(path, _parse_lines(path))
 
 
+def awaiting_feedback(path: str | os.PathLike) -> int:
+    """How many of a journal's requests await feedback (0 for a cache that is no journal)."""
+    lines = _parse_lines(Path(path))
+    first = next(lines, None)
+    if first is None or not is_journal(first[1].get("manifest")):
+        return 0
+    waiting: set = set()
+    for _, obj in lines:
+        (waiting.add if _unlabelled(obj) else waiting.discard)(obj.get("id"))
+    return len(waiting)
+
+
 def check_question(manifest: dict, record: dict, where: str) -> None:
     """Refuse (CacheError) a question line that :func:`read_jsonl` would refuse under ``manifest``,
     before it is written (``data collect`` appends lines as questions finish). Messages read
@@ -297,11 +320,21 @@ def _read(path: Path, lines: Iterator[tuple[int, dict]]) -> ResponseCache:
     first_line: dict[str, int] = {}
     exit_seen: list[str] = []
     policy_seen: list[str] = []
+    journal = is_journal(mdict)
+    awaiting: dict[str, int] = {}  # a journal's unlabelled lines: id -> line
     for line_no, obj in lines:
         L = _Line(f"{path}:{line_no}")
         if "manifest" in obj:
             raise L.fail("manifest", "the manifest must be on the first line")
+        if journal and _unlabelled(obj):
+            # a gateway request awaiting feedback: checked as a question, then skipped (no outcome to learn from)
+            q = _read_question(L, _as_labelled(obj), T_limit)
+            if q["id"] in first_line:
+                raise L.fail("id", f"duplicate question id {q['id']!r} (labelled on line {first_line[q['id']]})")
+            awaiting[q["id"]] = line_no
+            continue
         q = _read_question(L, obj, T_limit)
+        awaiting.pop(q["id"], None)  # a journal's feedback line supersedes the request's unlabelled line
         if q["id"] in first_line:
             raise L.fail("id", f"duplicate question id {q['id']!r} (first on line {first_line[q['id']]})")
         first_line[q["id"]] = line_no
@@ -315,6 +348,8 @@ def _read(path: Path, lines: Iterator[tuple[int, dict]]) -> ResponseCache:
         questions.append(q)
 
     if not questions:
+        if awaiting:
+            raise NoQuestions(f"{path}: no questions yet: {len(awaiting)} journal line(s) await feedback")
         raise NoQuestions(f"{path}: no questions (the file holds only a manifest)")
     max_rounds = max(len(q["rounds"]) for q in questions)
     man = _manifest(path, mline, mdict, max_rounds, exit_seen, policy_seen)

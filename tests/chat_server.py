@@ -87,6 +87,10 @@ def token_logprob(token: str) -> float:
 FLAVOURS = ("openai", "llama-cpp-python", "llama.cpp")
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # (the stdlib's 5 makes a burst of 64 clients wait for SYN retries, 1 s each)
+
+
 class FakeChatServer:
     def __init__(self, scripts: dict[str, Script], key: str | None = None, delay_s: float = 0.0,
                  timeout_sleep_s: float = 1.0, flavour: str = "openai", served: list[str] | None = None,
@@ -116,7 +120,7 @@ class FakeChatServer:
         self.requests = 0
         self.fault_log: list[tuple[str, str]] = []
         self.auth_seen: set[str] = set()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self._httpd = _Server(("127.0.0.1", port), self._handler())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 

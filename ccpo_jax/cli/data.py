@@ -48,16 +48,22 @@ def _check(args) -> int:
     from envs.formats import load_cache
     from envs.report import describe
 
-    from envs.jsonl import NoQuestions
+    from envs.jsonl import NoQuestions, awaiting_feedback
 
     try:
         cache = load_cache(args.path)
-    except NoQuestions:  # its manifest was checked: a valid cache that holds no question yet
+    except NoQuestions as e:  # its manifest was checked: a valid cache that holds no question yet
+        if "await feedback" in str(e):
+            print(f"{e}; the lines are valid. `reproduce` and `data import` need at least one labelled question")
+            return 0
         print(f"{args.path}: a valid manifest and no questions yet (e.g. a collection stopped, or still "
               "running, before its first question finished); nothing else to check. `reproduce` and "
               "`data import` need at least one question")
         return 0
     print(describe(cache, source=args.path))
+    waiting = awaiting_feedback(args.path) if Path(args.path).is_file() else 0
+    if waiting:
+        print(f"note: {waiting} gateway request line(s) await feedback: checked, not questions of the cache yet")
     return 0
 
 

@@ -14,6 +14,7 @@ import sys
 COMMAND_MODULES = (
     "ccpo_jax.cli.data",
     "ccpo_jax.cli.export",
+    "ccpo_jax.cli.gateway",
     "ccpo_jax.cli.reproduce",
     "ccpo_jax.cli.stackelberg",
     "ccpo_jax.cli.sweep",

@@ -45,6 +45,18 @@ def estimate_tokens(chars: int, n_messages: int, ratio: float = PROMPT_TOKENS_PE
     return math.ceil(chars * ratio) + TOKENS_PER_MESSAGE * n_messages
 
 
+def request_body(model: str, messages: list[dict], max_tokens: int, temperature: float, seed: int | None,
+                 logprobs: bool) -> dict:
+    """The chat-completions body of one protocol call (data collect and the gateway send the same)."""
+    b: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
+    if seed is not None:
+        b["seed"] = seed
+    if logprobs:
+        b["logprobs"] = True
+        b["top_logprobs"] = TOP_LOGPROBS
+    return b
+
+
 class Caller:
     """Makes the protocol's calls: replay from the call log, budget, send, log, count."""
 
@@ -57,14 +69,8 @@ class Caller:
         return (t_in * p_in + t_out * p_out) / 1e6
 
     def body(self, role: str, messages: list[dict], max_tokens: int, temperature: float) -> dict:
-        b: dict[str, Any] = {"model": self.s.endpoint(role).model, "messages": messages,
-                             "max_tokens": max_tokens, "temperature": temperature}
-        if self.s.seed is not None:
-            b["seed"] = self.s.seed
-        if self.s.logprobs:
-            b["logprobs"] = True
-            b["top_logprobs"] = TOP_LOGPROBS
-        return b
+        return request_body(self.s.endpoint(role).model, messages, max_tokens, temperature, self.s.seed,
+                            self.s.logprobs)
 
     def call(self, qid: str, name: str, role: str, messages: list[dict], max_tokens: int,
              temperature: float) -> Answer:

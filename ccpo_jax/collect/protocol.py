@@ -295,6 +295,47 @@ def _unit(v: float) -> float:
     return round(min(1.0, max(0.0, v)), 6)
 
 
+# -- one round's reading (shared by data collect and the gateway) ---------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseRead:
+    """What the protocol takes from a base completion: ``answer`` ("" when unparsed), ``parsed``
+    (an ``Answer:`` line was found), ``confidence`` (None when not measurable), ``shown`` (what
+    the guide is asked to judge: the answer, or the whole completion when none was parsed)."""
+
+    answer: str
+    parsed: bool
+    confidence: float | None
+    shown: str
+
+
+def read_base(text: str, logprobs: Sequence[tuple[str, float]] | None) -> BaseRead:
+    """Parse a base completion and measure its confidence (the module doc's rules)."""
+    p = parse_base_answer(text)
+    conf = answer_confidence(logprobs, text, p[1] if p else None)
+    return BaseRead(p[0] if p else "", p is not None, conf, p[0] if p else text.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class GuideRead:
+    """The guide's reply read: ``verdict`` (True/False/None unreadable), ``answer`` (the base
+    answer on Yes, the correction on No, "" when none), ``uncertainty`` (None when not measurable)."""
+
+    verdict: bool | None
+    correction: str | None
+    answer: str
+    uncertainty: float | None
+
+
+def read_guide(text: str, logprobs: Sequence[tuple[str, float]] | None, base_answer: str) -> GuideRead:
+    """Parse a guide reply and measure its uncertainty (an unreadable verdict has none)."""
+    v = parse_verdict(text)
+    ans = base_answer if v.correct is True else (v.correction or "")
+    unc = verdict_uncertainty(logprobs) if v.correct is not None else None
+    return GuideRead(v.correct, v.correction, ans, unc)
+
+
 # -- messages ----------------------------------------------------------------------------------
 
 

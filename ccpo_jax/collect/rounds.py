@@ -30,39 +30,37 @@ def collect_question(q: Question, s: Settings, c: Caller) -> dict:
     for t in range(s.T):
         temp = s.base_temperature[0] if t == 0 else s.base_temperature[1]
         b = c.call(q.id, f"r{t}.base", "base", P.base_messages(q.question, history), s.base_max_tokens, temp)
-        parsed = P.parse_base_answer(b.text)
-        c.meter.cut_reply("base answer", b.finish_reason, parsed is None)
-        ans = parsed[0] if parsed else ""
+        br = P.read_base(b.text, b.logprobs)
+        c.meter.cut_reply("base answer", b.finish_reason, not br.parsed)
+        ans = br.answer
         base = {"answer": ans, "correct": correct(ans)}
         _tokens(base, b)
-        conf = P.answer_confidence(b.logprobs, b.text, parsed[1] if parsed else None)
-        if conf is not None:
-            base["confidence"] = conf
-        c.meter.signal("confidence", conf is not None)
-        if parsed is None:
+        if br.confidence is not None:
+            base["confidence"] = br.confidence
+        c.meter.signal("confidence", br.confidence is not None)
+        if not br.parsed:
             base["answer_parsed"] = False
             c.meter.bump("base answer")
-        shown = ans if parsed else b.text.strip()
-        g = c.call(q.id, f"r{t}.guide", "guide", P.guide_messages(q.question, shown), s.guide_max_tokens,
+        g = c.call(q.id, f"r{t}.guide", "guide", P.guide_messages(q.question, br.shown), s.guide_max_tokens,
                    s.guide_temperature)
-        v = P.parse_verdict(g.text)
-        c.meter.cut_reply("guide verdict", g.finish_reason, v.correct is None)
-        g_ans = ans if v.correct is True else (v.correction or "")
-        guide = {"verdict": v.correct is True, "answer": g_ans, "correct": correct(g_ans)}
+        gr = P.read_guide(g.text, g.logprobs, ans)
+        c.meter.cut_reply("guide verdict", g.finish_reason, gr.verdict is None)
+        g_ans = gr.answer
+        guide = {"verdict": gr.verdict is True, "answer": g_ans, "correct": correct(g_ans)}
         _tokens(guide, g)
-        unc = P.verdict_uncertainty(g.logprobs) if v.correct is not None else None
+        unc = gr.uncertainty
         if unc is not None:
             guide["uncertainty"] = unc
         c.meter.signal("uncertainty", unc is not None)
-        if v.correct is None:
+        if gr.verdict is None:
             guide["verdict_parsed"] = False
             guide["raw"] = g.text
             c.meter.bump("guide verdict")
-        elif v.correct is False and v.correction is None:
+        elif gr.verdict is False and gr.correction is None:
             guide["correction_given"] = False
         rounds.append({"base": base, "guide": guide})
         history.append((b.text, g.text))
-        seen.append({"base": ans, "verdict": v.correct, "guide": g_ans, "uncertainty": unc})
+        seen.append({"base": ans, "verdict": gr.verdict, "guide": g_ans, "uncertainty": unc})
 
     rec: dict[str, Any] = {"id": q.id, "gold": q.golds[0]}
     if q.group is not None:

@@ -1,0 +1,139 @@
+"""``ccpo-jax gateway | live-eval``: the exported router in front of live endpoints (docs/gateway.md)."""
+from __future__ import annotations
+
+import argparse
+import math
+
+FLAGS = {"journal": "--journal", "online_kappa": "--online-kappa", "questions": "--questions",
+         "budget_cents": "--budget-cents", "results": "--results", "row": "--row"}
+
+
+def _endpoint_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", metavar="ARTIFACT", help="an exported router (the --out of 'ccpo-jax export')")
+    p.add_argument("--base", required=True, metavar="URL,MODEL", help="the base model's OpenAI-compatible endpoint")
+    p.add_argument("--guide", required=True, metavar="URL,MODEL", help="the guide model's endpoint")
+    p.add_argument("--base-key-env", default=None, metavar="VAR", help="environment variable holding the base "
+                   "endpoint's API key (default: send none)")
+    p.add_argument("--guide-key-env", default=None, metavar="VAR", help="likewise for the guide")
+    p.add_argument("--retries", type=int, default=2, help="retries per upstream call (default: 2)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="seconds of upstream silence before an attempt fails (default: 60)")
+    p.add_argument("--attempt-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds one upstream attempt may take in all (default: 120)")
+    p.add_argument("--max-retry-after", type=float, default=10.0, metavar="S",
+                   help="longest Retry-After honoured; a longer one fails the request (default: 10)")
+    p.add_argument("--max-batch", type=int, default=64, help="most decisions of concurrent requests in one router "
+                   "call; compiled for every power of two up to it at start-up (default: 64)")
+    p.add_argument("--online-kappa", type=float, default=None, metavar="ETA",
+                   help="update kappa online from feedback (Eq. 9, eta_k = ETA k^-0.6); default: the artefact's kappa")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("gateway", help="an OpenAI-compatible proxy that runs the CCPO protocol per request",
+                       description="POST /v1/chat/completions runs the base-guide protocol against --base and "
+                       "--guide and stops when the exported router's set says so (docs/gateway.md).")
+    _endpoint_args(g)
+    g.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1, loopback only)")
+    g.add_argument("--port", type=int, default=8080, help="TCP port (default: 8080)")
+    g.add_argument("--journal", default=None, metavar="FILE.jsonl",
+                   help="append every request to this cache file; needed for POST /v1/feedback")
+    g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default: 1 MiB)")
+    g.add_argument("--window", type=int, default=200, help="feedback outcomes in the rolling coverage (default: 200)")
+    g.set_defaults(func=_gateway)
+
+    e = sub.add_parser("live-eval", help="send questions with gold through the gateway in-process and compare "
+                       "realised cost and coverage with the replay prediction",
+                       description="Runs each question of --questions through the gateway's code (no HTTP), "
+                       "journals them as a cache, and prints realised cost and coverage (Clopper-Pearson 95%%) "
+                       "beside the training run's replay prediction (docs/gateway.md).")
+    _endpoint_args(e)
+    e.add_argument("--questions", required=True, metavar="Q.jsonl", help="{id, question, gold} per line (as data collect)")
+    e.add_argument("--journal", required=True, metavar="FILE.jsonl", help="the journal (a cache) to write")
+    e.add_argument("--results", default=None, metavar="results.json",
+                   help="the training run's results.json (default: RUN_DIR/results.json of the artefact's run if found)")
+    e.add_argument("--budget-cents", type=float, default=None, help="stop before a question whose worst case would "
+                   "cross this total")
+    e.add_argument("--concurrency", type=int, default=4, help="questions in flight (default: 4)")
+    e.set_defaults(func=_live_eval)
+
+
+def _config(args, journal):
+    from ccpo_jax.collect.client import RetryPolicy, parse_endpoint
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.gateway.app import GatewayConfig
+
+    for flag, v, lo in (("--retries", args.retries, 0), ("--timeout", args.timeout, 1e-3),
+                        ("--attempt-timeout", args.attempt_timeout, 1e-3), ("--max-retry-after", args.max_retry_after, 0)):
+        if not (math.isfinite(v) and v >= lo):
+            raise UserError(f"{flag}: expected a number >= {lo:g}, got {v!r}")
+    eta = args.online_kappa
+    if eta is not None and not (math.isfinite(eta) and eta > 0):
+        raise UserError(f"--online-kappa: expected a step > 0, got {eta!r}")
+    retry = RetryPolicy(retries=args.retries, backoff_s=0.5, max_backoff_s=5.0, max_retry_after_s=args.max_retry_after,
+                        timeout_s=args.timeout, attempt_timeout_s=args.attempt_timeout)
+    base = parse_endpoint(args.base, "--base", args.base_key_env)
+    guide = parse_endpoint(args.guide, "--guide", args.guide_key_env)
+    if not 1 <= args.max_batch <= 4096:
+        raise UserError(f"--max-batch: expected an integer in [1, 4096], got {args.max_batch}")
+    kw = {"max_batch": args.max_batch}
+    if getattr(args, "window", None) is not None:
+        if args.window < 1:
+            raise UserError(f"--window: expected an integer >= 1, got {args.window}")
+        kw["window"] = args.window
+    if getattr(args, "max_body_bytes", None) is not None:
+        if args.max_body_bytes < 1024:
+            raise UserError(f"--max-body-bytes: expected at least 1024, got {args.max_body_bytes}")
+        kw["max_body_bytes"] = args.max_body_bytes
+    return GatewayConfig(base=base, guide=guide, retry=retry, journal=journal, online_eta=eta, **kw)
+
+
+def _gateway(args) -> int:
+    import logging
+    import socket
+
+    import uvicorn
+
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.gateway.app import MODEL_ID, load_gateway
+    from ccpo_jax.gateway.routes import build_app
+
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port: expected 0..65535, got {args.port}")
+    try:
+        cfg = _config(args, args.journal)
+        gw = load_gateway(args.artifact, cfg)
+    except UserError as e:
+        raise e.for_cli(FLAGS) from None
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as e:  # (bound here, so that a taken port is one error line, not uvicorn's exit)
+        sock.close()
+        raise UserError(f"--port: cannot listen on {args.host}:{args.port} ({e.strerror or e})") from None
+    # the gateway's own lines (the drift alarm, request failures); not httpx's line per upstream call
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("ccpo_jax.gateway").setLevel(logging.INFO)
+    r = gw.router
+    print(f"gateway: model {MODEL_ID!r} = router {r.manifest['policy']['row']!r} (alpha {r.alpha:g}, kappa "
+          f"{float(r.kappa):.6g}{', online' if cfg.online_eta else ''}, T {r.T}); base {cfg.base.model} at "
+          f"{cfg.base.public_url}, guide {cfg.guide.model} at {cfg.guide.public_url}; "
+          f"http://{args.host}:{args.port}/v1", flush=True)
+    server = uvicorn.Server(uvicorn.Config(build_app(gw), log_level="warning", timeout_graceful_shutdown=5))
+    server.run(sockets=[sock])
+    return 0
+
+
+def _live_eval(args) -> int:
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.gateway.liveeval import live_eval
+
+    try:
+        cfg = _config(args, args.journal)
+        if args.concurrency < 1:
+            raise UserError(f"--concurrency: expected an integer >= 1, got {args.concurrency}")
+        live_eval(args.artifact, cfg, args.questions, results=args.results, budget_cents=args.budget_cents,
+                  concurrency=args.concurrency, echo=print)
+    except UserError as e:
+        raise e.for_cli(FLAGS) from None
+    return 0

@@ -1,0 +1,292 @@
+"""The OpenAI-compatible gateway: a Starlette app that runs the CCPO protocol per request (docs/gateway.md).
+
+Routes: ``POST /v1/chat/completions`` (``stream`` too), ``GET /v1/models``,
+``POST /v1/feedback``, ``GET /metrics``, ``GET /healthz``. Requests run
+concurrently on one event loop; each request's upstream calls are sequential.
+:class:`Gateway` is the whole behaviour, without HTTP, so ``live-eval`` runs the
+same code in-process.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import math
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ccpo_jax.collect.client import Endpoint, Reply, RetryPolicy
+from ccpo_jax.gateway.engine import Batcher, Caps, CapTooSmall, Decider, Outcome, ProtocolConfig, run_protocol
+from ccpo_jax.gateway.journal import FeedbackError, Journal, journal_manifest
+from ccpo_jax.gateway.metrics import Metrics
+from ccpo_jax.gateway.online import CoverageState
+from ccpo_jax.gateway.upstream import AsyncChatClient, UpstreamError
+from ccpo_jax.serving import Router
+from ccpo_jax.serving.artifact import RouterInputError
+from ccpo_jax.errors import UserError
+
+log = logging.getLogger("ccpo_jax.gateway")
+
+#: The model id the gateway serves (GET /v1/models); a request must name it.
+MODEL_ID = "ccpo-router"
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayConfig:
+    base: Endpoint
+    guide: Endpoint
+    retry: RetryPolicy = RetryPolicy(retries=2, backoff_s=0.5, max_backoff_s=5.0, max_retry_after_s=10.0,
+                                     timeout_s=60.0, attempt_timeout_s=120.0)
+    journal: str | None = None
+    online_eta: float | None = None
+    window: int = 200
+    alarm_p: float = 0.01
+    protocol: ProtocolConfig = ProtocolConfig()
+    max_body_bytes: int = 1 << 20
+    max_question_chars: int = 100_000
+    max_connections: int = 256
+    #: Most decisions in one router call; the decision path is compiled for every power of two up to it
+    #: at start-up (1 ... 64: 7 batch sizes, about 11 s here).
+    max_batch: int = 64
+
+
+class RequestError(Exception):
+    """A client error: the HTTP status and OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.param, self.code, self.kind = status, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
+
+#: OpenAI request fields the protocol cannot honour: refused, not silently ignored.
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias", "audio",
+               "modalities", "prediction")
+
+
+def _text_content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, p in enumerate(content):
+            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                raise RequestError(400, f"{where}[{i}]: only text parts are supported", param=f"{where}[{i}]",
+                                   code="unsupported_content")
+            parts.append(p["text"])
+        return "\n".join(parts)
+    raise RequestError(400, f"{where}: expected a string or a list of text parts", param=where)
+
+
+def parse_request(body: Any, router: Router, max_chars: int) -> tuple[str, str | None, Caps, bool]:
+    """(question, group, caps, stream) of a chat-completions body, or RequestError (4xx)."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise RequestError(400, "model: required (a string)", param="model")
+    if model != MODEL_ID:
+        raise RequestError(404, f"The model `{model}` does not exist; this gateway serves `{MODEL_ID}`",
+                           param="model", code="model_not_found")
+    for k in UNSUPPORTED:
+        if body.get(k) is not None:
+            raise RequestError(400, f"{k}: not supported by the CCPO gateway", param=k, code="unsupported_parameter")
+    n = body.get("n", 1)
+    if n != 1 or isinstance(n, bool):
+        raise RequestError(400, "n: only 1 is supported", param="n", code="unsupported_parameter")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise RequestError(400, "messages: expected a non-empty array", param="messages")
+    question = None
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestError(400, f"messages[{i}]: expected an object with a role", param=f"messages[{i}]")
+        if m["role"] == "user":
+            question = _text_content(m.get("content"), f"messages[{i}].content")
+    if question is None or not question.strip():
+        raise RequestError(400, "messages: no user message with text (the question is the last user message)",
+                           param="messages")
+    if len(question) > max_chars:
+        raise RequestError(400, f"messages: the question has {len(question)} characters, more than {max_chars}",
+                           param="messages", code="question_too_long")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(400, "stream: expected true or false", param="stream")
+    group = body.get("group")
+    if group is not None:
+        try:
+            router.kappa_for(group, "group")
+        except RouterInputError as e:
+            raise RequestError(400, str(e), param="group") from None
+        if not group or len(group) > 200:
+            raise RequestError(400, "group: expected a non-empty string of at most 200 characters", param="group")
+    mr = body.get("max_rounds")
+    if mr is not None and (isinstance(mr, bool) or not isinstance(mr, int) or mr < 1):
+        raise RequestError(400, "max_rounds: expected an integer >= 1", param="max_rounds")
+    mc = body.get("max_cost_cents")
+    if mc is not None and (isinstance(mc, bool) or not isinstance(mc, (int, float)) or not math.isfinite(mc)
+                           or mc <= 0):
+        raise RequestError(400, "max_cost_cents: expected a number > 0", param="max_cost_cents")
+    return question, group, Caps(mr, None if mc is None else float(mc)), stream
+
+
+class Gateway:
+    """The gateway's state: router, upstream clients, metrics, journal, coverage/online kappa."""
+
+    def __init__(self, router: Router, cfg: GatewayConfig):
+        self.router, self.cfg = router, cfg
+        if cfg.online_eta is not None and router.group_kappas is not None:
+            raise UserError("--online-kappa: a Mondrian router has one threshold per group; the online update "
+                            "drives one threshold, so it needs a marginal router", field="online_kappa")
+        for e in (cfg.base, cfg.guide):
+            e.api_key()  # a missing key variable is a UserError now, not at the first request
+        m = router.manifest["models"]
+        self.prices = {r: (float(m[r]["price_in"]), float(m[r]["price_out"])) for r in ("base", "guide")}
+        self.endpoints = {"base": cfg.base, "guide": cfg.guide}
+        self.coverage = CoverageState(router.alpha, float(router.kappa), cfg.online_eta, cfg.window, cfg.alarm_p)
+        self.decider = Decider(router, self.coverage)
+        self.batcher = Batcher(self.decider, cfg.max_batch)
+        self.metrics = Metrics(router.T)
+        self.metrics.kappa.set(float(router.kappa))
+        self.metrics.target.set(1.0 - router.alpha)
+        self.journal = None
+        if cfg.journal is not None:
+            p = cfg.protocol
+            reqs = {"base_temperature": list(p.base_temperature), "guide_temperature": p.guide_temperature,
+                    "max_tokens": {"base": p.base_max_tokens, "guide": p.guide_max_tokens}, "seed": p.seed,
+                    "logprobs": p.logprobs}
+            eps = {r: {"url": e.public_url, "model": e.model} for r, e in self.endpoints.items()}
+            self.journal = Journal(cfg.journal, journal_manifest(router.manifest, eps, reqs))
+        self.clients: dict[str, AsyncChatClient] = {}
+
+    def warm_up(self) -> None:
+        """Compile the decision path for every batch size the batcher can send (powers of two up to
+        ``warm_batch``), so that no request waits for a compilation (about 1.5 s each here)."""
+        rnd = [{"base": {"answer": "a", "tokens_in": 1, "tokens_out": 1},
+                "guide": {"verdict": True, "answer": "a", "tokens_in": 1, "tokens_out": 1}}]
+        b = 1
+        while b <= self.batcher.max_batch:
+            self.decider.decide_many([(rnd, True, None)] * b)
+            b *= 2
+
+    async def start(self) -> None:
+        self.clients = {r: AsyncChatClient(e, self.cfg.retry, max_connections=self.cfg.max_connections, seed=i)
+                        for i, (r, e) in enumerate(self.endpoints.items())}
+
+    async def stop(self) -> None:
+        for c in self.clients.values():
+            await c.aclose()
+        if self.journal is not None:
+            self.journal.close()
+
+    async def _call(self, role: str, body: dict) -> Reply:
+        body["model"] = self.endpoints[role].model
+        try:
+            reply, stats = await self.clients[role].chat(body)
+        except UpstreamError as e:
+            self.metrics.errors.labels(f"upstream_{e.kind}").inc()
+            raise
+        self.metrics.latency.labels(self.endpoints[role].model).observe(stats.latency_s)
+        if body.get("logprobs") and reply.logprobs is None:
+            self.metrics.missing.labels("confidence" if role == "base" else "uncertainty").inc()
+        return reply
+
+    def _counted(self, role: str, info: dict) -> None:
+        model = self.endpoints[role].model
+        self.metrics.cost.labels(model).inc(info["cost_cents"])
+        self.metrics.tokens.labels(model, "in").inc(info["tokens_in"])
+        self.metrics.tokens.labels(model, "out").inc(info["tokens_out"])
+
+    async def complete(self, question: str, group: str | None, caps: Caps,
+                       cid: str | None = None) -> tuple[str, Outcome]:
+        """Run the protocol for one question; journal it; (completion id, outcome). ``cid``: the id to
+        journal it under (live-eval: the question's id; default a fresh ``chatcmpl-`` id)."""
+        self.metrics.in_flight.inc()
+        try:
+            out = await run_protocol(question, group, caps, decider=self.batcher, call=self._call,
+                                     cfg=self.cfg.protocol, prices=self.prices, on_round=self._counted)
+        finally:
+            self.metrics.in_flight.dec()
+        cid = cid or "chatcmpl-" + uuid.uuid4().hex
+        self.metrics.rounds.observe(len(out.rounds))
+        for d, s in zip(out.decisions, out.decide_s):
+            self.metrics.decide.observe(s)
+            for a in d["action_set"] or ["empty"]:
+                self.metrics.decisions.labels(a).inc()
+        if self.journal is not None:
+            await asyncio.to_thread(self.journal.append, self.journal_line(cid, question, group, out))
+        return cid, out
+
+    def journal_line(self, cid: str, question: str, group: str | None, out: Outcome) -> dict:
+        rec: dict[str, Any] = {"id": cid, "question": question}
+        if self.router.group_kappas is not None:  # a Mondrian journal: every line has a group
+            rec["group"] = group if group is not None else "(none)"
+        rec["rounds"] = out.rounds
+        rec["gateway"] = self.ccpo_object(out)
+        rec["gateway"]["answer"] = out.answer
+        rec["gateway"]["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return rec
+
+    def ccpo_object(self, out: Outcome) -> dict:
+        keep = ("round", "action_set", "probs", "available", "kappa", "kappa_source", "group")
+        return {
+            "answer_set": out.answer_set,
+            "abstained": out.answer is None,
+            "rounds": len(out.rounds),
+            "stopped_by": out.stopped_by,
+            "decisions": [{k: d[k] for k in keep if k in d} for d in out.decisions],
+            "tokens": {r: {"model": self.endpoints[r].model, **out.tokens[r]} for r in ("base", "guide")},
+            "cost_cents": round(sum(t["cost_cents"] for t in out.tokens.values()), 9),
+            "tokens_estimated": out.estimated,
+            "coverage_target": 1.0 - self.router.alpha,
+        }
+
+    def feedback(self, body: Any) -> dict:
+        if self.journal is None:
+            raise FeedbackError("feedback needs a journal: start the gateway with --journal FILE", 409)
+        out, cov = self.journal.feedback(body)
+        self.metrics.feedback.labels({True: "covered", False: "missed", None: "undetermined"}[cov]).inc()
+        if cov is not None:
+            turned_on = self.coverage.record(cov)
+            self.metrics.kappa.set(self.coverage.kappa)
+            self.metrics.coverage.set(self.coverage.rolling)
+            self.metrics.alarm.set(float(self.coverage.alarm))
+            if turned_on:
+                log.warning("drift alarm: rolling coverage %.3f over the last %d outcomes is below the target %.3f "
+                            "(one-sided binomial p = %.2g)", self.coverage.rolling, min(self.coverage.seen,
+                            self.coverage.window), 1 - self.coverage.alpha, self.coverage.p_value)
+        return {"id": out["id"], "recorded": True, "labelled": "correct" in out["rounds"][0]["base"],
+                "covered": out["feedback"]["covered"], "kappa": self.coverage.kappa,
+                "rolling_coverage": self.coverage.rolling, "drift_alarm": self.coverage.alarm}
+
+    def completion_body(self, cid: str, out: Outcome) -> dict:
+        return {
+            "id": cid, "object": "chat.completion", "created": int(time.time()), "model": MODEL_ID,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.answer or ""},
+                         "logprobs": None, "finish_reason": "stop"}],
+            "usage": out.usage, "ccpo": self.ccpo_object(out),
+        }
+
+    def sse_chunks(self, cid: str, out: Outcome) -> list[bytes]:
+        base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL_ID}
+        deltas = [({"role": "assistant", "content": ""}, None), ({"content": out.answer or ""}, None), ({}, "stop")]
+        chunks = []
+        for i, (delta, fin) in enumerate(deltas):
+            c = dict(base, choices=[{"index": 0, "delta": delta, "logprobs": None, "finish_reason": fin}])
+            if fin is not None:
+                c["usage"], c["ccpo"] = out.usage, self.ccpo_object(out)
+            chunks.append(b"data: " + json.dumps(c).encode() + b"\n\n")
+        return chunks + [b"data: [DONE]\n\n"]
+
+
+def load_gateway(artefact: str | Path, cfg: GatewayConfig) -> Gateway:
+    router = Router.load(artefact)
+    gw = Gateway(router, cfg)
+    gw.warm_up()
+    return gw

@@ -1,0 +1,252 @@
+"""One request through the CCPO protocol, live: base, guide, parse, decide, until the router's set stops.
+
+The prompts, parsers, measures and request bodies are data collect's
+(:mod:`ccpo_jax.collect.protocol`, :func:`ccpo_jax.collect.caller.request_body`,
+with :class:`ccpo_jax.collect.settings.Settings`' defaults for max tokens,
+temperatures, seed and log-probs). After each round the exported router decides
+on the rounds so far (:meth:`ccpo_jax.serving.Router.decide`), exactly as
+``serve`` and ``route`` would; with ``--online-kappa`` the set is recomputed at the
+live threshold, ``{a available : pi(a|o) >= kappa}`` (the conformal set of Eq. 2).
+
+Answer rule: the reply is the answer collected last, i.e. of the latest round
+whose set held an answer, the guide's when that set holds both. An empty set at
+the end is an abstention (empty content).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import time
+from typing import Any, Callable
+
+from ccpo_jax.collect import protocol as P
+from ccpo_jax.collect.caller import PROMPT_TOKENS_PER_CHAR, estimate_tokens, request_body
+from ccpo_jax.collect.client import Reply
+from ccpo_jax.collect.settings import Settings
+from ccpo_jax.gateway.online import CoverageState
+from ccpo_jax.serving import Router
+
+ROLES = ("base", "guide")
+
+
+def _default(name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(Settings) if f.name == name)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolConfig:
+    """Per-call settings; the defaults are data collect's (one definition: Settings')."""
+
+    base_max_tokens: int = _default("base_max_tokens")
+    guide_max_tokens: int = _default("guide_max_tokens")
+    base_temperature: tuple[float, float] = _default("base_temperature")
+    guide_temperature: float = _default("guide_temperature")
+    seed: int | None = _default("seed")
+    logprobs: bool = _default("logprobs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Caps:
+    """Per-request caps (request fields ``max_rounds``, ``max_cost_cents``)."""
+
+    max_rounds: int | None = None
+    max_cost_cents: float | None = None
+
+
+class CapTooSmall(ValueError):
+    """``max_cost_cents`` is below the first round's worst case: nothing is sent."""
+
+
+@dataclasses.dataclass
+class Outcome:
+    """A finished request: what the reply and the journal say."""
+
+    rounds: list[dict]
+    decisions: list[dict]
+    answer_set: list[dict]
+    answer: str | None  # None: abstained (empty set)
+    stopped_by: str
+    tokens: dict[str, dict]
+    usage: dict[str, int]
+    estimated: bool
+    decide_s: list[float]
+
+
+class Decider:
+    """The router's decision, at the artefact's kappa or at the online one."""
+
+    def __init__(self, router: Router, coverage: CoverageState):
+        self.router = router
+        self.coverage = coverage
+
+    def decide_many(self, reqs: list[tuple[list[dict], bool, str | None]]) -> list[dict]:
+        """One decision per (rounds so far, can_continue, group), in one batch of the router."""
+        ds = self.router.decide_many([{"rounds": r, "can_continue": c, "group": g} for r, c, g in reqs],
+                                     where="request" if len(reqs) == 1 else "batch")
+        k = float(self.coverage.kappa) if self.coverage.online else None
+        for (rounds, _, _), d in zip(reqs, ds):
+            d.setdefault("kappa_source", "marginal")
+            if k is not None:  # the conformal set at the live threshold
+                s = [a for a in d["available"] if d["probs"][a] >= k]
+                d.update({"kappa": k, "kappa_source": "online (--online-kappa)", "action_set": s,
+                          "continue": "next" in s,
+                          "answers": {a: rounds[-1][a]["answer"] for a in ("base", "guide") if a in s}})
+        return ds
+
+    def decide(self, rounds: list[dict], can_continue: bool, group: str | None) -> dict:
+        return self.decide_many([(rounds, can_continue, group)])[0]
+
+
+class Batcher:
+    """Decisions of concurrent requests in one router call: a request's decision waits for the call in
+    progress (if any) and joins the next batch, run in a worker thread (JAX releases the GIL, so the
+    event loop keeps serving I/O). A batch that fails is decided one by one, so one request's error
+    stays its own."""
+
+    def __init__(self, decider: Decider, max_batch: int = 256):
+        self.decider, self.max_batch = decider, max_batch
+        self._pending: list = []
+        self._running = False
+        self.batches = 0
+
+    async def decide(self, rounds: list[dict], can_continue: bool, group: str | None) -> dict:
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append(((rounds, can_continue, group), fut))
+        if not self._running:
+            self._running = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
+                batch = [(req, f) for req, f in batch if not f.done()]  # (a cancelled request's)
+                if not batch:
+                    continue
+                self.batches += 1
+                try:
+                    out = await asyncio.to_thread(self.decider.decide_many, [req for req, _ in batch])
+                except Exception:  # noqa: BLE001 - decide each alone: the error goes to its request
+                    out = []
+                    for req, _ in batch:
+                        try:
+                            out.append(self.decider.decide(*req))
+                        except Exception as e:  # noqa: BLE001
+                            out.append(e)
+                for (_, f), d in zip(batch, out):
+                    if not f.done():
+                        f.set_exception(d) if isinstance(d, Exception) else f.set_result(d)
+        finally:
+            self._running = False
+
+
+def cents(price: tuple[float, float], t_in: float, t_out: float) -> float:
+    """Cents for a call at (USD per M input tokens, per M output tokens)."""
+    return (t_in * price[0] + t_out * price[1]) / 1e6 * 100.0
+
+
+def round_reserve(question: str, history: list[tuple[str, str]], cfg: ProtocolConfig,
+                  prices: dict[str, tuple[float, float]]) -> float:
+    """Worst-case cents of the next round (data collect's reservation: prompt tokens estimated at
+    PROMPT_TOKENS_PER_CHAR per character plus a per-message overhead, completions at max_tokens;
+    the guide may be shown a whole base completion)."""
+    bm = P.base_messages(question, history)
+    b_in = estimate_tokens(sum(len(m["content"]) for m in bm), len(bm))
+    g_chars = len(P.GUIDE_PROMPT) + len(question)
+    g_in = estimate_tokens(g_chars, 1) + math.ceil(cfg.base_max_tokens * 4 * PROMPT_TOKENS_PER_CHAR)
+    return cents(prices["base"], b_in, cfg.base_max_tokens) + cents(prices["guide"], g_in, cfg.guide_max_tokens)
+
+
+def _side(reply: Reply, messages: list[dict]) -> tuple[int, int, bool]:
+    """Tokens of a call: the reply's usage, or data collect's estimate (4 characters a token)."""
+    if reply.tokens_in is None:
+        return math.ceil(sum(len(m["content"]) for m in messages) / 4), math.ceil(len(reply.text) / 4), True
+    return reply.tokens_in, reply.tokens_out, False
+
+
+async def run_protocol(question: str, group: str | None, caps: Caps, *, decider: Decider | Batcher, call: Callable,
+                       cfg: ProtocolConfig, prices: dict[str, tuple[float, float]],
+                       on_round: Callable[[str, dict], Any] = lambda role, rec: None) -> Outcome:
+    """The protocol for one question. ``call(role, body)`` is awaited for each upstream call and returns a
+    :class:`~ccpo_jax.collect.client.Reply`; ``on_round(role, info)`` sees each call's tokens/cost."""
+    T = (decider.decider if isinstance(decider, Batcher) else decider).router.T
+    limit = T if caps.max_rounds is None else min(T, caps.max_rounds)
+    if caps.max_cost_cents is not None:
+        first = round_reserve(question, [], cfg, prices)
+        if first > caps.max_cost_cents:
+            raise CapTooSmall(f"max_cost_cents {caps.max_cost_cents:g} is below the first round's worst case "
+                              f"({first:.6g} cents); nothing was sent")
+    rounds: list[dict] = []
+    decisions: list[dict] = []
+    collected: list[dict] = []
+    history: list[tuple[str, str]] = []
+    tokens = {r: {"tokens_in": 0, "tokens_out": 0, "cost_cents": 0.0} for r in ROLES}
+    estimated = False
+    decide_s: list[float] = []
+    spent = 0.0
+    stopped_by = "router"
+    for t in range(limit):
+        temp = cfg.base_temperature[0] if t == 0 else cfg.base_temperature[1]
+        bm = P.base_messages(question, history)
+        b = await call("base", request_body("", bm, cfg.base_max_tokens, temp, cfg.seed, cfg.logprobs))
+        br = P.read_base(b.text, b.logprobs)
+        gm = P.guide_messages(question, br.shown)
+        g = await call("guide", request_body("", gm, cfg.guide_max_tokens, cfg.guide_temperature, cfg.seed,
+                                             cfg.logprobs))
+        gr = P.read_guide(g.text, g.logprobs, br.answer)
+        rnd: dict[str, dict] = {}
+        for role, reply, msgs in (("base", b, bm), ("guide", g, gm)):
+            t_in, t_out, est = _side(reply, msgs)
+            estimated |= est
+            c = cents(prices[role], t_in, t_out)
+            spent += c
+            tk = tokens[role]
+            tk["tokens_in"] += t_in
+            tk["tokens_out"] += t_out
+            tk["cost_cents"] += c
+            rec: dict[str, Any] = {"tokens_in": t_in, "tokens_out": t_out}
+            if est:
+                rec["tokens_estimated"] = True
+            rnd[role] = rec
+            on_round(role, {"cost_cents": c, "tokens_in": t_in, "tokens_out": t_out})
+        rnd["base"] = {"answer": br.answer, **rnd["base"]}
+        if br.confidence is not None:
+            rnd["base"]["confidence"] = br.confidence
+        if not br.parsed:
+            rnd["base"]["answer_parsed"] = False
+        rnd["guide"] = {"verdict": gr.verdict is True, "answer": gr.answer, **rnd["guide"]}
+        if gr.uncertainty is not None:
+            rnd["guide"]["uncertainty"] = gr.uncertainty
+        if gr.verdict is None:
+            rnd["guide"]["verdict_parsed"] = False
+            rnd["guide"]["raw"] = g.text
+        rounds.append(rnd)
+        history.append((b.text, g.text))
+        can_continue = t + 1 < limit
+        if can_continue and caps.max_cost_cents is not None and \
+                spent + round_reserve(question, history, cfg, prices) > caps.max_cost_cents:
+            can_continue, stopped_by = False, "max_cost_cents"
+        elif not can_continue:
+            stopped_by = "max_rounds" if limit < T else "T"
+        t0 = time.perf_counter()
+        d = decider.decide(rounds, can_continue, group)
+        if asyncio.iscoroutine(d):
+            d = await d
+        decide_s.append(time.perf_counter() - t0)
+        decisions.append(d)
+        for role in ROLES:
+            if role in d["action_set"]:
+                collected.append({"round": t + 1, "role": role, "answer": rnd[role]["answer"]})
+        if not d["continue"]:
+            if can_continue:
+                stopped_by = "router"
+            break
+    for tk in tokens.values():
+        tk["cost_cents"] = round(tk["cost_cents"], 9)
+    usage = {"prompt_tokens": sum(tk["tokens_in"] for tk in tokens.values()),
+             "completion_tokens": sum(tk["tokens_out"] for tk in tokens.values())}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    answer = collected[-1]["answer"] if collected else None
+    return Outcome(rounds, decisions, collected, answer, stopped_by, tokens, usage, estimated, decide_s)

@@ -1,0 +1,208 @@
+"""The gateway's journal: every finished request as a line of the human cache format (docs/gateway.md).
+
+* Line 1 is a manifest (T, models and prices from the router's manifest;
+  ``provenance.journal`` marks the file as a journal). Each finished request
+  appends one line, ``{"id", "question", "group"?, "rounds", "gateway": {...}}``,
+  written and fsync-ed before the reply is sent; ``correct`` and ``gold`` are
+  absent: an *unlabelled* line, which the cache reader skips in a journal.
+* ``POST /v1/feedback`` appends the request's line again with its outcome:
+  with ``gold`` (and optional ``gold_aliases``), every answer is labelled (``correct`` by data collect's rule,
+  normalised exact match) and the line becomes a question of the cache; with
+  ``correct`` (was the returned answer right?) the answers are labelled only
+  when they all normalise to the returned one, else the line stays unlabelled
+  and carries ``feedback.correct``. The reader takes the last line of an id.
+* Crash safety: lines are appended whole and fsync-ed; a last line cut by a
+  kill is dropped when the gateway opens the journal again (so a killed gateway
+  loses at most the requests in flight), and the reader refuses nothing else.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from ccpo_jax.collect import protocol as P
+from ccpo_jax.collect.cachefile import collector_version, today
+from ccpo_jax.collect.calllog import truncate_partial_line
+from ccpo_jax.errors import UserError
+from envs.atomic import atomic_write_text
+from envs.journal import unlabelled
+from envs.normalise import normalise_answer
+
+#: Requests kept in memory for feedback (the oldest are forgotten first).
+MAX_PENDING = 100_000
+
+
+class FeedbackError(UserError):
+    """Feedback that cannot be recorded; ``status``: the HTTP status to answer with."""
+
+    def __init__(self, msg: str, status: int, field: str | None = None):
+        super().__init__(msg, field=field)
+        self.status = status
+
+
+def journal_manifest(router_manifest: dict, endpoints: dict[str, dict], requests: dict) -> dict:
+    m = router_manifest
+    return {
+        "name": "gateway-journal",
+        "task": m["cache"].get("task", "unknown") if isinstance(m["cache"].get("task"), str) else "unknown",
+        "T": int(m["T"]),
+        "models": {r: {"name": m["models"][r]["name"], "price_in": m["models"][r]["price_in"],
+                       "price_out": m["models"][r]["price_out"]} for r in ("base", "guide")},
+        "provenance": {
+            "kind": "real",
+            "source": "ccpo-jax gateway (live requests; outcomes from POST /v1/feedback)",
+            "license": "unknown",
+            "collector": collector_version(),
+            "journal": {"started": today(), "router_manifest_sha256": m.get("manifest_sha256"),
+                        "router_policy": m["policy"]["row"], "alpha": m["alpha"]},
+            "endpoints": endpoints,
+            "prompts_sha256": P.prompt_hashes(),
+            "requests": requests,
+            "correctness": "normalised exact match against the gold given by feedback",
+            "measures": {"guide_uncertainty": "1 - p(verdict token)",
+                         "base_confidence": "exp(mean logprob) over the answer tokens"},
+        },
+    }
+
+
+def label(rec: dict, gold: str | None, correct: bool | None, aliases: list[str] = ()) -> dict:
+    """``rec`` with the outcome of its feedback (module doc's rules)."""
+    out = json.loads(json.dumps(rec))
+    out["feedback"] = {"gold": gold} if gold is not None else {"correct": correct}
+    answers = [r[role]["answer"] for r in out["rounds"] for role in ("base", "guide")]
+    if gold is not None:
+        out["gold"] = gold
+        if aliases:
+            out["gold_aliases"] = list(aliases)
+        judge = lambda a: P.is_correct(a, [gold, *aliases])  # noqa: E731
+    else:
+        chosen = out["gateway"].get("answer")
+        if chosen is None or any(normalise_answer(a) != normalise_answer(chosen) for a in answers):
+            return out  # not every answer is determined: stays unlabelled
+        judge = lambda a: bool(correct)  # noqa: E731
+    for r in out["rounds"]:
+        for role in ("base", "guide"):
+            r[role]["correct"] = judge(r[role]["answer"])
+    return out
+
+
+def covered(rec: dict, gold: str | None, correct: bool | None, aliases: list[str] = ()) -> bool | None:
+    """Whether the request's answer set covered a correct answer (None: the feedback does not say).
+    ``gold``: any answer of the set correct; ``correct``: the returned answer's outcome decides when
+    it is true or the set holds no other answer."""
+    gw = rec["gateway"]
+    answers = [a["answer"] for a in gw["answer_set"]]
+    if gold is not None:
+        return any(P.is_correct(a, [gold, *aliases]) for a in answers)
+    if correct or len({normalise_answer(a) for a in answers}) <= 1:
+        return bool(correct) and bool(answers)
+    return None
+
+
+class Journal:
+    """Appends request and feedback lines (thread-safe); keeps recent requests for feedback."""
+
+    def __init__(self, path: str | os.PathLike, manifest: dict):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self.pending: dict[str, dict] = {}
+        self.labelled: set[str] = set()
+        if self.path.suffix != ".jsonl":
+            raise UserError(f"{self.path}: the journal is a human-format cache; give a file name ending in .jsonl",
+                            field="journal")
+        if self.path.exists() and self.path.stat().st_size > 0:
+            self._reopen()
+        else:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(self.path, json.dumps({"manifest": manifest}, ensure_ascii=False) + "\n")
+            except OSError as e:
+                raise UserError(f"{self.path}: cannot write ({e.strerror or e})", field="journal") from None
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def _reopen(self) -> None:
+        """An existing journal: drop a torn last line, reload the requests still awaiting feedback."""
+        if truncate_partial_line(self.path):
+            print(f"note: dropped the incomplete last line of {self.path} (a killed write)", file=sys.stderr)
+        with open(self.path, encoding="utf-8") as f:
+            for i, line in enumerate(f, start=1):
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    raise UserError(f"{self.path}:{i}: not valid JSON; not a journal this gateway can append to",
+                                    field="journal") from None
+                if i == 1:
+                    if not isinstance(obj.get("manifest"), dict) or "journal" not in obj["manifest"].get("provenance", {}):
+                        raise UserError(f"{self.path}:1: not a gateway journal (no manifest with provenance.journal)",
+                                        field="journal")
+                    continue
+                qid = obj.get("id")
+                if not unlabelled(obj):
+                    self.labelled.add(qid)
+                    self.pending.pop(qid, None)
+                else:
+                    self.pending[qid] = obj
+
+    def close(self) -> None:
+        self._f.close()
+
+    def _write(self, rec: dict) -> None:
+        line = json.dumps(rec, ensure_ascii=False, allow_nan=False)
+        with self._lock:
+            self._f.write(line + "\n")
+            self._f.flush()
+            os.fsync(self._f.fileno())
+
+    def append(self, rec: dict) -> None:
+        """A finished request's line, on disk when this returns."""
+        self._write(rec)
+        with self._lock:
+            self.pending[rec["id"]] = rec
+            while len(self.pending) > MAX_PENDING:
+                self.pending.pop(next(iter(self.pending)))
+
+    def feedback(self, body: Any) -> tuple[dict, bool | None]:
+        """Record ``{"id", "correct" | "gold"}``: (the line written, whether the set covered)."""
+        if not isinstance(body, dict):
+            raise FeedbackError("the body must be a JSON object {\"id\", \"correct\" | \"gold\"}", 400)
+        qid = body.get("id")
+        if not isinstance(qid, str) or not qid:
+            raise FeedbackError("id: expected the id of a chat completion this gateway answered", 400, "id")
+        has_c, has_g = "correct" in body, "gold" in body
+        if has_c == has_g:
+            raise FeedbackError("give exactly one of `correct` (true/false) and `gold` (a string)", 400)
+        gold, correct = body.get("gold"), body.get("correct")
+        if has_g and (not isinstance(gold, str) or not normalise_answer(gold)):
+            raise FeedbackError("gold: expected a non-empty answer string", 400, "gold")
+        if has_c and not isinstance(correct, bool):
+            raise FeedbackError("correct: expected true or false", 400, "correct")
+        aliases = body.get("gold_aliases", [])
+        if not (has_g or "gold_aliases" not in body) or not isinstance(aliases, list) or \
+                not all(isinstance(a, str) and normalise_answer(a) for a in aliases):
+            raise FeedbackError("gold_aliases: expected a list of non-empty answer strings, with `gold`", 400,
+                                "gold_aliases")
+        with self._lock:
+            if qid in self.labelled:
+                raise FeedbackError(f"id {qid!r}: its outcome is already recorded", 409, "id")
+            rec = self.pending.get(qid)
+            if rec is None:
+                raise FeedbackError(f"id {qid!r}: no request with this id awaits feedback in {self.path.name}",
+                                    404, "id")
+            if "feedback" in rec and has_c:
+                raise FeedbackError(f"id {qid!r}: `correct` was already given; send `gold` to label it", 409, "id")
+        cov = covered(rec, gold if has_g else None, correct if has_c else None, aliases)
+        counted = rec.get("feedback", {}).get("covered") is not None  # an earlier `correct` already counted
+        out = label(rec, gold if has_g else None, correct if has_c else None, aliases)
+        out["feedback"]["covered"] = cov if not counted else rec["feedback"]["covered"]
+        self._write(out)
+        with self._lock:
+            if "gold" in out or "correct" in out["rounds"][0]["base"]:
+                self.labelled.add(qid)
+                self.pending.pop(qid, None)
+            else:
+                self.pending[qid] = out
+        return out, (None if counted else cov)

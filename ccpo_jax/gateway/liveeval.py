@@ -1,0 +1,167 @@
+"""``ccpo-jax live-eval``: questions with gold through the gateway's code, realised vs replay-predicted.
+
+Each question runs :meth:`~ccpo_jax.gateway.app.Gateway.complete` in-process (the
+code behind ``POST /v1/chat/completions``, without HTTP) and is labelled at once
+with its gold (the ``/v1/feedback`` code), so the journal is a cache.
+
+Coverage. The replay's coverage (results.json) is the paper's matched coverage:
+an answer of the set correct, or the question unsolvable (no answer of any of
+the T rounds correct). Live, the rounds not run are never seen, so matched
+coverage lies between two realised counts: *set* (an answer of the set is
+correct; unsolvable questions count as missed) and *set or none seen* (also
+counting questions where no answer of the rounds run was correct). Each gets a
+Clopper-Pearson 95% interval; the prediction is checked against both.
+
+Budget: before a question starts, the worst case of its T rounds (the engine's
+per-round reservation, completions at max_tokens) is reserved; a question whose
+reservation would cross ``--budget-cents`` is not started.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from scipy.stats import binomtest
+
+from ccpo_jax.collect import protocol as P
+from ccpo_jax.collect.questions import load_questions
+from ccpo_jax.errors import UserError
+from ccpo_jax.gateway.app import GatewayConfig, load_gateway
+from ccpo_jax.gateway.engine import Caps, round_reserve
+
+
+def clopper_pearson(k: int, n: int) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def replay_prediction(results: str | Path, row: str) -> dict:
+    """The training run's test-split prediction of ``row`` per question (results.json; cost is summed
+    over the test split there)."""
+    p = Path(results)
+    try:
+        r = json.loads(p.read_text())
+        pol = r["policies"][row]
+        run = json.loads((p.parent / "run.json").read_text()) if (p.parent / "run.json").is_file() else {}
+        n_test = int(run.get("split_sizes", [0, 0, 0])[2]) or None
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such file (the training run's results.json)", field="results") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{p}: no prediction for row {row!r} ({e!r})", field="results") from None
+    out = {"row": row, "coverage": pol["coverage"]["mean"], "avg_len": pol["avg_len"]["mean"], "n_test": n_test,
+           "source": str(p)}
+    out["cost_cents_per_question"] = pol["cost_cents"]["mean"] / n_test if n_test else None
+    return out
+
+
+def _find_results(artefact: str | Path, given: str | None) -> Path | None:
+    if given is not None:
+        return Path(given)
+    m = json.loads((Path(artefact) / "manifest.json").read_text())
+    pdir = m.get("source", {}).get("policy_dir")
+    cand = Path(pdir).parent.parent / "results.json" if pdir else None
+    return cand if cand is not None and cand.is_file() else None
+
+
+def live_eval(artefact: str | Path, cfg: GatewayConfig, questions: str | Path, *, results: str | None = None,
+              budget_cents: float | None = None, concurrency: int = 4,
+              echo: Callable[[str], Any] = print) -> dict:
+    qs, _ = load_questions(questions)
+    if budget_cents is not None and not budget_cents > 0:
+        raise UserError(f"budget_cents: expected a number > 0, got {budget_cents}", field="budget_cents")
+    if cfg.journal is None or Path(cfg.journal).exists():
+        raise UserError(f"{cfg.journal}: already exists; live-eval writes a new journal", field="journal")
+    res_path = _find_results(artefact, results)
+    gw = load_gateway(artefact, cfg)
+    pred = replay_prediction(res_path, gw.router.manifest["policy"]["row"]) if res_path else None
+    rows = asyncio.run(_run_all(gw, qs, budget_cents, concurrency))
+    report = summarise(rows, pred, len(qs), 1.0 - gw.router.alpha)
+    report["journal"] = str(cfg.journal)
+    for line in format_report(report):
+        echo(line)
+    return report
+
+
+async def _run_all(gw, qs, budget_cents, concurrency) -> list[dict]:
+    await gw.start()
+    sem = asyncio.Semaphore(concurrency)
+    state = {"spent": 0.0, "reserved": 0.0, "stopped": False}
+    p, T = gw.cfg.protocol, gw.router.T
+    worst_hist = [("x" * (4 * p.base_max_tokens), "x" * (4 * p.guide_max_tokens))]
+
+    async def one(q) -> dict | None:
+        async with sem:
+            need = sum(round_reserve(q.question, worst_hist * t, p, gw.prices) for t in range(T))
+            if state["stopped"] or (budget_cents is not None and state["spent"] + state["reserved"] + need > budget_cents):
+                state["stopped"] = True
+                return None
+            state["reserved"] += need
+            try:
+                cid, out = await gw.complete(q.question, q.group, Caps(), cid=q.id)
+            finally:
+                state["reserved"] -= need
+            cost = sum(t["cost_cents"] for t in out.tokens.values())
+            state["spent"] += cost
+            await asyncio.to_thread(gw.feedback, {"id": cid, "gold": q.golds[0], "gold_aliases": list(q.golds[1:])})
+            judge = lambda a: P.is_correct(a, q.golds)  # noqa: E731
+            seen = any(judge(rd[r]["answer"]) for rd in out.rounds for r in ("base", "guide"))
+            covered = any(judge(a["answer"]) for a in out.answer_set)
+            return {"id": q.id, "cost_cents": cost, "rounds": len(out.rounds), "covered": covered,
+                    "none_seen": not seen}
+
+    try:
+        rows = await asyncio.gather(*(one(q) for q in qs))
+    finally:
+        await gw.stop()
+    return [r for r in rows if r is not None]
+
+
+def summarise(rows: list[dict], pred: dict | None, n_questions: int, target: float) -> dict:
+    n = len(rows)
+    k_set = sum(r["covered"] for r in rows)
+    k_upper = sum(r["covered"] or r["none_seen"] for r in rows)
+    out: dict[str, Any] = {
+        "questions": n, "not_started_budget": n_questions - n, "target": target,
+        "cost_cents_per_question": float(np.mean([r["cost_cents"] for r in rows])) if rows else None,
+        "rounds_mean": float(np.mean([r["rounds"] for r in rows])) if rows else None,
+        "coverage_set": k_set / n if n else None, "coverage_set_ci95": clopper_pearson(k_set, n),
+        "coverage_set_or_none_seen": k_upper / n if n else None,
+        "coverage_set_or_none_seen_ci95": clopper_pearson(k_upper, n),
+        "prediction": pred,
+    }
+    if pred is not None and n:
+        lo, hi = out["coverage_set_ci95"][0], out["coverage_set_or_none_seen_ci95"][1]
+        out["prediction_inside"] = lo <= pred["coverage"] <= hi
+        out["coverage_diff"] = [k_set / n - pred["coverage"], k_upper / n - pred["coverage"]]
+        if pred.get("cost_cents_per_question") is not None:
+            out["cost_diff_cents"] = out["cost_cents_per_question"] - pred["cost_cents_per_question"]
+    return out
+
+
+def format_report(r: dict) -> list[str]:
+    f = lambda v, d=4: "n/a" if v is None else f"{v:.{d}g}"  # noqa: E731
+    p = r["prediction"] or {}
+    ci_a, ci_b = r["coverage_set_ci95"], r["coverage_set_or_none_seen_ci95"]
+    lines = [f"live-eval: {r['questions']} question(s) answered"
+             + (f", {r['not_started_budget']} not started (--budget-cents)" if r["not_started_budget"] else ""),
+             "| measure | realised | replay prediction | difference |", "|---|---|---|---|",
+             f"| cost per question (cents) | {f(r['cost_cents_per_question'])} | {f(p.get('cost_cents_per_question'))} "
+             f"| {f(r.get('cost_diff_cents'))} |",
+             f"| rounds per question | {f(r['rounds_mean'])} | {f(p.get('avg_len'))} | "
+             f"{f(None if not p or r['rounds_mean'] is None else r['rounds_mean'] - p['avg_len'])} |",
+             f"| coverage: set (CP 95%) | {f(r['coverage_set'])} [{ci_a[0]:.3f}, {ci_a[1]:.3f}] | "
+             f"{f(p.get('coverage'))} | {f((r.get('coverage_diff') or [None])[0])} |",
+             f"| coverage: set or none seen (CP 95%) | {f(r['coverage_set_or_none_seen'])} [{ci_b[0]:.3f}, "
+             f"{ci_b[1]:.3f}] | {f(p.get('coverage'))} | {f((r.get('coverage_diff') or [None, None])[1])} |"]
+    if p:
+        lines.append(f"prediction ({p['row']}, {p['source']}) inside [{ci_a[0]:.3f}, {ci_b[1]:.3f}]: "
+                     f"{'yes' if r.get('prediction_inside') else 'no'}")
+    else:
+        lines.append("no replay prediction (no results.json found; pass --results)")
+    lines.append(f"journal (a cache): {r.get('journal', '')}")
+    return lines

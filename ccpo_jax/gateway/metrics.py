@@ -1,0 +1,40 @@
+"""The gateway's Prometheus metrics (``GET /metrics``), one registry per app (docs/gateway.md lists them)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+disable_created_metrics()  # no *_created series: their timestamps only clutter a scrape
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self, T: int):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("ccpo_gateway_requests", "Chat-completion requests by outcome", ["outcome"], registry=r)
+        self.rounds = Histogram("ccpo_gateway_rounds_per_request", "Protocol rounds per answered request",
+                                buckets=tuple(range(1, T + 1)), registry=r)
+        self.decisions = Counter("ccpo_gateway_decisions", "Router decisions: actions in the set (empty: none)",
+                                 ["action"], registry=r)
+        self.cost = Counter("ccpo_gateway_cost_cents", "Upstream cost in cents by model", ["model"], registry=r)
+        self.tokens = Counter("ccpo_gateway_tokens", "Upstream tokens by model and direction", ["model", "kind"],
+                              registry=r)
+        self.latency = Histogram("ccpo_gateway_upstream_latency_seconds", "Upstream call latency (successful calls)",
+                                 ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.decide = Histogram("ccpo_gateway_decision_seconds", "Router decision time per round",
+                                buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1), registry=r)
+        self.errors = Counter("ccpo_gateway_errors", "Errors by kind", ["kind"], registry=r)
+        self.missing = Counter("ccpo_gateway_missing_signal", "Rounds whose confidence/uncertainty could not be "
+                               "measured (no log-probs): the features' missing value is used", ["signal"], registry=r)
+        self.kappa = Gauge("ccpo_gateway_kappa", "The threshold in use (online: the live one)", registry=r)
+        self.feedback = Counter("ccpo_gateway_feedback", "Feedback by outcome for coverage (covered, missed, "
+                                "undetermined)", ["outcome"], registry=r)
+        self.coverage = Gauge("ccpo_gateway_rolling_coverage", "Coverage over the last window of feedback",
+                              registry=r)
+        self.target = Gauge("ccpo_gateway_coverage_target", "1 - alpha of the router", registry=r)
+        self.alarm = Gauge("ccpo_gateway_drift_alarm", "1 while rolling coverage is below target (binomial test)",
+                           registry=r)
+        self.in_flight = Gauge("ccpo_gateway_requests_in_flight", "Requests running the protocol", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

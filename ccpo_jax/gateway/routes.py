@@ -1,0 +1,149 @@
+"""The gateway's HTTP routes (Starlette): OpenAI's request and error shapes, body cap, client disconnects."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ccpo_jax.gateway.app import MODEL_ID, Gateway, RequestError, parse_request
+from ccpo_jax.gateway.engine import CapTooSmall
+from ccpo_jax.gateway.journal import FeedbackError
+from ccpo_jax.gateway.upstream import UpstreamError
+
+log = logging.getLogger("ccpo_jax.gateway")
+
+
+def _error(e: RequestError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def _read_json(request: Request, cap: int):
+    """The body as JSON, read up to ``cap`` bytes (413 beyond), or RequestError."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise RequestError(413, f"the body has {declared} bytes, more than {cap}", code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise RequestError(413, f"the body is longer than {cap} bytes", code="body_too_large")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(400, f"the body is not valid JSON ({e})", code="invalid_json") from None
+    except RecursionError:
+        raise RequestError(400, "the body is not valid JSON (nested too deeply)", code="invalid_json") from None
+
+
+async def _until_disconnect(request: Request) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+async def _run_watched(request: Request, coro):
+    """``coro``'s result; if the client hangs up first, ``coro`` (and its upstream calls) is cancelled."""
+    task = asyncio.ensure_future(coro)
+    watch = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task not in done:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return None
+    return task.result()
+
+
+def build_app(gw: Gateway) -> Starlette:
+    m = gw.metrics
+
+    async def completions(request: Request) -> Response:
+        try:
+            body = await _read_json(request, gw.cfg.max_body_bytes)
+            question, group, caps, stream = parse_request(body, gw.router, gw.cfg.max_question_chars)
+        except RequestError as e:
+            m.requests.labels("bad_request").inc()
+            m.errors.labels(f"http_{e.status}").inc()
+            return _error(e)
+        try:
+            res = await _run_watched(request, gw.complete(question, group, caps))
+        except CapTooSmall as e:
+            m.requests.labels("bad_request").inc()
+            return _error(RequestError(400, str(e), param="max_cost_cents", code="cost_cap_too_small"))
+        except UpstreamError as e:
+            m.requests.labels("upstream_error").inc()
+            status = 504 if e.kind == "timeout" else 502
+            return _error(RequestError(status, f"upstream failed; no answer was chosen: {e}",
+                                       code=f"upstream_{e.kind}", kind="upstream_error"))
+        except Exception as e:  # noqa: BLE001 - a bug or a full disk: OpenAI's shape, one log line, no answer
+            log.exception("request failed")
+            m.requests.labels("internal_error").inc()
+            m.errors.labels("internal").inc()
+            return _error(RequestError(500, f"internal error ({type(e).__name__}); no answer was chosen",
+                                       code="internal_error", kind="server_error"))
+        if res is None:
+            m.requests.labels("client_disconnected").inc()
+            m.errors.labels("client_disconnected").inc()
+            return Response(status_code=499)
+        cid, out = res
+        m.requests.labels("ok").inc()
+        if stream:
+            chunks = gw.sse_chunks(cid, out)
+
+            async def gen():
+                for c in chunks:
+                    yield c
+            return StreamingResponse(gen(), media_type="text/event-stream")
+        return JSONResponse(gw.completion_body(cid, out))
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0,
+                                                          "owned_by": "ccpo-jax"}]})
+
+    async def feedback(request: Request) -> Response:
+        try:
+            body = await _read_json(request, 1 << 16)
+            return JSONResponse(await asyncio.to_thread(gw.feedback, body))
+        except RequestError as e:
+            return _error(e)
+        except FeedbackError as e:
+            m.errors.labels(f"feedback_{e.status}").inc()
+            return _error(RequestError(e.status, str(e), param=e.field))
+
+    async def metrics(request: Request) -> Response:
+        return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse(gw.router.describe())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    async def not_found(request: Request, exc) -> Response:
+        status = getattr(exc, "status_code", 404)
+        return _error(RequestError(status, f"{request.method} {request.url.path}: "
+                                   f"{'not found' if status == 404 else 'method not allowed'}", code=str(status)))
+
+    return Starlette(routes=[
+        Route("/v1/chat/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/feedback", feedback, methods=["POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ], lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
