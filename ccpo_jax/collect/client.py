@@ -355,6 +355,33 @@ def parse_model_list(body: Any) -> list[str]:
     return [d["id"] for d in data if isinstance(d, dict) and isinstance(d.get("id"), str)]
 
 
+class NotRetried(Exception):
+    """An attempt's outcome that another attempt cannot change; ``kind``: 'malformed' (an implausible
+    completion) or 'status' (a 4xx other than 408/409/429)."""
+
+    def __init__(self, msg: str, kind: str):
+        super().__init__(msg)
+        self.kind = kind
+
+
+def judge_attempt(status: int, headers: Any, raw: bytes) -> tuple[Reply | None, str, float | None]:
+    """One chat attempt's HTTP outcome, the rule every caller (the sync :class:`ChatClient`, the
+    gateway's async client) applies: ``(reply, "", None)`` for a chat completion; ``(None, reason,
+    asked)`` for an attempt worth retrying (a malformed body, a retryable status; ``asked`` is the
+    server's Retry-After in seconds, or None); :class:`NotRetried` otherwise."""
+    if status == 200:
+        try:
+            return parse_completion(json.loads(raw.decode("utf-8"))), "", None
+        except ImplausibleReply as e:
+            raise NotRetried(f"{e} (not retried)", "malformed") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            return None, (f"malformed body ({e})" if not isinstance(e, json.JSONDecodeError) else "malformed JSON body"), None
+    if should_retry(status):
+        return None, f"HTTP {status}", retry_after_s(headers)
+    excerpt = raw[:300].decode("utf-8", "replace").strip()
+    raise NotRetried(f"HTTP {status} (not retried): {excerpt}", "status")
+
+
 class ChatClient:
     """Calls one endpoint; thread-safe (one pooled ``httpx.Client`` shared by the worker threads)."""
 
@@ -460,22 +487,13 @@ class ChatClient:
                 reason = f"connection error ({type(e).__name__})"
             else:
                 latency = time.perf_counter() - t0
-                if st == 200:
-                    try:
-                        reply = parse_completion(json.loads(raw.decode("utf-8")))
-                    except ImplausibleReply as e:
-                        raise self._fail(f"{e} (not retried)", stats) from None
-                    except (ValueError, UnicodeDecodeError) as e:
-                        reason = f"malformed body ({e})" if not isinstance(e, json.JSONDecodeError) else "malformed JSON body"
-                    else:
-                        stats.latency_s = latency
-                        return reply, stats
-                elif should_retry(st):
-                    reason = f"HTTP {st}"
-                    asked = retry_after_s(headers)
-                else:
-                    excerpt = raw[:300].decode("utf-8", "replace").strip()
-                    raise self._fail(f"HTTP {st} (not retried): {excerpt}", stats)
+                try:
+                    reply, reason, asked = judge_attempt(st, headers, raw)
+                except NotRetried as e:
+                    raise self._fail(str(e), stats) from None
+                if reply is not None:
+                    stats.latency_s = latency
+                    return reply, stats
             last = reason
             if attempt == pol.retries:
                 break
