@@ -52,14 +52,21 @@ def test_ctrl_c_once_or_repeatedly_leaves_no_traceback_and_a_resumable_collectio
         assert main(_args(srv.url, questions, ref)) == 0
         before = srv.requests
         env = dict(os.environ, SOURCE_DATE_EPOCH=EPOCH, JAX_PLATFORMS="cpu")
+        # SIGINT at its default in the child: a test run started as a background job of a non-interactive
+        # shell (`pytest ... &`) inherits SIGINT ignored, Python then installs no KeyboardInterrupt handler,
+        # and the run completed with status 0 under the signals (seen here: both cases failed that way).
         proc = subprocess.Popen([sys.executable, "-m", "ccpo_jax.cli", *_args(srv.url, questions, out)],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
-            deadline = time.monotonic() + 60
+            # Wait for the collection itself to be under way (start-up, importing jax, can take long
+            # on a loaded 2-core machine).
+            deadline = time.monotonic() + 300
             while time.monotonic() < deadline and proc.poll() is None:
                 if out.exists() and len(out.read_bytes().splitlines()) >= 1 + 2:
                     break
                 time.sleep(0.01)
+            assert out.exists() and len(out.read_bytes().splitlines()) >= 1 + 2, "the collection did not start"
             srv.delay_s = HOLD_S
             time.sleep(0.5)  # every worker is now in a held call
             assert proc.poll() is None, "the run ended before it could be interrupted"
