@@ -21,8 +21,11 @@ models and records the reply bodies kept in ``tests/fixtures/llama_server/``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -167,6 +170,30 @@ def start(binary: str, model: Path, alias: str, log: Path, timeout_s: float = 60
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"llama-server did not answer /health within {timeout_s:g} s; its log: {log}")
+
+
+#: The binary the slow tests run: $LLAMA_SERVER, else llama-server on PATH (None: they are skipped).
+BINARY = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+NO_BINARY = ("no llama-server binary ($LLAMA_SERVER or llama-server on PATH); build llama.cpp's llama-server "
+             "target to run this")
+
+
+@contextlib.contextmanager
+def designed_servers(binary: str, d: Path):
+    """The designed base and guide models served by two ``llama-server`` processes in ``d``: yields
+    {"base": URL, "guide": URL} (API bases, models listed as bigram-base / bigram-guide); both stop after."""
+    procs, urls = [], {}
+    try:
+        for role, design in (("base", BASE), ("guide", GUIDE)):
+            gguf = write_gguf(d / f"{role}.gguf", design, f"bigram-{role}")
+            proc, url = start(binary, gguf, f"bigram-{role}", d / f"{role}.log")
+            procs.append(proc)
+            urls[role] = url
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
 
 
 def _call(url: str, body: dict | None = None) -> tuple[int, dict]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 from pathlib import Path
 
@@ -24,30 +23,17 @@ from gateway_harness import GatewayThread, build_artefact  # noqa: E402
 from ccpo_jax.collect.client import Endpoint  # noqa: E402
 from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
 
-BINARY = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not BINARY, reason="no llama-server binary ($LLAMA_SERVER or llama-server on "
-                                                     "PATH); build llama.cpp's llama-server target to run this")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not LS.BINARY, reason=LS.NO_BINARY)]
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     d = tmp_path_factory.mktemp("llama-gw")
-    procs, urls = [], {}
-    try:
-        for role, design in (("base", LS.BASE), ("guide", LS.GUIDE)):
-            gguf = LS.write_gguf(d / f"{role}.gguf", design, f"bigram-{role}")
-            proc, url = LS.start(BINARY, gguf, f"bigram-{role}", d / f"{role}.log")
-            procs.append(proc)
-            urls[role] = url
+    with LS.designed_servers(LS.BINARY, d) as urls:
         cfg = GatewayConfig(base=Endpoint(urls["base"], "bigram-base"), guide=Endpoint(urls["guide"], "bigram-guide"),
                             journal=str(d / "journal.jsonl"))
         with GatewayThread(load_gateway(build_artefact(d), cfg)) as g:  # (max_batch 64: the load test batches)
             yield g, d / "journal.jsonl"
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(10)
 
 
 def test_openai_client_against_real_servers(gateway):

@@ -9,8 +9,6 @@ The default tier replays this server's recorded replies instead
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,27 +16,13 @@ import pytest
 import llama_server as LS
 from ccpo_jax.cli.main import main
 
-BINARY = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not BINARY, reason="no llama-server binary ($LLAMA_SERVER or llama-server on "
-                                                     "PATH); build llama.cpp's llama-server target to run this")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not LS.BINARY, reason=LS.NO_BINARY)]
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    d = tmp_path_factory.mktemp("llama")
-    procs, urls = [], {}
-    try:
-        for role, design in (("base", LS.BASE), ("guide", LS.GUIDE)):
-            gguf = LS.write_gguf(d / f"{role}.gguf", design, f"bigram-{role}")
-            proc, url = LS.start(BINARY, gguf, f"bigram-{role}", d / f"{role}.log")
-            procs.append(proc)
-            urls[role] = url
+    with LS.designed_servers(LS.BINARY, tmp_path_factory.mktemp("llama")) as urls:
         yield urls
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(10)
 
 
 def _questions(path: Path, n: int) -> Path:
