@@ -265,3 +265,18 @@ def test_cost_cap_chooses_the_learn_then_test_threshold_and_refuses_bad_budgets(
     assert "caps nothing" in run_cli(["reproduce", "--cache", str(path), "--split-sizes", SIZES,
                                       "--guarantee", "pac", "--cost-cap", str(2 * B), "--out",
                                       str(tmp_path / "x")]).stderr
+
+
+def test_caps_are_refused_in_sweep_and_with_mondrian_saying_why(tmp_path):
+    """sweep has no caps (a point would average a varying subset of splits) and Mondrian has none (one
+    threshold per row): one error line each naming the flag, the reason and what to run instead."""
+    for flag in ("--guide-cap", "--cost-cap"):
+        r = run_cli(["sweep", "--guarantee", "pac", flag, "0.5", "--out", str(tmp_path / "s")])
+        assert r.returncode == 2 and r.stderr.startswith(f"error: {flag}: not in sweep: with a cap a split can have "
+                                                         "no threshold"), r.stderr
+        assert f"reproduce --guarantee pac --alpha A {flag}" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "s").exists()
+    r = run_cli(["reproduce", "--guarantee", "pac", "--guide-cap", "0.5", "--calibration", "mondrian", "--out",
+                 str(tmp_path / "m")])
+    assert r.returncode == 2 and r.stderr.startswith("error: --guide-cap: not with --calibration mondrian: the caps")
+    assert "use --calibration marginal with the cap" in r.stderr and not (tmp_path / "m").exists()
