@@ -147,3 +147,21 @@ def test_coverage_and_cost_caps_hold_with_probability_one_minus_delta():
     violated = feas & ((lam > alpha + 1e-6) | (2 - lam > budget + 1e-6))
     assert 0.02 < feas.mean()  # feasible on some draws (4.35% measured) ...
     assert violated.mean() <= delta  # ... and the choice breaks a cap on at most delta of all draws
+
+
+def test_ltt_entry_names_the_cap_that_made_each_split_infeasible():
+    """Three risks: a split is counted under the cap(s) failing at its coverage threshold; the test cost
+    per question is the summed test cost over the test split's size, and a feasible split over budget breaks a cap."""
+    from ccpo_jax.ccpo.calibration import ltt_entry
+
+    feas = np.array([[True, False, False, False, False]])
+    x = {"feasible": feas, "guide_rate": np.full(feas.shape, 0.5), "cal_guide_rate": np.full(feas.shape, 0.9),
+         "cal_cost": np.full(feas.shape, 0.02), "cost_coverage_only": np.full(feas.shape, 2.0),
+         "coverage_ok": np.array([[True, True, True, True, False]]),
+         "guide_ok": np.array([[True, False, True, False, True]]), "cost_ok": np.array([[True, True, False, False, True]]),
+         "cost": np.array([[3.0, np.nan, np.nan, np.nan, np.nan]])}
+    e = ltt_entry(x, Guarantee("pac", 0.1, 0.8, 0.025), np.full(feas.shape, 0.95), 0.1, n_test=100)
+    assert e["binding"] == {"coverage": 1, "guide_cap (infeasible)": 1, "cost_cap (infeasible)": 1,
+                            "both caps (infeasible)": 1, "no coverage threshold (infeasible)": 1}
+    assert e["cost_per_question_cents"] == pytest.approx(0.03) and e["cost_above_cap"] == {"count": 1, "n": 1}
+    assert e["violations"]["count"] == 1 and e["cap_cost_cents"] == pytest.approx(1.0)
