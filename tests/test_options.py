@@ -29,7 +29,8 @@ def test_the_flags_are_the_fields():
         "seed": "--seed", "resume": "--resume", "devices": "--devices", "member_block": "--member-block",
         "seeds": "--seeds", "preset": "--preset", "overrides": "--set", "progress": "--no-progress",
         "discard_failed": "--discard-failed", "calibration": "--calibration", "group_min": "--group-min",
-        "guarantee": "--guarantee", "delta": "--delta", "guide_cap": "--guide-cap"}
+        "guarantee": "--guarantee", "delta": "--delta", "guide_cap": "--guide-cap",
+        "cost_cap": "--cost-cap"}
     assert _parse(ReproduceConfig, []) == {}  # flags left out are not passed (the fields' defaults apply)
     got = _parse(ReproduceConfig, ["--splits", "3", "--set", "batch_size=20", "--set", "lr=0.01", "--no-progress",
                                    "--alpha", "0.2", "--split-sizes", "60,20,20", "--devices", "all"])
@@ -111,7 +112,7 @@ def test_run_json_round_trip_and_the_resume_check(tmp_path):
     saved = json.loads(json.dumps(options.saved(cfg)))
     assert set(saved) == {"setting", "cache", "n_splits", "protocol", "alpha", "iterations", "split_sizes", "seed",
                           "lambdas", "seeds", "preset", "overrides", "calibration", "group_min", "guarantee",
-                          "delta", "guide_cap"}  # execution options are not saved
+                          "delta", "guide_cap", "cost_cap"}  # execution options are not saved
     assert saved["split_sizes"] == [60, 20, 20] and saved["cache"] == str(cache.absolute())
     back = options.from_saved(ReproduceConfig, saved, out_dir=tmp_path / "o", devices=2)
     assert back == cfg

@@ -210,3 +210,73 @@ def test_sweep_takes_the_guarantee_and_its_point_equals_reproduce(tmp_path):
                  "pac", "--delta", "0.2", "--out", str(tmp_path / "no")])
     assert r.returncode == 2 and r.stderr.startswith("error: --delta: 20 calibration questions are too few for a PAC "
                                                      "threshold at alpha 0.05") and not (tmp_path / "no").exists()
+
+
+def test_cost_cap_chooses_the_learn_then_test_threshold_and_refuses_bad_budgets(runs, tmp_path):
+    """--cost-cap: the saved threshold is the largest grid point passing the coverage test and the mean
+    cost's Hoeffding-Bentkus test (both written out here) on the policy's own calibration questions."""
+    from ccpo_jax.ccpo.evaluation import policy_tables
+    from ccpo_jax.ccpo.policy_store import load_policy
+    from ccpo_jax.ccpo.reproduce import reproduce
+    from ccpo_jax.core.guarantee import LTT_GRID, Guarantee
+    from envs.formats import load_cache
+    from envs.orchestration import evaluate_sets, make_env_params
+    from ccpo_jax.core import conformal as C
+    import jax.numpy as jnp
+    from test_cost_cap import _hb
+
+    _, _, path, _ = runs
+    p = make_env_params(load_cache(path))
+    B = float(np.max(np.sum(np.asarray(p.cost, np.float64), -1)))
+    budget = 0.97 * B
+    kw = dict(cache=str(path), n_splits=3, split_sizes=SIZES, seeds=2, iterations=4, echo=None, progress=False,
+              guarantee="pac", delta=0.1)
+    res = reproduce(out_dir=tmp_path / "cc", cost_cap=budget, alpha=0.5, **kw)
+    assert res.results["guarantee"]["cost_cap"] == budget
+    e = res.results["policies"]["CCPO (lambda=0)"]["ltt"]
+    assert e["binding"]["coverage"] + e["binding"].get("cost_cap (infeasible)", 0) \
+        + e["binding"].get("no coverage threshold (infeasible)", 0) == 6
+    assert "mean cost <= " in res.table
+    scores, cal, meta = _cal_scores(res, path, "ccpo-lambda-0")
+    polp, _ = load_policy(res.out_dir / "policies" / "ccpo-lambda-0")
+    probs, _ = policy_tables(polp, p, tuple(meta["hidden"]))
+    c_cov, _ = Guarantee("pac", 0.1, None, budget).ltt_counts(60, 0.5)
+    cal_j = jnp.asarray(cal)
+    ok_cov = [j for j, lam in enumerate(LTT_GRID) if np.sum(scores < lam) <= c_cov]
+    ok = []
+    for j in reversed(range(len(LTT_GRID))):  # the cost test in fixed sequence from the largest kappa down
+        s = C.conformal_set(probs[cal_j], LTT_GRID[j], p.available[cal_j])
+        mean = float(np.mean(np.asarray(evaluate_sets(s, p, cal_j).cost_cents, np.float64)))
+        if _hb(mean / B, 60, budget / B) > 0.05:
+            break
+        ok.append(j)
+    both = set(ok) & set(ok_cov)
+    assert meta["calibration"]["ltt_feasible"] == bool(both)
+    if both:
+        assert meta["kappa"] == pytest.approx(float(LTT_GRID[max(both)]), abs=0)
+    # a budget a question can never exceed caps nothing; a cap with Mondrian; both refused, nothing written
+    for extra, msg in ((["--cost-cap", str(2 * B)], "error: --cost-cap: "),
+                       (["--cost-cap", "0.001", "--calibration", "mondrian"], "error: --cost-cap: not with --calibration mondrian"),
+                       (["--cost-cap", "-1"], "error: --cost-cap: must be a number of cents > 0")):
+        r = run_cli(["reproduce", "--cache", str(path), "--split-sizes", SIZES, "--guarantee",
+                     "pac", *extra, "--out", str(tmp_path / "x")])
+        assert r.returncode == 2 and r.stderr.startswith(msg), r.stderr
+        assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
+    assert "caps nothing" in run_cli(["reproduce", "--cache", str(path), "--split-sizes", SIZES,
+                                      "--guarantee", "pac", "--cost-cap", str(2 * B), "--out",
+                                      str(tmp_path / "x")]).stderr
+
+
+def test_caps_are_refused_in_sweep_and_with_mondrian_saying_why(tmp_path):
+    """sweep has no caps (a point would average a varying subset of splits) and Mondrian has none (one
+    threshold per row): one error line each naming the flag, the reason and what to run instead."""
+    for flag in ("--guide-cap", "--cost-cap"):
+        r = run_cli(["sweep", "--guarantee", "pac", flag, "0.5", "--out", str(tmp_path / "s")])
+        assert r.returncode == 2 and r.stderr.startswith(f"error: {flag}: not in sweep: with a cap a split can have "
+                                                         "no threshold"), r.stderr
+        assert f"reproduce --guarantee pac --alpha A {flag}" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "s").exists()
+    r = run_cli(["reproduce", "--guarantee", "pac", "--guide-cap", "0.5", "--calibration", "mondrian", "--out",
+                 str(tmp_path / "m")])
+    assert r.returncode == 2 and r.stderr.startswith("error: --guide-cap: not with --calibration mondrian: the caps")
+    assert "use --calibration marginal with the cap" in r.stderr and not (tmp_path / "m").exists()

@@ -115,6 +115,21 @@ def eval_mondrian(probs, kappa_i, params: EnvParams, cal_idx, test_idx, alpha, c
     return evaluate_sets(sets, params, test_idx), kap, own, n_cal
 
 
+def question_cost_max(params: EnvParams) -> float:
+    """The most the replay env can charge one question of the cache (cents): every round reached, i.e. the
+    largest sum of a question's round costs J_t (0 on padding rounds). The cost cap's losses are
+    cost / this, in [0, 1]."""
+    return float(np.max(np.sum(np.asarray(params.cost, np.float64), axis=-1)))
+
+
+def cost_critical_sum(guarantee: Guarantee, n: int, cost_max: float) -> float:
+    """The largest summed calibration cost (cents) whose mean passes the cost cap's Hoeffding-Bentkus test
+    (:meth:`Guarantee.cost_critical`): +inf without a cost cap, negative when no outcome passes. Lowered by
+    1e-5 relative so that the float32 sum's rounding cannot pass a mean just above the critical one."""
+    r = guarantee.cost_critical(n, cost_max)
+    return r if not np.isfinite(r) or r < 0 else r * n * (1.0 - 1e-5)
+
+
 def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Variant], state, cal_idx, test_idx, key,
                      retrain: bool, groups: GroupSpec | None = None, guarantee: Guarantee | None = None) -> MemberEval:
     """Every trained variant, seed and split in one jitted, vmapped call: see :func:`evaluate_trained`.
@@ -123,28 +138,37 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
     calibration count at the variant's alpha (:func:`ccpo_jax.ccpo.calibration.variant_ranks`)."""
     S = cal_idx.shape[0]
     pac = guarantee is not None and guarantee.kind == "pac"
-    ltt = pac and guarantee.guide_cap is not None
+    ltt = pac and guarantee.capped
     n_cal_all = int(np.shape(cal_idx)[1])
     grid = jnp.asarray(LTT_GRID)
 
-    def two_risks(probs, kappa_i, cal, test, counts, rank):
-        """Learn then Test over the grid (coverage and the guide-call rate): kappa-hat and its extras,
-        with the test cost of the coverage-only PAC threshold (``rank``) beside it: what the cap costs."""
+    def two_risks(probs, kappa_i, cal, test, counts, crit_sum, rank):
+        """Learn then Test over the grid (coverage, the guide-call rate and/or the mean cost): kappa-hat and
+        its extras, with the test cost of the coverage-only PAC threshold (``rank``) beside it: what the caps
+        cost. At the coverage-only grid choice kcov: which cap fails there (the one that made a split
+        infeasible) and the calibration guide rate and mean cost (what the caps are up against)."""
         g_i = jax.vmap(conformal.largest_guide_kappa)(probs, params.available, params.round_mask)
-        khat, feasible, kcov = conformal.ltt_threshold(kappa_i[cal], g_i[cal], counts[0], counts[1], grid)
+        reach = jax.vmap(conformal.round_reach_kappa)(probs[cal], params.available[cal])
+        cost_grid = conformal.cost_on_grid(reach, params.cost[cal], grid)
+        khat, feasible, kcov = conformal.ltt_threshold(kappa_i[cal], g_i[cal], counts[0], counts[1], grid,
+                                                       cost_grid, crit_sum)
         pac_m, _ = eval_batch_calibrated(probs, kappa_i, params, cal, test, None, rank)
+        cal_cost = conformal.cost_on_grid(reach, params.cost[cal], kcov[None])[0]
         return khat, {"feasible": feasible, "guide_rate": jnp.mean((khat <= g_i[test]).astype(jnp.float32)),
                       "cal_guide_rate": jnp.mean((kcov <= g_i[cal]).astype(jnp.float32)),
+                      "cal_cost": cal_cost / cal.shape[0],
+                      "coverage_ok": jnp.sum(kappa_i[cal] < grid[0]) <= counts[0],
+                      "guide_ok": jnp.sum(kcov <= g_i[cal]) <= counts[1], "cost_ok": cal_cost <= crit_sum,
                       "cost_coverage_only": jnp.sum(pac_m.cost_cents)}
     codes = None if groups is None else jnp.asarray(groups.codes, jnp.int32)
     G = 0 if groups is None else len(groups.names)
 
-    def one(policy, kappa_online, cal, test, k, alpha, ranks, counts):
+    def one(policy, kappa_online, cal, test, k, alpha, ranks, counts, crit_sum):
         ranks = ranks if pac else None  # marginal: the float32 rank of conformal_rank, as always
         probs, kappa_i = policy_tables(policy, params, config.hidden)
         extra = {}
         if ltt:
-            khat, extra = two_risks(probs, kappa_i, cal, test, counts, ranks[n_cal_all])
+            khat, extra = two_risks(probs, kappa_i, cal, test, counts, crit_sum, ranks[n_cal_all])
             batch_m = eval_conformal(probs, khat, params, test)
         else:
             batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha,
@@ -162,9 +186,9 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
                       per_group(mond_m, g_test, G))
 
     split_axes = 0 if retrain else None
-    per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0, None, None, None))
-    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0, None, None, None))
-    per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None, 0, 0, 0)))
+    per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0, None, None, None, None))
+    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0, None, None, None, None))
+    per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None, 0, 0, 0, 0)))
     # [V, S_t, N, ...] -> [V, N, S_t, ...] (retrain) or [V, N, ...] (recalibrate)
     if retrain:
         pol = jax.tree.map(lambda x: jnp.swapaxes(x, 1, 2), state.policy)
@@ -178,8 +202,10 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
     alphas = jnp.asarray(alpha_list, jnp.float32)  # each at its own alpha
     ranks = variant_ranks(guarantee, alpha_list, n_cal_all) if pac else np.zeros((len(variants), 1), np.int32)
     counts = np.asarray([guarantee.ltt_counts(n_cal_all, a) if ltt else (0, 0) for a in alpha_list], np.int32)
+    crit = cost_critical_sum(guarantee, n_cal_all, question_cost_max(params)) if ltt else np.inf
+    crit_sums = np.full(len(variants), crit, np.float32)
     got = jax.device_get(per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys, alphas,
-                                     jnp.asarray(ranks), jnp.asarray(counts)))
+                                     jnp.asarray(ranks), jnp.asarray(counts), jnp.asarray(crit_sums)))
     batch_m, online_m, point_m, khat, ltt_out = got[:5]
     group_ev = None
     if groups is not None:

@@ -307,9 +307,11 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     cal = meta.get("calibration")
     if cal and cal.get("ltt_feasible") is False:
         g = meta.get("guarantee") or {}
-        raise UserError(f"row: {meta['row']!r} has no threshold that meets its caps (coverage >= {1 - meta['alpha']:g}, "
-                        f"guide-call rate <= {g.get('guide_cap')}, delta {g.get('delta')}) on the saved calibration "
-                        "split: infeasible; choose another row or looser caps", field="row")
+        caps = "".join(f", {what} <= {g[k]:g}{unit}" for k, what, unit in (
+            ("guide_cap", "guide-call rate", ""), ("cost_cap", "mean cost", " cents a question")) if g.get(k) is not None)
+        raise UserError(f"row: {meta['row']!r} has no threshold that meets its caps (coverage >= {1 - meta['alpha']:g}"
+                        f"{caps}, delta {g.get('delta')}) on the saved calibration split: infeasible; choose another "
+                        "row or looser caps", field="row")
     if cal and cal["degenerate"] and not force:
         better = ""
         try:

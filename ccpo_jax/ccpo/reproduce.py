@@ -38,7 +38,8 @@ from ccpo_jax.ccpo.calibration import (add_group_guarantees, add_guarantees, che
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.presets import deviations
 from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn
-from ccpo_jax.ccpo.run_config import ReproduceConfig
+from ccpo_jax.ccpo.evaluation import question_cost_max
+from ccpo_jax.ccpo.run_config import ReproduceConfig, check_cost_cap
 from ccpo_jax.ccpo.settings import METRICS, Setting, get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
 from ccpo_jax.core.conformal import calibration_size_warning
@@ -267,7 +268,7 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
         if group_rows:
             report.add_groups(results, group_rows, cfg.alpha)
     if trains:
-        add_guarantees(results, rows, cfg.alpha, run_guarantee(cfg), ltt)
+        add_guarantees(results, rows, cfg.alpha, run_guarantee(cfg), ltt, cfg.split_sizes[2])
         add_group_guarantees(results, group_rows, cfg.alpha, run_guarantee(cfg))
     report.write_results(work, results)
     report.write_table(work, results, st, cfg.split_sizes, compare_paper=compare)
@@ -368,6 +369,8 @@ def reproduce(
     check_split_sizes(cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits, where=f"the cache {cache_obj.manifest.name!r}")
     if resuming:
         check_resumed_cache(work, cache_obj)
+    params = make_env_params(cache_obj)
+    check_cost_cap(cfg, question_cost_max(params), f"the cache {cache_obj.manifest.name!r}")
     notes: list[str] = []
     small = calibration_size_warning(cfg.split_sizes[1], cfg.alpha)
     if small:
@@ -384,7 +387,6 @@ def reproduce(
         # 3. env params and 4. splits
         k_split, k_base, k_train = jax.random.split(jax.random.PRNGKey(cfg.seed), 3)
         splits = splits_for_protocol(cfg.protocol, k_split, cache_obj.n_questions, *cfg.split_sizes, cfg.n_splits)
-        params = make_env_params(cache_obj)
         groups = group_spec(cfg, cache_obj)
         pooling = None if groups is None else describe_pooling(groups, splits.cal, say, cfg.group_min)
         # 5. the non-learned rows: all splits in one vmapped call

@@ -52,7 +52,7 @@ class LearnedRows:
     "n_test": [S, G], "group_min": int, "rows": {row: {"coverage", "cost_cents", "kappa", "own":
     [N, S, G]}}}`` for every calibrated row and its Mondrian twin (``rows`` holds the twins' metrics)."""
     ltt: dict[str, Any] | None = None
-    """With a guide cap (``--guide-cap``): ``{row: {"feasible", "guide_rate", "cal_guide_rate": [N, S]}}``
+    """With a cap (``--guide-cap``, ``--cost-cap``): ``{row: {"feasible", "guide_rate", "cal_guide_rate", ...: [N, S]}}``
     for every calibrated row (:func:`ccpo_jax.ccpo.evaluation.variant_ltt`)."""
 
 

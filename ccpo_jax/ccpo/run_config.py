@@ -13,6 +13,7 @@ Every field accepts None for "the default". Nothing here imports jax at module l
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -179,9 +180,22 @@ def _delta_option() -> Any:
                   type=float, default_doc=f"{DELTA:g} with --guarantee pac", check=_delta, if_missing=None)
 
 
+def _cap_context(name: str, what: str, cfg: Any) -> None:
+    """A cap on a second risk needs --guarantee pac and one threshold per row (marginal calibration)."""
+    if cfg.guarantee != "pac":
+        raise UserError(f"{what}: a cap on a second risk needs --guarantee pac (Learn then Test holds all the "
+                        "risks with probability 1 - delta)", field=name)
+    if getattr(cfg, "calibration", "marginal") != "marginal":
+        # Learn then Test per group would test every group's caps on its own few questions, with delta split
+        # over groups x risks: not built (docs/calibration.md, "What is not done")
+        raise UserError(f"{what}: not with --calibration mondrian: the caps are tested on one threshold per row, "
+                        "over all calibration questions; use --calibration marginal with the cap, or drop the cap "
+                        "for per-group (Mondrian PAC) thresholds", field=name)
+
+
 def _guide_cap(name: str, v: Any, cfg: Any) -> float | None:
     """A cap in (0, 1) on the share of questions that call the guide, with --guarantee pac and one
-    threshold (marginal calibration); refused when no calibration outcome could pass both tests."""
+    threshold (marginal calibration); refused when no calibration outcome could pass the tests."""
     from ccpo_jax.core.guarantee import Guarantee
 
     if v is None:
@@ -193,21 +207,57 @@ def _guide_cap(name: str, v: Any, cfg: Any) -> float | None:
     if not (0.0 < r < 1.0):
         raise UserError(f"guide_cap: must be in (0, 1) (the largest share of questions that call the guide), "
                         f"got {v!r}", field=name)
-    if cfg.guarantee != "pac":
-        raise UserError("guide_cap: a cap on a second risk needs --guarantee pac (Learn then Test holds both "
-                        "with probability 1 - delta)", field=name)
-    if getattr(cfg, "calibration", "marginal") != "marginal":
-        raise UserError("guide_cap: not with --calibration mondrian (one threshold per row only)", field=name)
+    _cap_context(name, "guide_cap", cfg)
     n_cal = cfg.split_sizes[1]
+    cost = 1.0 if getattr(cfg, "cost_cap", None) is not None else None  # a third risk: delta split three ways
     for a in getattr(cfg, "alphas", None) or (cfg.alpha,):
-        c_cov, c_guide = Guarantee("pac", cfg.delta, r).ltt_counts(n_cal, a)
+        g = Guarantee("pac", cfg.delta, r, cost)
+        c_cov, c_guide = g.ltt_counts(n_cal, a)
         for c, what in ((c_cov, f"coverage >= {1 - a:g}"), (c_guide, f"guide-call rate <= {r:g}")):
             if c < 0:
                 raise UserError(f"guide_cap: infeasible request (caps: coverage >= {1 - a:g}, guide-call rate <= "
                                 f"{r:g}, delta {cfg.delta:g}): with {n_cal} calibration questions no outcome can "
-                                f"show {what} at level delta/2; use more calibration questions or looser caps",
-                                field=name)
+                                f"show {what} at level delta/{g.families}; use more calibration questions or looser "
+                                "caps", field=name)
     return r
+
+
+def _cost_cap(name: str, v: Any, cfg: Any) -> float | None:
+    """A budget > 0 on the mean cost per question (cents), with --guarantee pac and one threshold; whether
+    the cache can meet it is checked against its prices when the run starts (:func:`check_cost_cap`)."""
+    if v is None:
+        return None
+    try:
+        c = float(v)
+    except (TypeError, ValueError):
+        raise UserError(f"cost_cap: must be a number of cents > 0, got {v!r}", field=name) from None
+    if not (c > 0.0 and math.isfinite(c)):
+        raise UserError(f"cost_cap: must be a number of cents > 0 (the largest mean cost per question), got {v!r}",
+                        field=name)
+    _cap_context(name, "cost_cap", cfg)
+    return c
+
+
+def check_cost_cap(cfg: Any, cost_max: float, where: str) -> None:
+    """Refuse, before anything is written, a ``--cost-cap`` that caps nothing (at least ``cost_max``, the most
+    a question of the cache can cost) or that no calibration outcome could pass (even a mean cost of 0
+    fails the Hoeffding-Bentkus test at delta / the number of risks)."""
+    from ccpo_jax.core.guarantee import Guarantee
+
+    cap = getattr(cfg, "cost_cap", None)
+    if cap is None:
+        return
+    if cap >= cost_max:
+        raise UserError(f"cost_cap: {cap:g} cents is at least the most a question of {where} can cost "
+                        f"({cost_max:.6g} cents, every round reached), so it caps nothing; give a smaller budget "
+                        "or drop --cost-cap", field="cost_cap")
+    g = Guarantee("pac", cfg.delta, getattr(cfg, "guide_cap", None), cap)
+    if g.cost_critical(cfg.split_sizes[1], cost_max) < 0:
+        raise UserError(f"cost_cap: infeasible request (mean cost <= {cap:g} cents a question, delta {cfg.delta:g}): "
+                        f"with {cfg.split_sizes[1]} calibration questions and a question costing up to "
+                        f"{cost_max:.6g} cents, not even a mean cost of 0 passes the Hoeffding-Bentkus test at "
+                        f"level delta/{g.families}; use more calibration questions or a larger budget",
+                        field="cost_cap")
 
 
 def _preset_iterations(cfg: Any) -> int:
@@ -302,6 +352,10 @@ class ReproduceConfig(RunOptions):
                                      "that call the guide at R; each calibrated row's threshold is chosen by Learn "
                                      "then Test over a grid, both caps holding with probability 1 - delta",
                                      metavar="R", type=float, check=_guide_cap, if_missing=None)
+    cost_cap: float | None = option("--cost-cap", help="with --guarantee pac: also cap the mean cost per question "
+                                    "at CENTS (Hoeffding-Bentkus test of a bounded loss); with --guide-cap too, "
+                                    "delta is split over three risks", metavar="CENTS", type=float, check=_cost_cap,
+                                    if_missing=None)
 
     def train_config(self, alpha: float | None = None) -> TrainConfig:
         return super().train_config(self.alpha if alpha is None else alpha)

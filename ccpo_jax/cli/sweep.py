@@ -20,7 +20,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         "lambdas 0, 1e-4, 2e-4, 5 seeds, 100 splits.",
     )
     add_flags(p, SweepConfig)
+    # reproduce's caps, accepted here only to refuse them with a reason (argparse would say "unrecognized")
+    for flag in CAPS:
+        p.add_argument(flag, dest="refused_" + flag[2:].replace("-", "_"), default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=_sweep)
+
+
+#: reproduce's Learn-then-Test caps, which sweep refuses (docs/reproduce.md, "Sweeps").
+CAPS = ("--guide-cap", "--cost-cap")
+
+
+def _refuse_caps(args) -> None:
+    """A frontier point is one threshold rule applied on every split; with a cap a split can have no threshold
+    (infeasible), so the point would be a mean over a varying subset of splits and the frontier would not
+    compare like with like: refused, naming the per-alpha reproduce run that does it."""
+    from ccpo_jax.errors import UserError
+
+    for flag in CAPS:
+        if getattr(args, "refused_" + flag[2:].replace("-", "_"), None) is not None:
+            raise UserError(f"{flag}: not in sweep: with a cap a split can have no threshold (the caps are "
+                            "infeasible on that calibration draw), so a frontier point would average a different "
+                            "subset of splits per row; run `ccpo-jax reproduce --guarantee pac --alpha A "
+                            f"{flag} ...` per alpha instead, or sweep --guarantee pac without caps")
 
 
 def _sweep(args) -> int:
@@ -29,6 +50,7 @@ def _sweep(args) -> int:
     from ccpo_jax.errors import UserError
     from ccpo_jax.runtime.options import given
 
+    _refuse_caps(args)
     try:
         sweep(**given(SweepConfig, args))
     except UserError as e:

@@ -350,7 +350,28 @@ def largest_guide_kappa(probs: Array, available: Array, round_mask: Array) -> Ar
     return jnp.max(jnp.where(ok, jnp.minimum(reach, probs[:, GUIDE]), -jnp.inf))
 
 
-def ltt_threshold(kappa_i: Array, guide_i: Array, c_cov: Array | int, c_guide: Array | int, grid: Array):
+def round_reach_kappa(probs: Array, available: Array) -> Array:
+    """``[T]``: the largest kappa at which the set-valued rollout of C_{pi,kappa} reaches each round of one
+    question (+inf for the first: always reached). Round t is reached iff pi(next|o_s) >= kappa and "next"
+    is available at every s < t, i.e. iff kappa <= min_{s<t} pi(next|o_s) (as in :func:`largest_guide_kappa`)."""
+    p_next = jnp.where(available[:, NEXT], probs[:, NEXT], -jnp.inf)
+    return jnp.concatenate([jnp.full((1,), jnp.inf, probs.dtype), jax.lax.cummin(p_next)[:-1]])
+
+
+def cost_on_grid(reach: Array, cost: Array, grid: Array) -> Array:
+    """``[len(grid)]``: the summed cost of n questions at every threshold of ``grid``, from each round's
+    reach kappa ``reach`` [n, T] (:func:`round_reach_kappa`) and cost ``cost`` [n, T] (cents, 0 on padding
+    rounds): sum_{i,t} cost_it [kappa <= reach_it], non-increasing in kappa. One sort of the n*T pairs
+    and a cumulative sum, so memory is O(n T + grid), not O(n T grid)."""
+    r, c = reach.reshape(-1), cost.reshape(-1).astype(jnp.float32)
+    r_sorted, c_sorted = jax.lax.sort((r, c), num_keys=1)
+    before = jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.cumsum(c_sorted)])  # cost of the first j pairs
+    j = jnp.searchsorted(r_sorted, grid, side="left")  # pairs with reach < kappa: not reached
+    return before[-1] - before[j]
+
+
+def ltt_threshold(kappa_i: Array, guide_i: Array, c_cov: Array | int, c_guide: Array | int, grid: Array,
+                  cost_grid: Array | None = None, c_cost: Array | float = jnp.inf):
     """Learn-then-Test choice of kappa over a fixed ``grid`` (increasing) for two risks at once
     (Angelopoulos, Bates, Candes, Jordan and Lei 2021, "Learn then Test").
 
@@ -363,6 +384,9 @@ def ltt_threshold(kappa_i: Array, guide_i: Array, c_cov: Array | int, c_guide: A
     non-rejection; by the counts' monotonicity these are the prefix {#miss <= c_cov} and the suffix
     {#guide <= c_guide} of the grid. The choice is the largest kappa in both (the smallest sets: the
     cheapest), valid for both caps with probability >= 1 - delta (Bonferroni over the two families).
+    With ``cost_grid`` (the summed calibration cost at every grid point, :func:`cost_on_grid`, non-increasing)
+    a third risk is tested the same way, from the largest kappa down: rejected where the sum is <= ``c_cost``
+    (the critical sum of :meth:`ccpo_jax.core.guarantee.Guarantee.cost_critical`, Hoeffding-Bentkus).
 
     Returns ``(kappa, feasible, kappa_cov)``: the choice (``kappa_cov`` where infeasible), whether any
     grid point passes both tests, and the largest kappa passing the coverage test alone (0.0 if none).
@@ -371,6 +395,8 @@ def ltt_threshold(kappa_i: Array, guide_i: Array, c_cov: Array | int, c_guide: A
     n_guide = guide_i.shape[0] - jnp.searchsorted(jnp.sort(guide_i), grid, side="left")  # #{guide_i >= kappa}
     cov_ok = n_miss <= c_cov
     both = cov_ok & (n_guide <= c_guide)
+    if cost_grid is not None:
+        both = both & (cost_grid <= c_cost)
     idx = jnp.arange(grid.shape[0])
     last_cov = jnp.max(jnp.where(cov_ok, idx, -1))
     last_both = jnp.max(jnp.where(both, idx, -1))

@@ -36,16 +36,39 @@ GUARANTEES = ("marginal", "pac")
 
 class Guarantee(NamedTuple):
     """A calibrated row's guarantee: ``kind`` in :data:`GUARANTEES`, ``delta`` (pac only, else None), and
-    ``guide_cap`` (pac only): also cap the guide-call rate, by Learn then Test (two risks, family-wise delta)."""
+    (pac only) ``guide_cap`` and/or ``cost_cap``: also cap the guide-call rate and/or the mean cost per
+    question (cents), by Learn then Test (two or three risks, family-wise delta)."""
 
     kind: str = "marginal"
     delta: float | None = None
     guide_cap: float | None = None
+    cost_cap: float | None = None
+
+    @property
+    def capped(self) -> bool:
+        """A second (or third) risk is capped: the threshold is chosen by Learn then Test."""
+        return self.guide_cap is not None or self.cost_cap is not None
+
+    @property
+    def families(self) -> int:
+        """The number of risks tested: coverage, plus one per cap (delta is split evenly, Bonferroni)."""
+        return 1 + (self.guide_cap is not None) + (self.cost_cap is not None)
 
     def ltt_counts(self, n: int, alpha: float) -> tuple[int, int]:
-        """The critical counts of the two risks (miscoverage <= alpha, guide calls <= guide_cap), each
-        tested at delta / 2 (Bonferroni over the two families)."""
-        return (ltt_critical_count(n, alpha, self.delta / 2), ltt_critical_count(n, self.guide_cap, self.delta / 2))
+        """The critical counts of miscoverage (<= alpha) and guide calls (<= guide_cap; n, i.e. never
+        binding, without a guide cap), each tested at delta / :attr:`families`."""
+        d = self.delta / self.families
+        return (ltt_critical_count(n, alpha, d),
+                n if self.guide_cap is None else ltt_critical_count(n, self.guide_cap, d))
+
+    def cost_critical(self, n: int, cost_max: float) -> float:
+        """The largest mean cost (cents per question) at which the null "mean cost > cost_cap" is rejected
+        at delta / :attr:`families` (Hoeffding-Bentkus, losses cost / cost_max in [0, 1]); +inf without a
+        cost cap, -1 when no calibration outcome rejects it. A cap >= cost_max caps nothing (+inf)."""
+        if self.cost_cap is None or self.cost_cap >= cost_max:
+            return math.inf
+        r = hb_critical_mean(n, self.cost_cap / cost_max, self.delta / self.families)
+        return -1.0 if r < 0 else r * cost_max
 
     def describe(self, alpha: float) -> dict:
         """The JSON form results.json, policy.json and the router manifest carry."""
@@ -53,10 +76,16 @@ class Guarantee(NamedTuple):
         out["statement"] = (
             f"P(coverage >= {1 - alpha:g}) >= {1 - self.delta:g} over the calibration draw (training-conditional)"
             if self.kind == "pac" else f"P(covered) >= {1 - alpha:g} on average over calibration draws (marginal)")
+        caps = []
         if self.guide_cap is not None:
             out["guide_cap"] = float(self.guide_cap)
-            out["statement"] = (f"P(coverage >= {1 - alpha:g} and guide-call rate <= {self.guide_cap:g}) >= "
-                                f"{1 - self.delta:g} over the calibration draw (Learn then Test, two risks)")
+            caps.append(f"guide-call rate <= {self.guide_cap:g}")
+        if self.cost_cap is not None:
+            out["cost_cap"] = float(self.cost_cap)
+            caps.append(f"mean cost <= {self.cost_cap:g} cents a question")
+        if caps:
+            out["statement"] = (f"P(coverage >= {1 - alpha:g} and {' and '.join(caps)}) >= {1 - self.delta:g} over "
+                                f"the calibration draw (Learn then Test, {self.families} risks)")
         return out
 
 
@@ -130,3 +159,39 @@ def ltt_critical_count(n: int, cap: float, delta_part: float) -> int:
 
 #: Learn-then-Test's threshold grid: fixed before the data (fixed-sequence testing needs that).
 LTT_GRID = np.linspace(0.0, 1.0, 1001, dtype=np.float32)
+
+
+def hb_pvalue(mean: float, n: int, cap: float) -> float:
+    """Hoeffding-Bentkus p-value of the null "mean loss > cap" for n i.i.d. losses in [0, 1] with sample
+    mean ``mean`` (Bates, Angelopoulos, Lei, Malik and Jordan 2021, "Distribution-free, risk-controlling
+    prediction sets", Prop. 5; Angelopoulos et al. 2021, "Learn then Test", section 3):
+    min(exp(-n h1(min(mean, cap), cap)), e P(Binomial(n, cap) <= ceil(n mean))), with
+    h1(a, b) = a log(a/b) + (1-a) log((1-a)/(1-b)). Non-decreasing in ``mean``."""
+    from scipy import stats
+
+    a = min(mean, cap)
+    h1 = (a * math.log(a / cap) if a > 0 else 0.0) + (1 - a) * math.log((1 - a) / (1 - cap))
+    k = math.ceil(n * mean - 1e-9)  # n * mean is a count for 0/1 losses: no float ceil past it
+    return float(min(math.exp(-n * h1), math.e * stats.binom.cdf(k, n, cap)))
+
+
+def hb_critical_mean(n: int, cap: float, delta_part: float) -> float:
+    """The largest sample mean r in [0, cap] with :func:`hb_pvalue` (r) <= ``delta_part``: the null is
+    rejected iff the mean is <= r (the p-value is non-decreasing); -1 when even a mean of 0 is not.
+
+    The rejection set is the union of the two terms' sets: Hoeffding's [0, r_h] (r_h the root of
+    n h1(r, cap) = log(1/delta_part), by bisection) and Bentkus's [0, k/n] (k the largest count with
+    e P(Binomial(n, cap) <= k) <= delta_part)."""
+    from scipy import optimize, stats
+
+    log_d = math.log(delta_part)
+    h1 = lambda r: (r * math.log(r / cap) if r > 0 else 0.0) + (1 - r) * math.log((1 - r) / (1 - cap))  # noqa: E731
+    r_h = -1.0
+    if -n * h1(0.0) <= log_d:  # exp(-n h1(0, cap)) = (1-cap)^n <= delta_part: some mean is rejected
+        r_h = 0.0 if -n * h1(0.0) == log_d else optimize.brentq(lambda r: -n * h1(r) - log_d, 0.0, cap, xtol=1e-14)
+        while r_h > 0 and -n * h1(r_h) > log_d:  # the root's float side: stay inside the rejection set
+            r_h = math.nextafter(r_h, 0.0)
+    ks = np.arange(0, n + 1)
+    ok = math.e * stats.binom.cdf(ks, n, cap) <= delta_part
+    r_b = float(ks[ok].max()) / n if ok.any() else -1.0
+    return max(r_h, r_b)

@@ -106,7 +106,7 @@ class Router:
         g = manifest.get("guarantee") or {"kind": "marginal", "delta": None}  # artefacts before --guarantee
         #: What the thresholds guarantee, stated in every decision: ``{"kind", "alpha", "delta"}``.
         self.guarantee = {"kind": g["kind"], "alpha": self.alpha, "delta": g.get("delta"),
-                          **({"guide_cap": g["guide_cap"]} if g.get("guide_cap") is not None else {})}
+                          **{k: g[k] for k in ("guide_cap", "cost_cap") if g.get(k) is not None}}
         m = manifest["models"]
         self._base = ModelInfo(m["base"]["name"], float(m["base"]["price_in"]), float(m["base"]["price_out"]))
         self._guide = ModelInfo(m["guide"]["name"], float(m["guide"]["price_in"]), float(m["guide"]["price_out"]))
