@@ -254,6 +254,20 @@ def test_cost_cap_chooses_the_learn_then_test_threshold_and_refuses_bad_budgets(
     assert meta["calibration"]["ltt_feasible"] == bool(both)
     if both:
         assert meta["kappa"] == pytest.approx(float(LTT_GRID[max(both)]), abs=0)
+    # exported and served: the manifest and every decision state the cost cap beside the guarantee;
+    # a row whose saved threshold passed only the coverage test is refused naming the cap
+    from ccpo_jax.serving import Router
+
+    art = run_cli(["export", str(res.out_dir), "--row", "CCPO (lambda=0)", "--out", str(tmp_path / "cc-art")])
+    if both:
+        assert art.returncode == 0, art.stderr
+        router = Router.load(tmp_path / "cc-art")
+        assert router.manifest["guarantee"]["cost_cap"] == budget
+        d = router.decide(json.loads(path.read_text().splitlines()[1])["rounds"][:1])
+        assert d["guarantee"]["kind"] == "pac" and d["guarantee"]["cost_cap"] == budget
+        assert d["kappa"] == pytest.approx(meta["kappa"], abs=1e-7)
+    else:
+        assert art.returncode == 2 and "mean cost <= " in art.stderr and not (tmp_path / "cc-art").exists()
     # a budget a question can never exceed caps nothing; a cap with Mondrian; both refused, nothing written
     for extra, msg in ((["--cost-cap", str(2 * B)], "error: --cost-cap: "),
                        (["--cost-cap", "0.001", "--calibration", "mondrian"], "error: --cost-cap: not with --calibration mondrian"),
