@@ -210,3 +210,19 @@ def _log_compile_times(path: str) -> None:
 
 if os.environ.get("CCPO_COMPILE_LOG"):
     _log_compile_times(os.environ["CCPO_COMPILE_LOG"])
+
+
+def random_rounds(seed: int, Q: int, T: int, p_avail: float):
+    """A random set-policy problem for the calibration oracles (test_ltt, test_cost_cap): probabilities
+    [Q, T, 3], availability [Q, T, 3] (base always; no 'next' at a question's last round), each question's
+    number of rounds [Q] and the round mask [Q, T]."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    probs = rng.dirichlet(np.ones(3), (Q, T)).astype(np.float32)
+    avail = rng.random((Q, T, 3)) < p_avail
+    avail[..., 0] = True
+    n_rounds = rng.integers(1, T + 1, Q)
+    round_mask = np.arange(T)[None] < n_rounds[:, None]
+    avail[np.arange(Q), n_rounds - 1, 2] = False  # no "next" at a question's last round
+    return rng, probs, avail, n_rounds, round_mask

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ccpo_jax.core import conformal as C
+from conftest import random_rounds
 from ccpo_jax.core.guarantee import Guarantee, hb_critical_mean, hb_pvalue
 from envs.orchestration import reached_rounds
 
@@ -55,14 +56,8 @@ def test_critical_mean_is_the_edge_of_the_rejection_set(n, cap, d):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_cost_on_grid_equals_a_brute_force_rollout(seed):
-    rng = np.random.default_rng(seed)
     Q, T = 50, 4
-    probs = rng.dirichlet(np.ones(3), (Q, T)).astype(np.float32)
-    avail = rng.random((Q, T, 3)) < 0.85
-    avail[..., 0] = True
-    n_rounds = rng.integers(1, T + 1, Q)
-    round_mask = np.arange(T)[None] < n_rounds[:, None]
-    avail[np.arange(Q), n_rounds - 1, 2] = False  # no "next" at a question's last round
+    rng, probs, avail, n_rounds, round_mask = random_rounds(seed, Q, T, 0.85)
     avail &= round_mask[..., None]
     cost = np.where(round_mask, rng.uniform(0.1, 2.0, (Q, T)), 0.0).astype(np.float32)
     reach = jax.vmap(C.round_reach_kappa)(jnp.asarray(probs), jnp.asarray(avail))

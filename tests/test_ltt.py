@@ -11,20 +11,15 @@ import numpy as np
 import pytest
 
 from ccpo_jax.core import conformal as C
+from conftest import random_rounds
 from ccpo_jax.core.guarantee import Guarantee, ltt_critical_count
 from envs.orchestration import reached_rounds
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_guide_score_equals_a_brute_force_rollout(seed):
-    rng = np.random.default_rng(seed)
     Q, T = 60, 4
-    probs = rng.dirichlet(np.ones(3), (Q, T)).astype(np.float32)
-    avail = rng.random((Q, T, 3)) < 0.8
-    avail[..., 0] = True
-    n_rounds = rng.integers(1, T + 1, Q)
-    round_mask = np.arange(T)[None] < n_rounds[:, None]
-    avail[np.arange(Q), n_rounds - 1, 2] = False  # no "next" at a question's last round
+    rng, probs, avail, n_rounds, round_mask = random_rounds(seed, Q, T, 0.8)
     g = np.asarray(jax.vmap(C.largest_guide_kappa)(jnp.asarray(probs), jnp.asarray(avail), jnp.asarray(round_mask)))
     for kappa in [0.0, 0.05, 0.2, 0.3, 0.34, 0.5, 0.7, 1.0, *np.unique(probs)[::7]]:
         s = np.asarray(C.conformal_set(jnp.asarray(probs), kappa, jnp.asarray(avail)))
