@@ -27,6 +27,30 @@ def bucket_sizes(max_rows: int = BLOCK_ROWS) -> tuple[int, ...]:
     return tuple(out) + (int(max_rows),)
 
 
+#: Screened decisions (:meth:`Router.decide_many` with ``screen=True``): a row whose float64
+#: probability of some available action lies within this distance of its threshold is decided by
+#: the exported module; every other row's set is decided by the float64 forward pass. The float32
+#: module and the float64 pass differ by at most 7e-7 on the test networks, sharp ones included
+#: (tests/test_router_screen.py bounds it at 1e-5 over extreme inputs), so outside the margin both
+#: give the same set.
+SCREEN_MARGIN = 1e-4
+
+
+def dense_layers(manifest: Mapping, params: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """The (kernel, bias) pairs of an ``mlp-tanh`` policy in float64, from the manifest's leaf names
+    (``params/Dense_i/kernel`` and ``.../bias``), or None for any other network (no screening)."""
+    net = manifest.get("policy", {}).get("network", {})
+    names = [leaf["name"] for leaf in manifest["params"]["leaves"]]
+    if net.get("type") != "mlp-tanh":
+        return None
+    by_name = dict(zip(names, params))
+    n = len(net.get("hidden", ())) + 1
+    want = [(f"params/Dense_{i}/kernel", f"params/Dense_{i}/bias") for i in range(n)]
+    if sorted(names) != sorted(x for pair in want for x in pair):
+        return None
+    return [(np.asarray(by_name[k], np.float64), np.asarray(by_name[b], np.float64)) for k, b in want]
+
+
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
     """The smallest bucket holding ``n`` rows (``n`` <= the largest bucket)."""
     return next(b for b in buckets if b >= n)
@@ -88,6 +112,7 @@ class Router:
         self._exported = exported
         self._params = tuple(jax.device_put(p) for p in params)
         self._call = jax.jit(exported.call)
+        self._dense = dense_layers(manifest, params)
         # Every batch is padded to one of these row counts, so a server compiles at most
         # len(buckets) executables whatever batch sizes its clients send (memory stays
         # flat). The module maps over blocks of block_rows rows, so padding changes no bit.
@@ -193,6 +218,32 @@ class Router:
         probs, in_set = self._call(self._params, obs, available, self.kappa)
         return np.asarray(probs)[:B], np.asarray(in_set)[:B]
 
+    def probs64(self, obs: np.ndarray, available: np.ndarray) -> np.ndarray:
+        """pi(.|o) in float64 by NumPy: the mlp-tanh and the softmax over available actions of
+        :func:`ccpo_jax.core.networks.masked_probs`, for screening (not bit-equal to the module)."""
+        h = obs.astype(np.float64)
+        for W, b in self._dense[:-1]:
+            h = np.tanh(h @ W + b)
+        W, b = self._dense[-1]
+        z = np.where(available, h @ W + b, -np.inf)
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def _run_screened(self, obs: np.ndarray, available: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(probs, in_set) at per-row thresholds ``k`` [B] (float32): the float64 pass, and the module for
+        the rows within SCREEN_MARGIN of their threshold, so every set equals the module's."""
+        k = k.astype(np.float32)[:, None]
+        if self._dense is None:
+            probs, _ = self._run(obs, available)
+            return probs, (probs >= k) & available
+        p = self.probs64(obs, available)
+        exact = ((np.abs(p - k) <= SCREEN_MARGIN) & available).any(axis=1)
+        probs, in_set = p.astype(np.float32), (p >= k) & available
+        if exact.any():
+            pe, _ = self._run(obs[exact], available[exact])
+            probs[exact], in_set[exact] = pe, (pe >= k[exact]) & available[exact]
+        return probs, in_set
+
     def warm_up(self, max_rows: int | None = None) -> int:
         """Compile every bucket up to ``max_rows`` (default: all) now, not on first use; returns how many."""
         n = 0
@@ -243,22 +294,35 @@ class Router:
             return self.group_kappas[group], f"group {group!r}"
         return self.rest_kappa, f"pooled: group {group!r} has no threshold of its own"
 
-    def decide_many(self, requests: Sequence[Mapping], where: str = "batch") -> list[dict]:
+    def decide_many(self, requests: Sequence[Mapping], where: str = "batch", *, screen: bool = False,
+                    kappa: float | None = None) -> list[dict]:
         """One decision (see :meth:`decide`) per request, computed in one batch. A Mondrian
-        router takes each request's ``group`` (optional) and says which threshold it used."""
+        router takes each request's ``group`` (optional) and says which threshold it used.
+
+        ``kappa``: one threshold for every request instead of the artefact's (the gateway's online
+        threshold). ``screen``: decide with the float64 pass where it is safely away from the
+        threshold (:data:`SCREEN_MARGIN`) and with the exported module elsewhere: the same sets as
+        without, the probabilities within 1e-5 of the module's rather than bit-equal, and a few
+        microseconds a row instead of a block of the module (the gateway's decisions)."""
         obs, avail, parsed = self.featurise(requests, where)
-        probs, in_set = self._run(obs, avail)
         kappas = [(self.kappa, "marginal")] * len(parsed)
-        if self.group_kappas is not None:
+        if kappa is not None:
+            kappas = [(np.float32(kappa), "given")] * len(parsed)
+        elif self.group_kappas is not None:
             kappas = [self.kappa_for(req.get("group"), where if len(requests) == 1 and where != "batch"
                                      else f"{where}[{i}]") for i, req in enumerate(requests)]
-            k = np.asarray([x for x, _ in kappas], np.float32)[:, None]
-            in_set = (probs >= k) & avail  # C = {a available : pi(a|o) >= kappa_g}, as conformal_set computes it
+        k = np.asarray([x for x, _ in kappas], np.float32)
+        if screen and len(parsed):
+            probs, in_set = self._run_screened(obs, avail, k)
+        else:
+            probs, in_set = self._run(obs, avail)
+            if kappa is not None or self.group_kappas is not None:
+                in_set = (probs >= k[:, None]) & avail  # C = {a available : pi(a|o) >= kappa}, as conformal_set computes it
         out = []
         for i, (vals, texts, cont) in enumerate(parsed):
             s = [a for a, k in zip(self.actions, in_set[i]) if k]
-            extra = {} if self.group_kappas is None else {"group": requests[i].get("group"),
-                                                          "kappa_source": kappas[i][1]}
+            extra = {} if self.group_kappas is None or kappa is not None else {
+                "group": requests[i].get("group"), "kappa_source": kappas[i][1]}
             out.append({
                 "round": len(texts),
                 "action_set": s,
