@@ -177,3 +177,46 @@ def test_served_mondrian_router_says_which_threshold(run, tmp_path):
         srv.server_close()
         thread.join(5)
     assert router.describe()["calibration"]["kind"] == "mondrian"
+
+
+def test_gateway_routes_with_the_exported_mondrian_thresholds(run, tmp_path):
+    """The gateway in front of the scripted upstream with this run's exported Mondrian router: each
+    request's `group` picks its threshold (own, or pooled), every decision equals Router.decide on
+    the journaled rounds with that group, and the journal (one group per line) passes data check."""
+    openai = pytest.importorskip("openai")
+    from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts
+    from gateway_harness import GatewayThread
+
+    from ccpo_jax.collect.client import Endpoint, RetryPolicy
+    from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway
+
+    res, _, _ = run
+    assert run_cli(["export", str(res.out_dir), "--row", "CPO batch", "--calibration", "mondrian",
+                    "--out", str(tmp_path / "art")]).returncode == 0
+    scripts = make_scripts(4)
+    journal = tmp_path / "journal.jsonl"
+    fast = RetryPolicy(retries=1, backoff_s=0.01, max_backoff_s=0.02, timeout_s=2.0, attempt_timeout_s=5.0)
+    with FakeChatServer(scripts) as up:
+        cfg = GatewayConfig(base=Endpoint(up.url, BASE_MODEL), guide=Endpoint(up.url, GUIDE_MODEL), retry=fast,
+                            journal=str(journal), max_batch=2)
+        with GatewayThread(load_gateway(tmp_path / "art", cfg)) as g:
+            router = g.gw.router
+            client = openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0)
+            groups = ("a", "c", None, "zz")
+            replies = [client.chat.completions.create(
+                model=MODEL_ID, messages=[{"role": "user", "content": q}],
+                extra_body=None if grp is None else {"group": grp}) for q, grp in zip(scripts, groups)]
+    lines = {x["id"]: x for x in map(json.loads, journal.read_text().splitlines()[1:])}
+    sources = set()
+    for r, grp in zip(replies, groups):
+        rec, ccpo = lines[r.id], r.model_extra["ccpo"]
+        assert rec["group"] == (grp if grp is not None else "(none)")
+        for t, d in enumerate(ccpo["decisions"]):
+            want = router.decide(rec["rounds"][: t + 1], can_continue=t + 1 < router.T, group=grp)
+            assert d["action_set"] == want["action_set"]
+            assert (d["kappa"], d["kappa_source"], d["group"]) == (want["kappa"], want["kappa_source"], grp)
+            assert d["kappa"] == pytest.approx(float(router.kappa_for(grp)[0]))
+            sources.add(d["kappa_source"])
+    assert "group 'a'" in sources and "pooled: the request gives no group" in sources
+    assert router.group_kappas["a"] != router.rest_kappa  # the group changes the threshold here
+    assert run_cli(["data", "check", str(journal)]).returncode == 0
