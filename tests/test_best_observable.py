@@ -43,7 +43,7 @@ def test_equals_the_oracle_best_observable_within_2_percent(name, alpha):
     got = float(row["cost_cents"][0]) / N_ORACLE
     assert got == pytest.approx(want, rel=0.02), (got, want, info["models"])
     assert row["coverage"][0] >= 1 - alpha - COVERAGE_EPS
-    assert info["form"].startswith("fitted: ")
+    assert info["form"].startswith("fitted: ") or (spec.T == 1 and info["form"].startswith("none"))
 
 
 def _brute(s, cost, cov, nxt, alpha):

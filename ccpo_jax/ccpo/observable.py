@@ -96,10 +96,10 @@ def fit_scores(params, folds: int = FOLDS, seed: int = 0) -> tuple[np.ndarray, d
 
 
 def _fit_scores(params, models: dict, folds: int, seed: int) -> tuple[np.ndarray, dict[str, Any]]:
-    """[Q, T] out-of-fold scores ``P(covered by rounds 1..t | o_t)`` (NaN on padding rounds) and
-    what was fitted: ``{"form", "models": [per round], "log_loss": [per round {model: loss}], "fit_s"}``.
-
-    A round whose labels are all equal (e.g. every question covered) gets that constant."""
+    """[Q, T] out-of-fold scores ``P(covered by rounds 1..t | o_t)`` and what was fitted:
+    ``{"form", "models": [per round], "log_loss": [per round {model: loss}], "folds"}``, for the
+    rounds with a decision (1..T-1; the last round always stops, its scores and padding rounds'
+    are NaN). A round whose labels are all equal (e.g. every question covered) gets that constant."""
     obs = np.asarray(params.obs, np.float64)
     mask = np.asarray(params.round_mask)
     y_all = covered_by(params)
@@ -107,7 +107,7 @@ def _fit_scores(params, models: dict, folds: int, seed: int) -> tuple[np.ndarray
     fold = np.random.default_rng(seed).permutation(Q) % folds
     scores = np.full((Q, T), np.nan)
     chosen, losses = [], []
-    for t in range(T):
+    for t in range(T - 1):
         rows = np.flatnonzero(mask[:, t])
         x, y = obs[rows, t], y_all[rows, t]
         if y.all() or not y.any():
@@ -137,7 +137,8 @@ def _fit_scores(params, models: dict, folds: int, seed: int) -> tuple[np.ndarray
         chosen.append(best)
         losses.append(loss)
     used = sorted({c for c in chosen if c != "constant"})
-    info = {"form": "fitted: " + (" / ".join(used) if used else "constant"),
+    form = "fitted: " + (" / ".join(used) if used else "constant")
+    info = {"form": form if T > 1 else "none: one round, no decision to make",
             "models": chosen, "log_loss": losses, "folds": folds}
     return scores, info
 
