@@ -295,7 +295,7 @@ def format_table(
         ref = results["policies"][BEST_OBS_ROW]
         lines.append(f"- {BEST_OBS_ROW}: the cheapest policy of the router's observations alone (it stops when a "
                      f"correctness model says a collected answer is right; per-round thresholds chosen on each "
-                     f"test split with its labels, so optimistic like the bound; not a policy). Form: "
+                     f"test split with its labels, so optimistic like the bound, and no router). Form: "
                      f"{md_cell(ref.get('form', '?'))}. Cost / best obs.: each row's mean cost over the reference's.")
         lines.append("")
     header = (["Policy"] + [METRIC_TITLES[m] for m in METRICS] + (["Cost / bound"] if with_bound else [])
