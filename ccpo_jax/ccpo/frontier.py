@@ -223,7 +223,7 @@ def write_frontier_png(path: str | os.PathLike, fr: Mapping[str, Any]) -> None:
         ax_c.plot(target, b, "--", color="red", lw=2, label=BOUND_ROW)
     if BEST_OBS_ROW in fr["rows"]:
         b = [p["cost_cents"]["mean"] for p in fr["rows"][BEST_OBS_ROW]["points"]]
-        ax_c.plot(target, b, "-.", color="purple", lw=2, label=f"{BEST_OBS_ROW} (not a policy)")
+        ax_c.plot(target, b, "-.", color="black", lw=1.5, label=f"{BEST_OBS_ROW} (not a policy)")  # tab10 has purple
     lo, hi = min(target), max(target)
     ax_v.plot([lo, hi], [lo, hi], "--", color="grey", lw=1, label="target (diagonal)")
     ax_c.set_xlabel("target coverage 1 - alpha")

@@ -72,8 +72,8 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
     ``given``: the fields of :class:`ccpo_jax.ccpo.run_config.SweepConfig` (reproduce's data,
     split, preset and execution options plus ``alphas`` and ``lambdas``); with ``resume`` (the
     out_dir of a killed sweep) it continues with the saved configuration. ``train`` False: the
-    non-learned rows, the bound and the best observable reference only. Raises UserError / CacheError for bad input before
-    anything is written.
+    non-learned rows, the bound and the best observable reference only. Raises UserError /
+    CacheError for bad input before anything is written.
     """
     t_start = time.perf_counter()
     say = echo if echo is not None else (lambda s: None)
