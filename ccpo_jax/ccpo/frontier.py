@@ -19,6 +19,7 @@ import numpy as np
 
 from ccpo_jax.ccpo.report import environment_info
 from envs.atomic import atomic_path, atomic_write_json, atomic_write_text
+from ccpo_jax.ccpo.observable import BEST_OBS_ROW
 from envs.bound import BOUND_ROW
 from envs.values import md_cell, printable
 
@@ -74,17 +75,22 @@ def build_frontier(grid: Mapping[float, Mapping[str, Mapping[str, Any]]], *, set
             m = grid[a][name]
             cost, cov = _ns(m["cost_cents"]), _ns(m["coverage"])
             bound = _ns(grid[a][BOUND_ROW]["cost_cents"]).mean(0) if BOUND_ROW in grid[a] else np.ones(1)
+            ref = _ns(grid[a][BEST_OBS_ROW]["cost_cents"]).mean(0) if BEST_OBS_ROW in grid[a] else None
             pt = {"alpha": a, "lambda": row_lambda(name), "target": 1.0 - a}
             for k in POINT_METRICS:
                 pt[k] = point_stats(m[k])
             if name != BOUND_ROW:
                 pt["cost_vs_bound"] = point_stats(cost.mean(axis=1, keepdims=True) / max(float(bound.mean()), 1e-12))
+                if ref is not None and name != BEST_OBS_ROW:
+                    pt["cost_over_best_observable"] = point_stats(cost.mean(axis=1, keepdims=True)
+                                                                  / max(float(ref.mean()), 1e-12))
                 split_cov = np.nanmean(cov, axis=0)
                 se = float(np.std(split_cov, ddof=1) / math.sqrt(split_cov.size)) if split_cov.size > 1 else 0.0
                 pt["meets_target"] = bool(float(np.nanmean(cov)) >= 1.0 - a - MISS_SE * se - 1e-9)
             points.append(pt)
         mean_cost = float(np.mean([p["cost_cents"]["mean"] for p in points]))
-        entry: dict[str, Any] = {"is_policy": name != BOUND_ROW, "learned": name in learned, "points": points,
+        entry: dict[str, Any] = {"is_policy": name not in (BOUND_ROW, BEST_OBS_ROW), "learned": name in learned,
+                                 "points": points,
                                  "summary": {"mean_cost_cents": mean_cost}}
         if name != BOUND_ROW:
             entry["misses_target_at"] = [p["alpha"] for p in points if not p["meets_target"]]
@@ -94,6 +100,12 @@ def build_frontier(grid: Mapping[float, Mapping[str, Mapping[str, Any]]], *, set
         for name, entry in rows.items():
             if name != BOUND_ROW:
                 entry["summary"]["mean_cost_vs_bound"] = _num(entry["summary"]["mean_cost_cents"] / b) if b else None
+    if BEST_OBS_ROW in rows:
+        r = rows[BEST_OBS_ROW]["summary"]["mean_cost_cents"]
+        for name, entry in rows.items():
+            if name not in (BOUND_ROW, BEST_OBS_ROW):
+                entry["summary"]["mean_cost_over_best_observable"] = (
+                    _num(entry["summary"]["mean_cost_cents"] / r) if r else None)
     return {
         "kind": "frontier",
         "setting": setting,
@@ -136,14 +148,21 @@ def format_frontier(fr: Mapping[str, Any]) -> str:
               f"{fr['preset']}. Cell: mean cost in cents (summed over the test split, as in table.md) "
               f"± sd over seeds (mean coverage); **miss** = "
               f"{fr['miss_rule']}. Last columns: the mean cost over the alpha grid and its ratio to the "
-              "clairvoyant bound's.", ""]
-    head = "| row | " + " | ".join(f"alpha {a:g} (target {1 - a:.2f})" for a in alphas) + " | mean cost | / bound |"
-    lines += [head, "|" + "---|" * (len(alphas) + 3)]
+              "clairvoyant bound's (and to the best observable reference's, when the sweep has it).", ""]
+    ref = BEST_OBS_ROW in fr["rows"]
+    if ref and fr["rows"][BEST_OBS_ROW].get("form"):
+        lines += [f"{BEST_OBS_ROW} (not a policy): the cheapest stopping policy of the router's observations, "
+                  f"thresholds chosen on each test split with its labels; form: "
+                  f"{printable(fr['rows'][BEST_OBS_ROW]['form'])}.", ""]
+    head = ("| row | " + " | ".join(f"alpha {a:g} (target {1 - a:.2f})" for a in alphas) + " | mean cost | / bound |"
+            + (" / best obs. |" if ref else ""))
+    lines += [head, "|" + "---|" * (len(alphas) + 3 + ref)]
     for name, e in fr["rows"].items():
         cells = [_cell(p, fr["seeds"]) if e["is_policy"] else f"{p['cost_cents']['mean']:.2f}" for p in e["points"]]
-        ratio = e["summary"].get("mean_cost_vs_bound")
+        ratios = [e["summary"].get("mean_cost_vs_bound")] + ([e["summary"].get("mean_cost_over_best_observable")]
+                                                            if ref else [])
         lines.append(f"| {md_cell(name)} | " + " | ".join(cells) + f" | {e['summary']['mean_cost_cents']:.2f} | "
-                     + (f"{ratio:.2f}x" if ratio is not None else "-") + " |")
+                     + " | ".join(f"{x:.2f}x" if x is not None else "-" for x in ratios) + " |")
     missed = {n: e["misses_target_at"] for n, e in fr["rows"].items() if e.get("misses_target_at")}
     lines.append("")
     if missed:
@@ -202,6 +221,9 @@ def write_frontier_png(path: str | os.PathLike, fr: Mapping[str, Any]) -> None:
     if BOUND_ROW in fr["rows"]:
         b = [p["cost_cents"]["mean"] for p in fr["rows"][BOUND_ROW]["points"]]
         ax_c.plot(target, b, "--", color="red", lw=2, label=BOUND_ROW)
+    if BEST_OBS_ROW in fr["rows"]:
+        b = [p["cost_cents"]["mean"] for p in fr["rows"][BEST_OBS_ROW]["points"]]
+        ax_c.plot(target, b, "-.", color="black", lw=1.5, label=f"{BEST_OBS_ROW} (not a policy)")  # tab10 has purple
     lo, hi = min(target), max(target)
     ax_v.plot([lo, hi], [lo, hi], "--", color="grey", lw=1, label="target (diagonal)")
     ax_c.set_xlabel("target coverage 1 - alpha")

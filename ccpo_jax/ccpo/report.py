@@ -7,8 +7,10 @@ The schema of ``results.json`` (documented in docs/reproduce.md, "Outputs"; scri
      "policies": {"<row>": {"cost_cents": {"mean", "median", "q05", "q95"}, "coverage": {...},
                             "avg_len": {...}, "set_size": {...},
                             "per_split": {"cost_cents": [...], ...}, "per_seed": {...}, "seeds",
-                            "cost_vs_bound": {"mean", "per_seed": [...]}},
-                  "Clairvoyant bound": {..., "is_policy": false}},
+                            "cost_vs_bound": {"mean", "per_seed": [...]},
+                            "cost_over_best_observable": {"mean", "per_seed": [...]}},
+                  "Clairvoyant bound": {..., "is_policy": false},
+                  "Best observable": {..., "is_policy": false, "form", "models", ...}},
      "timing": {"total_s", "compile_s", "train_s", "eval_s"},
      "environment": {"jax", "backend", "devices"}}
 
@@ -29,6 +31,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from ccpo_jax.ccpo.observable import BEST_OBS_ROW, add_cost_over_best_observable
 from ccpo_jax.ccpo.presets import PAPER, deviations_from_dict
 from ccpo_jax.ccpo.settings import METRICS, Setting, row_key, row_order_key
 from envs.atomic import atomic_path, atomic_write_json, atomic_write_text
@@ -168,6 +171,7 @@ def build_results(
         name: policy_entry(rows[name], n_splits, name) for name in sorted(rows, key=row_order_key)
     }
     add_cost_vs_bound(policies)
+    add_cost_over_best_observable(policies, BOUND_ROW)
     return {
         "setting": str(setting),
         "alpha": float(alpha),
@@ -286,7 +290,16 @@ def format_table(
                      "when every answer is known (not a policy; no router can beat it). Cost / bound: each row's "
                      "mean cost over the bound's.")
         lines.append("")
-    header = ["Policy"] + [METRIC_TITLES[m] for m in METRICS] + (["Cost / bound"] if with_bound else [])
+    with_ref = BEST_OBS_ROW in results["policies"]
+    if with_ref:
+        ref = results["policies"][BEST_OBS_ROW]
+        lines.append(f"- {BEST_OBS_ROW}: the cheapest policy of the router's observations alone (it stops when a "
+                     f"correctness model says a collected answer is right; per-round thresholds chosen on each "
+                     f"test split with its labels, so optimistic like the bound, and no router). Form: "
+                     f"{md_cell(ref.get('form', '?'))}. Cost / best obs.: each row's mean cost over the reference's.")
+        lines.append("")
+    header = (["Policy"] + [METRIC_TITLES[m] for m in METRICS] + (["Cost / bound"] if with_bound else [])
+              + (["Cost / best obs."] if with_ref else []))
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     for row, entry in results["policies"].items():
@@ -302,6 +315,8 @@ def format_table(
             cells.append(cell)
         if with_bound:
             cells.append(_fmt_ratio(entry.get("cost_vs_bound"), n_seeds))
+        if with_ref:
+            cells.append(_fmt_ratio(entry.get("cost_over_best_observable"), n_seeds))
         lines.append("| " + " | ".join(cells) + " |")
     if setting is not None and compare_paper:
         have = {row_key(x) for x in results["policies"]}
@@ -313,9 +328,14 @@ def format_table(
     lines.append("")
     lines.append(
         f"Timing: total {t['total_s']:.1f} s (compile {t['compile_s']:.1f} s, train {t['train_s']:.1f} s, "
-        f"eval {t['eval_s']:.1f} s) on {results['environment']['backend']}."
+        f"eval {t['eval_s']:.1f} s{_ref_time(t)}) on {results['environment']['backend']}."
     )
     return "\n".join(lines) + "\n"
+
+
+def _ref_time(timing: Mapping[str, Any]) -> str:
+    s = timing.get("best_observable_s")
+    return "" if s is None else f", of which the best observable reference {s:.1f} s"
 
 
 def write_table(
@@ -365,7 +385,8 @@ def write_boxplots(
     """Box plots of cost and coverage over splits, one box per row (as the paper's Figs 2-9).
 
     The coverage plot has a dashed line at 1 - alpha; the cost plot draws the clairvoyant bound's
-    mean cost as a red dashed line (it is not a policy, so it gets no box). The cost plot puts the EXIT rows
+    mean cost as a red dashed line and the best observable reference's as a purple dotted one (they
+    are not policies, so they get no box). The cost plot puts the EXIT rows
     (single-LLM runs, ~100x the others' cost) in a panel of their own, so every other row
     gets a readable linear axis; both axes are linear. Titles name the run as
     :func:`run_title` does. Uses the Agg canvas directly (no global pyplot state).
@@ -405,6 +426,11 @@ def write_boxplots(
                 if bound is not None and not is_exit and bound["cost_cents"]["mean"] is not None:
                     ax.axhline(bound["cost_cents"]["mean"], color="tab:red", linestyle="--", linewidth=1,
                                label=f"{BOUND_ROW} (mean {bound['cost_cents']['mean']:.4g}; not a policy)")
+                    ax.legend(loc="upper right", fontsize=7)
+                ref = results["policies"].get(BEST_OBS_ROW)
+                if ref is not None and not is_exit and ref["cost_cents"]["mean"] is not None:
+                    ax.axhline(ref["cost_cents"]["mean"], color="tab:purple", linestyle=":", linewidth=1.2,
+                               label=f"{BEST_OBS_ROW} (mean {ref['cost_cents']['mean']:.4g}; not a policy)")
                     ax.legend(loc="upper right", fontsize=7)
         if metric == "coverage":
             ax = axes[0]

@@ -39,6 +39,7 @@ from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.presets import deviations
 from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn
 from ccpo_jax.ccpo.evaluation import question_cost_max
+from ccpo_jax.ccpo.observable import BEST_OBS_ROW, best_observable_row, describe, seconds
 from ccpo_jax.ccpo.run_config import ReproduceConfig, check_cost_cap
 from ccpo_jax.ccpo.settings import METRICS, Setting, get_setting
 from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
@@ -252,14 +253,19 @@ def _announce(say: Callable[[str], Any], st: Setting, cfg: ReproduceConfig, cach
 
 def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: ResponseCache, rows: dict, timing: dict,
                    trains: bool, splits_test: Any = None, pooling: dict | None = None,
-                   group_rows: dict | None = None, ltt: dict | None = None) -> tuple[dict, str]:
+                   group_rows: dict | None = None, ltt: dict | None = None,
+                   best_obs: dict | None = None) -> tuple[dict, str]:
     """results.json, table.md and the box plots of a finished run, in its work directory (with
-    ``--calibration mondrian`` also the per-group coverage and its picture)."""
+    ``--calibration mondrian`` also the per-group coverage and its picture; ``best_obs``: how the
+    best observable reference was fitted, ``ccpo_jax.ccpo.observable``)."""
     results = report.build_results(
         setting=st.name, alpha=cfg.alpha, protocol=cfg.protocol, n_splits=cfg.n_splits,
         cache=report.cache_info(cache), rows=rows, timing=timing, seeds=cfg.seeds if trains else 1,
         preset=cfg.preset, train_config=dataclasses.asdict(cfg.train_config()) if trains else None,
     )
+    if best_obs is not None and BEST_OBS_ROW in results["policies"]:
+        results["policies"][BEST_OBS_ROW].update(describe(best_obs))
+        results["timing"]["best_observable_s"] = seconds(best_obs)  # part of eval_s
     compare = is_setting_profile(st, cache)
     left = left_out_rows(cache, splits_test) if splits_test is not None else {}
     results["left_out"] = left
@@ -394,6 +400,7 @@ def reproduce(
         base = non_learned_rows(cache_obj, params, k_base, splits.cal, splits.test, cfg.alpha)
         rows = as_rows(jax.device_get(base), cfg.n_splits, "baselines.non_learned_rows")
         rows[BOUND_ROW] = bound_row(params, splits.test, cfg.alpha)  # not a policy: what none can beat
+        rows[BEST_OBS_ROW], best_obs = best_observable_row(params, splits.test, cfg.alpha)  # nor this: no answers
         timing = {"compile_s": 0.0, "train_s": 0.0, "eval_s": time.perf_counter() - t0}
         # 6. training and evaluation of the learned rows
         group_rows, ltt = _learned(trainer, cfg, cache_obj, params, splits, k_train, work, mesh, block, groups,
@@ -401,7 +408,7 @@ def reproduce(
         # 7. outputs
         timing["total_s"] = time.perf_counter() - t_start
         results, table = _write_outputs(work, st, cfg, cache_obj, rows, timing, trainer is not None, splits.test,
-                                        pooling, group_rows, ltt)
+                                        pooling, group_rows, ltt, best_obs)
         out.parent.mkdir(parents=True, exist_ok=True)
         os.replace(work, out)
     except KeyboardInterrupt:
