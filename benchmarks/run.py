@@ -11,7 +11,7 @@ subprocesses started by it), compile time excluded from throughput
              loop, (c) the MLP forward pass alone on the same [N, F] batch (the
              bound (b) can approach), (d) a NumPy implementation of the same env
              written for this benchmark (vectorised over episodes), (e) the
-             plain-Python reference env ``envs.reference.ReferenceEnv``;
+             plain-Python reference env ``envs.replay.reference.ReferenceEnv``;
   eval       set-policy evaluation (``evaluate_sets`` vmapped over splits) with
              1, 10, 100, 1,000 splits of 200 questions, vs a NumPy-vectorised
              evaluator and the plain-Python recursive one;
@@ -31,7 +31,7 @@ subprocesses started by it), compile time excluded from throughput
              (on a CPU these are forced host devices sharing the same cores:
              the point is the mechanism and equality of results, not speed-up).
 
-The cache is SYNTHETIC (``envs.synthetic.generate('hotpotqa-llama2', 1400, 0)``).
+The cache is SYNTHETIC (``envs.generators.synthetic.generate('hotpotqa-llama2', 1400, 0)``).
 
     python benchmarks/run.py [--quick] [--out FILE.json] [--only env,eval,train,reproduce,devices,sweep]
 
@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from envs.atomic import atomic_write_json  # noqa: E402
+from envs.cache.atomic import atomic_write_json  # noqa: E402
 
 SECTIONS = ("env", "eval", "train", "reproduce", "devices", "sweep")
 
@@ -124,7 +124,7 @@ class Recorder:
 
 
 class NumpyEnv:
-    """The replay env vectorised over N episodes with NumPy (same semantics as envs.orchestration)."""
+    """The replay env vectorised over N episodes with NumPy (same semantics as envs.replay.env)."""
 
     def __init__(self, cache):
         import numpy as np
@@ -243,7 +243,7 @@ def section_env(rec: Recorder, ctx, quick: bool):
     import numpy as np
 
     from env_throughput import make_rollout, reference_steps
-    from envs.orchestration import OrchestrationEnv
+    from envs.replay.env import OrchestrationEnv
     from ccpo_jax.core.networks import policy_net
 
     cache, params, base = ctx["cache"], ctx["params"], ctx["base_cfg"]
@@ -298,7 +298,7 @@ def section_env(rec: Recorder, ctx, quick: bool):
     ref_steps = 5_000 if quick else 50_000
     t_ref = reference_steps(cache, ref_steps)
     ref = rec.add("reference_env_steps_per_s", ref_steps / t_ref, "steps/s", **base, steps=ref_steps,
-                  impl="plain Python envs.reference.ReferenceEnv, one episode at a time")
+                  impl="plain Python envs.replay.reference.ReferenceEnv, one episode at a time")
     for n in sizes:
         rec.add("jax_over_reference_env_speedup", out[n][0] / ref["value"], "ratio", parallel_envs=n,
                 note="jitted env steps/s (random policy) / plain-Python reference steps/s, same run")
@@ -308,8 +308,8 @@ def section_eval(rec: Recorder, ctx, quick: bool):
     import jax
     import numpy as np
 
-    from envs.orchestration import evaluate_sets, summarise
-    from envs.reference import reference_evaluate_set
+    from envs.replay.env import evaluate_sets, summarise
+    from envs.replay.reference import reference_evaluate_set
 
     cache, params, base = ctx["cache"], ctx["params"], ctx["base_cfg"]
     n = 200
@@ -348,7 +348,7 @@ def section_eval(rec: Recorder, ctx, quick: bool):
         reference_evaluate_set(cache, int(fi[i]), fs[i].tolist())
     dt = time.perf_counter() - t0
     ref = rec.add("reference_evaluate_set_questions_per_s", nq / dt, "questions/s", **base, questions=nq,
-                  impl="plain Python recursive envs.reference.reference_evaluate_set")
+                  impl="plain Python recursive envs.replay.reference.reference_evaluate_set")
     rec.add("jax_over_reference_eval_speedup_100_splits", S * n / times[100] / ref["value"], "ratio")
 
 
@@ -550,8 +550,8 @@ def device_worker(n_dev: int, quick: bool, train: bool = True) -> dict:
     from ccpo_jax.ccpo.config import TrainConfig, Variant
     from ccpo_jax.ccpo.members import train_many
     from ccpo_jax.runtime import sharding
-    from envs.orchestration import evaluate_sets, make_env_params
-    from envs.synthetic import generate
+    from envs.replay.env import evaluate_sets, make_env_params
+    from envs.generators.synthetic import generate
 
     assert len(jax.devices()) >= n_dev
     cache = generate("hotpotqa-llama2", 1400, 0)
@@ -748,8 +748,8 @@ def main(argv=None) -> int:
     import jax
 
     from ccpo_jax.runtime.sharding import init_distributed
-    from envs.orchestration import make_env_params
-    from envs.synthetic import generate
+    from envs.replay.env import make_env_params
+    from envs.generators.synthetic import generate
 
     init_distributed()
     t_all = time.perf_counter()

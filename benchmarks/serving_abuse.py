@@ -47,9 +47,9 @@ def make_artifact(root: Path) -> tuple[Path, list[dict]]:
     from ccpo_jax.ccpo.export import export_router
     from ccpo_jax.ccpo.policy_store import save_policies
     from ccpo_jax.core.networks import policy_net
-    from envs.features import n_features
-    from envs.jsonl import cache_to_records
-    from envs.synthetic import generate
+    from envs.replay.features import n_features
+    from envs.cache.jsonl import cache_to_records
+    from envs.generators.synthetic import generate
 
     cache = generate("hotpotqa-llama2", 200, 0)
     p = policy_net().init(jax.random.PRNGKey(0), jnp.zeros((n_features(cache.T),), jnp.float32))

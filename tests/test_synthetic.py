@@ -1,4 +1,4 @@
-"""Synthetic caches (envs/synthetic.py): calibration to the paper's marginals, determinism,
+"""Synthetic caches (envs/generators/synthetic.py): calibration to the paper's marginals, determinism,
 schema validity, internal consistency, and the `ccpo-jax data synth` command.
 
 The marginals are recomputed here from the raw arrays with independent code (the
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from envs import synthetic
-from envs.cache import CacheError, check_arrays, load_fast
+from envs.generators import synthetic
+from envs.cache.schema import CacheError, check_arrays, load_fast
 
 N = 1400
 PROFILE_NAMES = list(synthetic.PROFILES)
@@ -135,7 +135,7 @@ def test_schema_manifest_and_consistency(caches, name):
         assert (text != "").all()
         assert (a[f"{who}_correct"] == (text == a["gold"][:, None])).all()
     assert all(g.startswith("synthetic answer ") for g in a["gold"])
-    # ids are numbered in order of first appearance (base r1, guide r1, base r2, ...), as envs.jsonl does
+    # ids are numbered in order of first appearance (base r1, guide r1, base r2, ...), as envs.cache.jsonl does
     seq = np.stack([a["base_answer"], a["guide_answer"]], axis=2).reshape(N, -1)
     running_max = np.maximum.accumulate(seq, axis=1)
     assert (seq[:, 0] == 0).all() and (seq[:, 1:] <= running_max[:, :-1] + 1).all()

@@ -14,7 +14,7 @@ Generative model (all choices are ours; the paper publishes no data):
   Wrong answers are drawn from the pool with geometric weights, so the same
   wrong answer recurs across rounds and models. Texts are ``"synthetic answer
   <label>"``; the cache's answer ids number them in order of first appearance
-  (base r1, guide r1, base r2, ...), as ``envs.jsonl`` does, so a JSONL export
+  (base r1, guide r1, base r2, ...), as ``envs.cache.jsonl`` does, so a JSONL export
   and import keeps the checksum.
 * **Base** (LLaMA) at round t: a *fresh* attempt is correct iff
   ``mu_b + delta_t - s_b d_q + eps > 0`` (probit; ``delta_t`` grows with t:
@@ -51,7 +51,7 @@ Generative model (all choices are ours; the paper publishes no data):
 
 The free parameters of each profile (``mu_b, mu_g, s``, the question-token
 scale, the EXIT offsets and costs, the LLM-policy ``n0`` and ``skill``) were fit
-by :func:`calibrate` on 50,000 questions (``python -m envs.synthetic
+by :func:`calibrate` on 50,000 questions (``python -m envs.generators.synthetic
 --calibrate PROFILE``); the rest are fixed by hand. Only the paper's
 non-learned rows are targets; the learned rows (CPO, CCPO) are outcomes.
 """
@@ -65,7 +65,7 @@ from typing import Callable
 import numpy as np
 
 from envs import published
-from envs.cache import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays
+from envs.cache.schema import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays
 
 DEFAULT_PROFILE = "hotpotqa-llama2"
 DEFAULT_QUESTIONS = 1400
@@ -415,7 +415,7 @@ def generate(profile: str | Profile = DEFAULT_PROFILE, n_questions: int = DEFAUL
     Deterministic per ``seed`` (``numpy.random.Generator(PCG64(seed))``). The
     manifest's provenance is ``{"kind": "synthetic", "generator":
     "envs.synthetic/<profile>", "seed": seed, "calibrated_to": ...}``; the cache
-    carries its checksum. Raises :class:`envs.cache.CacheError` for an unknown
+    carries its checksum. Raises :class:`envs.cache.schema.CacheError` for an unknown
     profile (naming the valid ones) or a bad size/seed.
     """
     prof = _get_profile(profile)
@@ -434,7 +434,7 @@ def generate(profile: str | Profile = DEFAULT_PROFILE, n_questions: int = DEFAUL
     ):
         arrays[k] = sim[k].astype(arrays[k].dtype)
     # Renumber answers in order of first appearance (base r1, guide r1, base r2, ...), as
-    # envs.jsonl numbers them, so that a JSONL export + import keeps the checksum. The
+    # envs.cache.jsonl numbers them, so that a JSONL export + import keeps the checksum. The
     # text keeps the generator's random label: "synthetic answer <label>".
     seq = np.stack([sim["base_answer"], sim["guide_answer"]], axis=2).reshape(n_questions, 2 * T)
     same = seq[:, :, None] == seq[:, None, :]  # [Q, 2T, 2T]
@@ -611,7 +611,7 @@ def _mmlu_targets(n: int, g1: float, sds: dict[str, float],
 _MMLU_CHAIN = dict(n_wrong=3, p_wrong_geom=0.5)
 _MMLU_TOKENS = dict(q_cv=0.35, ans_tokens=3.0, base_system=350.0, base_out=250.0, base_obs=0.0)
 
-# Fitted numbers below: `python -m envs.synthetic --calibrate` (50,000 questions, seed 20251114).
+# Fitted numbers below: `python -m envs.generators.synthetic --calibrate` (50,000 questions, seed 20251114).
 # Each target's sd (per-question standard deviation) was measured on the same run.
 PROFILES: dict[str, Profile] = {
     "hotpotqa-llama2": Profile(
@@ -675,7 +675,7 @@ PROFILES: dict[str, Profile] = {
 
 
 def _main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m envs.synthetic", description="measure or refit the SYNTHETIC profiles")
+    ap = argparse.ArgumentParser(prog="python -m envs.generators.synthetic", description="measure or refit the SYNTHETIC profiles")
     ap.add_argument("--calibrate", nargs="*", metavar="PROFILE", help="refit these profiles (default: all) and print the parameters")
     ap.add_argument("--questions", type=int, default=DEFAULT_QUESTIONS)
     ap.add_argument("--seed", type=int, default=0)
