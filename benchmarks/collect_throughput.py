@@ -33,7 +33,7 @@ from ccpo_jax.collect.client import Endpoint, RetryPolicy  # noqa: E402
 from ccpo_jax.collect.collector import collect  # noqa: E402
 from ccpo_jax.collect.questions import load_questions  # noqa: E402
 from ccpo_jax.collect.settings import Execution, Settings  # noqa: E402
-from envs.atomic import atomic_write_json  # noqa: E402
+from envs.cache.atomic import atomic_write_json  # noqa: E402
 
 
 def run_once(n: int, concurrency: int, delay_ms: float, work: Path) -> dict:

@@ -25,8 +25,8 @@ from ccpo_jax.core import conformal as cf
 from ccpo_jax.core import constraint as cs
 from ccpo_jax.core import networks
 from ccpo_jax.core import trust_region as tr
-from envs.atomic import atomic_write_text
-from envs.cache import A_BASE, A_NEXT, N_ACTIONS
+from envs.cache.atomic import atomic_write_text
+from envs.cache.schema import A_BASE, A_NEXT, N_ACTIONS
 
 EPISODES, T, OBS_DIM = 10, 4, 16
 KAPPA, ALPHA, DELTA = 0.33, 0.1, 0.01

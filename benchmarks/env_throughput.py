@@ -4,13 +4,13 @@ Measures (compile excluded, ``block_until_ready``):
   * ``env_steps_per_s``: env steps per second, N parallel episodes (default
     4096) under a uniformly random policy over the available actions, with
     auto-reset to a new random question, ``lax.scan`` over steps inside jit;
-  * ``reference_env_steps_per_s``: the same policy on ``envs.reference.ReferenceEnv``;
+  * ``reference_env_steps_per_s``: the same policy on ``envs.replay.reference.ReferenceEnv``;
   * ``evaluate_sets_questions_per_s``: set-valued evaluation (docs/environment.md), S
     splits x n questions in one jitted vmapped call, vs
   * ``reference_evaluate_set_questions_per_s``: the plain-Python recursive evaluator.
 
 Prints a table and writes JSON records {"name","value","unit","backend","device","config"}.
-The cache is SYNTHETIC (``envs.synthetic.generate('hotpotqa-llama2', 1400, 0)``).
+The cache is SYNTHETIC (``envs.generators.synthetic.generate('hotpotqa-llama2', 1400, 0)``).
 
     python benchmarks/env_throughput.py [--quick] [--out FILE] [--envs 4096] [--steps 1000]
 """
@@ -28,17 +28,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envs.atomic import atomic_write_json  # noqa: E402
-from envs.orchestration import OrchestrationEnv, evaluate_sets, make_env_params, summarise  # noqa: E402
-from envs.reference import ReferenceEnv, random_cache, reference_evaluate_set  # noqa: E402
+from envs.cache.atomic import atomic_write_json  # noqa: E402
+from envs.replay.env import OrchestrationEnv, evaluate_sets, make_env_params, summarise  # noqa: E402
+from envs.replay.reference import ReferenceEnv, random_cache, reference_evaluate_set  # noqa: E402
 
 
 def load_cache():
     try:
-        from envs.synthetic import generate
+        from envs.generators.synthetic import generate
 
         return generate("hotpotqa-llama2", 1400, 0), "synthetic hotpotqa-llama2 Q=1400 seed=0"
-    except ImportError:  # before envs.synthetic existed
+    except ImportError:  # before envs.generators.synthetic existed
         return random_cache(1400, 4, 0), "random_cache Q=1400 T=4 seed=0 (synthetic)"
 
 
@@ -133,12 +133,12 @@ def main(argv=None) -> int:
          "config": {**base_cfg, "impl": "jax jit+vmap, lax.scan", "parallel_envs": args.envs, "scan_steps": n_steps,
                     "policy": "uniform over available actions", "auto_reset": True}},
         {"name": "reference_env_steps_per_s", "value": ref_steps / t_ref, "unit": "steps/s",
-         "config": {**base_cfg, "impl": "plain Python envs.reference.ReferenceEnv", "steps": ref_steps,
+         "config": {**base_cfg, "impl": "plain Python envs.replay.reference.ReferenceEnv", "steps": ref_steps,
                     "policy": "uniform over available actions", "auto_reset": True}},
         {"name": "evaluate_sets_questions_per_s", "value": S * n / t_ev, "unit": "questions/s",
          "config": {**base_cfg, "impl": "jax jit+vmap over splits", "splits": S, "questions_per_split": n}},
         {"name": "reference_evaluate_set_questions_per_s", "value": ref_q / t_ref_ev, "unit": "questions/s",
-         "config": {**base_cfg, "impl": "plain Python recursive envs.reference.reference_evaluate_set",
+         "config": {**base_cfg, "impl": "plain Python recursive envs.replay.reference.reference_evaluate_set",
                     "questions": ref_q}},
     ]
     for r in records:

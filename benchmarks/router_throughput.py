@@ -4,7 +4,7 @@ Measures (compile excluded: one warm-up call per shape first):
   * ``router_action_set_per_s``: decisions/s of ``Router.action_set(obs [B, F], available [B, 3])``
     (input validation + the jax.export module), at B = 1 and B = 1024;
   * ``router_decide_per_s``: decisions/s of ``Router.decide_many`` on raw rounds (parse, featurise
-    with envs.features, module), at B = 1 and B = 1024;
+    with envs.replay.features, module), at B = 1 and B = 1024;
   * ``http_requests_per_s``: ``POST /v1/route`` (one decision each) from one local client on one
     keep-alive connection, ``--requests`` requests (default 2,000), server in a thread of the same
     process, on 127.0.0.1.
@@ -40,8 +40,8 @@ def make_artifact(root: Path) -> Path:
     from ccpo_jax.ccpo.export import export_router
     from ccpo_jax.ccpo.policy_store import save_policies
     from ccpo_jax.core.networks import policy_net
-    from envs.features import n_features
-    from envs.synthetic import generate
+    from envs.replay.features import n_features
+    from envs.generators.synthetic import generate
 
     cache = generate("hotpotqa-llama2", 200, 0)
     p = policy_net().init(jax.random.PRNGKey(0), jnp.zeros((n_features(cache.T),), jnp.float32))
@@ -72,8 +72,8 @@ def main(argv=None) -> int:
 
     from ccpo_jax.serving import Router
     from ccpo_jax.serving.http import start_in_thread
-    from envs.jsonl import cache_to_records
-    from envs.synthetic import generate
+    from envs.cache.jsonl import cache_to_records
+    from envs.generators.synthetic import generate
 
     with tempfile.TemporaryDirectory() as tmp:
         art = Path(args.artifact) if args.artifact else make_artifact(Path(tmp))

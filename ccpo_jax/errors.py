@@ -3,7 +3,7 @@ import errno
 import re
 from typing import Mapping
 
-from envs.cache import CacheError
+from envs.cache.schema import CacheError
 
 
 class UserError(ValueError):

@@ -1,7 +1,7 @@
 """The papers' published results: the CCPO paper's (arXiv 2511.11828, Tables 2-9) and the
 Stackelberg governance paper's (arXiv 2606.23026, :data:`STACKELBERG_TABLE4` and below). Pure data, no
 logic beyond lookups. The one copy of these numbers in the package: ``ccpo_jax.ccpo.settings``
-puts them beside a run's results (table.md), ``envs.synthetic`` calibrates its
+puts them beside a run's results (table.md), ``envs.generators.synthetic`` calibrates its
 synthetic caches to them (Tables 2-5).
 
 Each table's rows are listed in the paper's order as ``(kind, cost cents, coverage,

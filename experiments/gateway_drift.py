@@ -37,8 +37,8 @@ def main(argv=None) -> int:
 
     from ccpo_jax.gateway.drift import replay
     from ccpo_jax.serving import Router
-    from envs.jsonl import cache_to_records
-    from envs.synthetic import generate
+    from envs.cache.jsonl import cache_to_records
+    from envs.generators.synthetic import generate
 
     router = Router.load(a.artifact)
     second = cache_to_records(generate(a.then, 4 * a.n, a.seed + 1))

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True,
                    help="JSON file written by process 0; with several --member-block values it must contain "
                         "'{block}', replaced by each value")
-    p.add_argument("--profile", default="hotpotqa-llama2", help="SYNTHETIC cache profile (envs.synthetic)")
+    p.add_argument("--profile", default="hotpotqa-llama2", help="SYNTHETIC cache profile (envs.generators.synthetic)")
     p.add_argument("--questions", type=int, default=600, help="questions in the synthetic cache")
     p.add_argument("--splits", type=int, default=4, help="splits, each trains its own policies")
     p.add_argument("--split-sizes", default="300,100,100", metavar="TRAIN,CAL,TEST")
@@ -76,8 +76,8 @@ def _run(args) -> int:
     from ccpo_jax.ccpo.config import TrainConfig
     from ccpo_jax.ccpo.splits import check_split_sizes, make_splits
     from ccpo_jax.errors import UserError
-    from envs.orchestration import make_env_params
-    from envs.synthetic import generate
+    from envs.replay.env import make_env_params
+    from envs.generators.synthetic import generate
 
     try:
         sizes = tuple(int(x) for x in args.split_sizes.split(","))
@@ -112,7 +112,7 @@ def _run_layout(args, cache, params, splits, cfg, k_train, k_eval, block: int | 
     from ccpo_jax.ccpo.members import train_many
     from ccpo_jax.ccpo.rows import row_variants
     from ccpo_jax.runtime import sharding
-    from envs.atomic import atomic_write_text
+    from envs.cache.atomic import atomic_write_text
 
     variants = row_variants(())
     mesh = sharding.make_mesh()
@@ -124,7 +124,7 @@ def _run_layout(args, cache, params, splits, cfg, k_train, k_eval, block: int | 
                                     np.asarray(splits.test), k_eval, retrain=True)
     digest = hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in jax.tree.leaves(state))).hexdigest()
     result = {
-        "note": "SYNTHETIC cache (envs.synthetic), retrain protocol",
+        "note": "SYNTHETIC cache (envs.generators.synthetic), retrain protocol",
         "cache": {"name": cache.manifest.name, "checksum": cache.manifest.checksum},
         "processes": jax.process_count(),
         "devices": jax.device_count(),

@@ -3,7 +3,7 @@
     python -m experiments.oracle_check --preset default --seeds 10
     python -m experiments.oracle_check --preset paper --seeds 4 --caches uncertainty,two-extra-rounds
 
-For every cache of :func:`envs.oracle.builtin` (SYNTHETIC, hand-designed), this
+For every cache of :func:`envs.generators.oracle.builtin` (SYNTHETIC, hand-designed), this
 trains the learned rows over ``--seeds`` seeds in one vmapped program
 (recalibrate protocol), batch-calibrates each seed on ``--splits`` splits and
 prints, per seed, CPO's pointwise success and every calibrated row's cost
@@ -22,8 +22,8 @@ import numpy as np
 from ccpo_jax.ccpo.presets import get_preset
 from ccpo_jax.ccpo.rows import train_seeds
 from ccpo_jax.ccpo.splits import splits_for_protocol
-from envs import oracle
-from envs.orchestration import make_env_params
+from envs.generators import oracle
+from envs.replay.env import make_env_params
 
 
 def check_cache(spec, cfg, seeds: int, n_splits: int, sizes=(600, 200, 200), lambdas=(), seed: int = 0) -> dict:

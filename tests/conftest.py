@@ -155,8 +155,8 @@ def mechanics() -> Mechanics:
 
     from ccpo_jax.ccpo.config import TrainConfig
     from ccpo_jax.ccpo.rows import row_variants
-    from envs.orchestration import make_env_params
-    from envs.reference import random_cache
+    from envs.replay.env import make_env_params
+    from envs.replay.reference import random_cache
 
     cache = random_cache(80, T=4, seed=3)
     return Mechanics(cache=cache, params=make_env_params(cache), config=TrainConfig(iterations=6, chunk=2, batch_size=4),

@@ -26,8 +26,8 @@ def build_artefact(root: Path, scale: float = 300.0, seed: int = 5, kappa: float
     from ccpo_jax.ccpo.export import export_router
     from ccpo_jax.ccpo.policy_store import save_policies
     from ccpo_jax.core.networks import policy_net
-    from envs.features import n_features
-    from envs.synthetic import generate
+    from envs.replay.features import n_features
+    from envs.generators.synthetic import generate
 
     cache = generate("hotpotqa-llama2", 60, 3)
     p = policy_net().init(jax.random.PRNGKey(seed), jnp.zeros((n_features(cache.T),), jnp.float32))

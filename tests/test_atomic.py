@@ -1,4 +1,4 @@
-"""envs.atomic: the one atomic-write helper (files and built-aside directories)."""
+"""envs.cache.atomic: the one atomic-write helper (files and built-aside directories)."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from envs import atomic
-from envs.atomic import atomic_dir, atomic_path, atomic_write_bytes, atomic_write_json, atomic_write_text
+from envs.cache import atomic
+from envs.cache.atomic import atomic_dir, atomic_path, atomic_write_bytes, atomic_write_json, atomic_write_text
 
 
 class Boom(Exception):

@@ -17,9 +17,9 @@ from ccpo_jax.ccpo.baselines import (
     uala,
     uala_threshold,
 )
-from envs.cache import ResponseCache
-from envs.orchestration import make_env_params, summarise
-from envs.reference import ReferenceEnv, random_cache
+from envs.cache.schema import ResponseCache
+from envs.replay.env import make_env_params, summarise
+from envs.replay.reference import ReferenceEnv, random_cache
 
 Q, T = 120, 4
 

@@ -1,5 +1,5 @@
 """The best observable reference row (ccpo_jax.ccpo.observable; issue 40): on the oracle caches it
-is the brute-force best observable policy (envs.oracle), its threshold search is the brute force
+is the brute-force best observable policy (envs.generators.oracle), its threshold search is the brute force
 over every cut, its metrics are the replay env's, it sits between the clairvoyant bound and the
 observable baselines, and reproduce / sweep carry it."""
 from __future__ import annotations
@@ -17,10 +17,10 @@ from ccpo_jax.ccpo import observable as ob
 from ccpo_jax.ccpo.baselines import COVERAGE_EPS, non_learned_rows
 from ccpo_jax.ccpo.reproduce import reproduce
 from ccpo_jax.ccpo.splits import splits_for_protocol
-from envs import oracle
-from envs.bound import BOUND_ROW, bound_of_params, required_covered
-from envs.orchestration import evaluate_sets, make_env_params, summarise
-from envs.synthetic import generate
+from envs.generators import oracle
+from envs.replay.bound import BOUND_ROW, bound_of_params, required_covered
+from envs.replay.env import evaluate_sets, make_env_params, summarise
+from envs.generators.synthetic import generate
 
 N_ORACLE = 4000  # questions per oracle cache: one test split of them all
 SPECS = {**oracle.builtin(), **oracle.partial()}
@@ -94,7 +94,7 @@ def synthetic():
 
 
 def test_metrics_are_the_replay_envs(synthetic):
-    """The row's NumPy metrics equal envs.orchestration.evaluate_sets on the policy's sets."""
+    """The row's NumPy metrics equal envs.replay.env.evaluate_sets on the policy's sets."""
     _, params, sp, scores, info = synthetic
     idx = np.asarray(sp.test)
     S, n = idx.shape

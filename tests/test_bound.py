@@ -1,4 +1,4 @@
-"""The clairvoyant bound (envs.bound) against a brute force over per-question plans."""
+"""The clairvoyant bound (envs.replay.bound) against a brute force over per-question plans."""
 from __future__ import annotations
 
 import itertools
@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envs.bound import bound_of_cache, bound_of_params, clairvoyant, required_covered
-from envs.orchestration import evaluate_sets, make_env_params
-from envs.synthetic import generate
+from envs.replay.bound import bound_of_cache, bound_of_params, clairvoyant, required_covered
+from envs.replay.env import evaluate_sets, make_env_params
+from envs.generators.synthetic import generate
 
 
 def _random_cache(rng, n, T):
@@ -84,7 +84,7 @@ def test_bound_is_below_every_fixed_depth_policy_that_covers():
 
 
 def test_data_check_prints_the_bound():
-    from envs.report import describe
+    from envs.replay.report import describe
 
     cache = generate("hotpotqa-llama2", n_questions=300, seed=1)
     b = bound_of_cache(cache, np.arange(300), 0.1)

@@ -1,4 +1,4 @@
-"""Response-cache human format (envs/jsonl.py), normalisation, derived fields and
+"""Response-cache human format (envs/cache/jsonl.py), normalisation, derived fields and
 the ``data check`` report, each against a hand-written oracle (docs/caches.md)."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.cache import CacheError, arrays_checksum, load_fast, save_fast
-from envs.formats import load_cache
-from envs.jsonl import read_jsonl, write_jsonl
-from envs.normalise import normalise_answer
-from envs.report import cache_stats, describe
+from envs.cache.schema import CacheError, arrays_checksum, load_fast, save_fast
+from envs.cache.formats import load_cache
+from envs.cache.jsonl import read_jsonl, write_jsonl
+from envs.cache.normalise import normalise_answer
+from envs.replay.report import cache_stats, describe
 
 MANIFEST = {
     "name": "tiny", "task": "hotpotqa", "T": 3,
@@ -358,7 +358,7 @@ def test_nan_in_ignored_field_is_harmless_and_in_read_field_is_an_error(tmp_path
 def test_synthetic_cache_survives_jsonl_round_trip_up_to_id_renumbering(tmp_path):
     """Synthetic ids are not in first-appearance order, so the reader renumbers them;
     every equality between answers, every flag and every number must survive."""
-    from envs.synthetic import generate
+    from envs.generators.synthetic import generate
 
     c1 = generate("hotpotqa-llama2", n_questions=40, seed=5)
     c2 = read_jsonl(write_jsonl(c1, tmp_path / "s.jsonl"))

@@ -233,8 +233,8 @@ def test_good_cache_check_import_export(tmp_path):
 
 def test_a_closed_stdout_pipe_ends_quietly(tmp_path):
     """`ccpo-jax data check FILE | head`: the reader goes away; no BrokenPipeError traceback."""
-    from envs.jsonl import write_jsonl
-    from envs.synthetic import generate
+    from envs.cache.jsonl import write_jsonl
+    from envs.generators.synthetic import generate
 
     path = write_jsonl(generate("hotpotqa-llama2", n_questions=30, seed=0), tmp_path / "s.jsonl")
     r_fd, w_fd = os.pipe()
@@ -249,8 +249,8 @@ def test_a_closed_stdout_pipe_ends_quietly(tmp_path):
 
 
 def test_unterminated_string_message_reads_once_at(tmp_path):
-    from envs.cache import CacheError
-    from envs.jsonl import read_jsonl
+    from envs.cache.schema import CacheError
+    from envs.cache.jsonl import read_jsonl
 
     p = tmp_path / "t.jsonl"
     p.write_text('{"id": "q1", "gold": "unterminated\n', encoding="utf-8")

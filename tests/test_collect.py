@@ -89,7 +89,7 @@ def reference(server, questions_file, tmp_path_factory):
 
 
 def test_normal_run_writes_a_cache_that_data_check_reads(reference, capsys):
-    from envs.jsonl import read_jsonl
+    from envs.cache.jsonl import read_jsonl
 
     out, sha, sent, paid = reference
     cache = read_jsonl(out)
@@ -194,7 +194,7 @@ def test_failure_after_retries_stops_cleanly_and_resume_completes(server, questi
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: ") and "gave up after 3 attempts (last: HTTP 500)" in err
     assert "--resume" in err and "Traceback" not in err
-    from envs.jsonl import read_jsonl
+    from envs.cache.jsonl import read_jsonl
 
     assert read_jsonl(out).n_questions == 4  # q0..q3 finished before the failing q4; the partial file is a cache
     assert main(_args(server, questions_file, out, "--resume")) == 0
@@ -249,7 +249,7 @@ def test_resume_drops_lines_cut_by_a_kill(server, questions_file, reference, tmp
 
 def test_pilot_with_limit_then_the_rest(server, questions_file, reference, tmp_path):
     """A pilot of 5 questions (a complete 5-question cache), then --resume without --limit: the full file."""
-    from envs.jsonl import read_jsonl
+    from envs.cache.jsonl import read_jsonl
 
     out = tmp_path / "cache.jsonl"
     assert main(_args(server, questions_file, out, "--limit", "5")) == 0
@@ -283,7 +283,7 @@ def test_budget_stop_then_resume(server, questions_file, reference, tmp_path, ca
     assert cap_out.out.startswith(f"cost bound for {N_QUESTIONS} question(s)")
     paid = sum(c.get("cost_usd", 0.0) for c in _calls(out))
     assert 0 < paid <= cap_r
-    from envs.jsonl import read_jsonl
+    from envs.cache.jsonl import read_jsonl
 
     assert 0 < read_jsonl(out).n_questions < N_QUESTIONS
     assert main(_args(server, questions_file, out, "--resume", "--max-cost-usd", "1")) == 0
@@ -327,7 +327,7 @@ def test_csv_questions_and_pricing_file(server, tmp_path):
     assert prices == {"base": (0.0, 0.0), "guide": (3.0, 12.0)} and sources["guide"] == "--pricing prices.yaml"
     args = argparse.Namespace(pricing=None, base_price="0,0", guide_price=None)
     prices, sources = resolve_prices(args, {"base": BASE_MODEL, "guide": "gpt-4o"})
-    assert prices["guide"] == (2.5, 10.0) and sources["guide"].startswith("envs/pricing.py")
+    assert prices["guide"] == (2.5, 10.0) and sources["guide"].startswith("envs/importers/pricing.py")
 
 
 # -- keys --------------------------------------------------------------------------------------

@@ -176,7 +176,7 @@ def test_collect_records_a_reply_with_a_lone_surrogate(tmp_path, capsys, monkeyp
         assert main(_args(srv.url, questions, out)) == 0, capsys.readouterr().err
     calls = [json.loads(x) for x in (tmp_path / "c.jsonl.calls").read_text().splitlines()]
     assert any(c.get("text", "").endswith(" \ufffd") for c in calls)
-    from envs.jsonl import read_jsonl, write_jsonl
+    from envs.cache.jsonl import read_jsonl, write_jsonl
 
     write_jsonl(read_jsonl(out), tmp_path / "e.jsonl")  # data check and export both take it
 
@@ -200,7 +200,7 @@ def test_collect_refuses_an_impossible_token_count_and_keeps_a_valid_file(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), err
     assert "usage.completion_tokens = 1000000000000" in err[0] and "--resume" in err[0], err
-    from envs.jsonl import read_jsonl
+    from envs.cache.jsonl import read_jsonl
 
     assert read_jsonl(out).n_questions == 2  # the questions before it; the file is a valid cache
 

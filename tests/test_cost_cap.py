@@ -14,7 +14,7 @@ import pytest
 from ccpo_jax.core import conformal as C
 from conftest import random_rounds
 from ccpo_jax.core.guarantee import Guarantee, hb_critical_mean, hb_pvalue
-from envs.orchestration import reached_rounds
+from envs.replay.env import reached_rounds
 
 
 def _binom_cdf(c: int, n: int, p: float) -> float:

@@ -16,7 +16,7 @@ import pytest
 
 from ccpo_jax.ccpo.reproduce import reproduce
 from envs.importers import import_cache
-from envs.synthetic import generate
+from envs.generators.synthetic import generate
 
 pytestmark = pytest.mark.slow  # 100 splits on three caches, one trainer compile each
 

@@ -1,4 +1,4 @@
-"""Replay env, features and set-valued evaluation against the plain-Python reference (envs/reference.py)."""
+"""Replay env, features and set-valued evaluation against the plain-Python reference (envs/replay/reference.py)."""
 from __future__ import annotations
 
 import chex
@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envs.cache import Manifest, ModelInfo, ResponseCache, empty_arrays
-from envs.features import available_actions, build_features, feature_names
-from envs.orchestration import (
+from envs.cache.schema import Manifest, ModelInfo, ResponseCache, empty_arrays
+from envs.replay.features import available_actions, build_features, feature_names
+from envs.replay.env import (
     OrchestrationEnv,
     evaluate_actions,
     evaluate_sets,
@@ -18,7 +18,7 @@ from envs.orchestration import (
     summarise,
     trajectories,
 )
-from envs.reference import ReferenceEnv, random_cache, reference_evaluate_set, reference_features
+from envs.replay.reference import ReferenceEnv, random_cache, reference_evaluate_set, reference_features
 
 Q, T = 120, 4
 

@@ -11,8 +11,8 @@ import pytest
 
 from ccpo_jax.core import conformal, exact
 from ccpo_jax.core.constraint import coverage_estimate
-from envs.orchestration import make_env_params, trajectories
-from envs.reference import random_cache
+from envs.replay.env import make_env_params, trajectories
+from envs.replay.reference import random_cache
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +108,9 @@ def test_soft_set_size_tends_to_the_hard_set_size(env):
 
 
 def test_soft_set_outcomes_tend_to_the_hard_set_rollout(env):
-    """eps -> 0: cost and coverage equal envs.orchestration.evaluate_sets of C_{pi,kappa}
-    (an independent implementation of the set rollout, itself checked against envs.reference)."""
-    from envs.orchestration import evaluate_sets
+    """eps -> 0: cost and coverage equal envs.replay.env.evaluate_sets of C_{pi,kappa}
+    (an independent implementation of the set rollout, itself checked against envs.replay.reference)."""
+    from envs.replay.env import evaluate_sets
 
     _, params, probs = env
     idx = jnp.arange(probs.shape[0])

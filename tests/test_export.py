@@ -22,9 +22,9 @@ import pytest
 from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.core.conformal import conformal_set
 from ccpo_jax.core.networks import masked_probs, policy_net
-from envs.features import n_features
-from envs.orchestration import make_env_params
-from envs.synthetic import generate
+from envs.replay.features import n_features
+from envs.replay.env import make_env_params
+from envs.generators.synthetic import generate
 
 REPO = Path(__file__).resolve().parents[1]
 N_OBS = 10_000
@@ -113,7 +113,7 @@ def test_action_sets_bit_for_bit(run, router):
 
 
 def test_manifest_contents(run, router):
-    from envs.features import SCALES, feature_names
+    from envs.replay.features import SCALES, feature_names
 
     m = router.manifest
     meta = json.loads((run.run_dir / "policies" / "ccpo-lambda-0" / "policy.json").read_text())

@@ -210,7 +210,7 @@ def test_feedback_labels_the_journal_and_data_check_reads_it(live, tmp_path):
     _ask(client, QS[3])  # one more, left without feedback
     res = run_cli(["data", "check", str(journal)])
     assert res.returncode == 0, res.stderr
-    from envs.jsonl import awaiting_feedback, read_jsonl
+    from envs.cache.jsonl import awaiting_feedback, read_jsonl
 
     waiting = awaiting_feedback(journal)
     assert waiting >= 1 and f"{waiting} gateway request line(s) await feedback" in res.stdout
@@ -229,7 +229,7 @@ def test_feedback_labels_the_journal_and_data_check_reads_it(live, tmp_path):
 
 def test_journal_torn_tail_is_dropped_on_reopen(live, tmp_path):
     from ccpo_jax.gateway.journal import Journal
-    from envs.jsonl import read_jsonl
+    from envs.cache.jsonl import read_jsonl
 
     up, g, client, journal = live
     _ask(client, QS[0])
@@ -338,11 +338,11 @@ def test_drift_replay_equals_the_replay_environment(art, tmp_path):
 
     from ccpo_jax.gateway.drift import replay
     from ccpo_jax.serving import Router
-    from envs.jsonl import cache_to_records
-    from envs.orchestration import evaluate_sets, make_env_params
-    from envs.synthetic import generate
+    from envs.cache.jsonl import cache_to_records
+    from envs.replay.env import evaluate_sets, make_env_params
+    from envs.generators.synthetic import generate
 
-    from envs.jsonl import read_jsonl
+    from envs.cache.jsonl import read_jsonl
 
     router = Router.load(art)
     full = generate("hotpotqa-llama2", 40, 11)
@@ -372,7 +372,7 @@ def test_live_eval_table_against_the_replay_prediction(art, tmp_path):
     from scipy.stats import beta
 
     from chat_server import write_questions
-    from envs.jsonl import read_jsonl
+    from envs.cache.jsonl import read_jsonl
 
     qfile = tmp_path / "q.jsonl"
     write_questions(qfile, 10)
@@ -489,7 +489,7 @@ def test_missing_key_variable_is_an_error_at_start(art, monkeypatch):
 
 def test_restarted_journal_takes_feedback_for_earlier_requests(live, tmp_path):
     from ccpo_jax.gateway.journal import Journal
-    from envs.jsonl import awaiting_feedback
+    from envs.cache.jsonl import awaiting_feedback
 
     up, g, client, journal = live
     cid = _ask(client, QS[8]).id
@@ -541,7 +541,7 @@ def test_online_kappa_needs_a_marginal_router(art):
 
 def test_live_eval_upstream_failure_is_one_error_line_and_a_valid_journal(art, tmp_path):
     from chat_server import write_questions
-    from envs.jsonl import read_jsonl
+    from envs.cache.jsonl import read_jsonl
 
     qfile = tmp_path / "q.jsonl"
     write_questions(qfile, 6)

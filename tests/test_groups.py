@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.cache import CacheError, load_fast, save_fast
-from envs.jsonl import read_jsonl, write_jsonl
-from envs.report import describe
-from envs.synthetic import generate
+from envs.cache.schema import CacheError, load_fast, save_fast
+from envs.cache.jsonl import read_jsonl, write_jsonl
+from envs.replay.report import describe
+from envs.generators.synthetic import generate
 
 DATA = Path(os.environ.get("CCPO_SHARED_DATA", "/work/shared/data"))
 
 
 def _with_groups(cache, groups):
-    from envs.cache import ResponseCache
+    from envs.cache.schema import ResponseCache
 
     return ResponseCache(cache.manifest, {**cache.arrays, "group": np.array(groups, dtype=str)}).with_checksum()
 
@@ -107,7 +107,7 @@ def test_a_group_differing_only_by_nul_is_refused_by_check_import_and_export_ali
 
 
 def test_fast_format_refuses_control_characters_on_save_and_load(tmp_path):
-    from envs.cache import write_fast_dir
+    from envs.cache.schema import write_fast_dir
 
     c = generate(n_questions=3, seed=2)
     bad = _with_groups(c, ["a", "b\x1bc", "c"])
@@ -123,7 +123,7 @@ def test_fast_format_refuses_control_characters_on_save_and_load(tmp_path):
 
 def test_importers_refuse_a_control_character_before_numpy_drops_it():
     from envs.importers import Side, build_cache
-    from envs.cache import ModelInfo
+    from envs.cache.schema import ModelInfo
 
     side = Side("x", True, 1, 1)
     kw = dict(name="t", task="t", base=ModelInfo("b", 0.0, 0.0), guide=ModelInfo("g", 1.0, 1.0),

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.cache import CacheError, check_arrays, load_fast, save_fast
+from envs.cache.schema import CacheError, check_arrays, load_fast, save_fast
 from envs.importers import IMPORTERS, import_cache
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "data"
@@ -175,7 +175,7 @@ def test_uala_hotpotqa_against_joined_file(caches, real_data):
 
 def test_uala_correctness_rule_reproduces_source_em(real_data):
     """normalise_answer(answer) == normalise_answer(gold) is the source's own `em`, on every record."""
-    from envs.normalise import normalise_answer
+    from envs.cache.normalise import normalise_answer
 
     for rel in (
         "llama2_70b/llama2-hotpotqa-dev-uala-nooracle-20251022-040122.jsonl",
@@ -324,7 +324,7 @@ def test_token_rule_is_ceil_chars_over_4():
 
     assert [estimate_tokens("x" * n) for n in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
     assert estimate_tokens("x" * 4001) == math.ceil(4001 / 4)
-    from envs.normalise import normalise_answer
+    from envs.cache.normalise import normalise_answer
 
     # spelled numbers stay distinct under the SQuAD normalisation ('-' and '.' are deleted by it)
     keys = [number_key(s) for s in ("-3", "3", "3.5", "35")]

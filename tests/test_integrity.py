@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.cache import CacheError, arrays_checksum, load_fast, save_fast
-from envs.formats import load_cache
-from envs.jsonl import read_jsonl, write_jsonl
+from envs.cache.schema import CacheError, arrays_checksum, load_fast, save_fast
+from envs.cache.formats import load_cache
+from envs.cache.jsonl import read_jsonl, write_jsonl
 from conftest import run_cli
 
 
 @pytest.fixture(scope="module")
 def syn() -> "object":
-    from envs.synthetic import generate
+    from envs.generators.synthetic import generate
 
     return generate("hotpotqa-llama2", n_questions=60, seed=0)
 
@@ -109,7 +109,7 @@ def test_resume_refuses_a_cache_whose_manifest_changed(tmp_path):
     """A JSONL cache's manifest edited between the kill and --resume (the checksum covers it)."""
     from ccpo_jax.ccpo.reproduce import reproduce
     from ccpo_jax.errors import UserError
-    from envs.synthetic import generate
+    from envs.generators.synthetic import generate
 
     src = write_jsonl(generate("hotpotqa-llama2", n_questions=100, seed=0), tmp_path / "c.jsonl")
 
@@ -182,7 +182,7 @@ def _fake_trainer(interrupt: bool = False):
 
 @pytest.fixture(scope="module")
 def cache100(tmp_path_factory) -> Path:
-    from envs.synthetic import generate
+    from envs.generators.synthetic import generate
 
     return save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), tmp_path_factory.mktemp("c") / "c100")
 
@@ -249,7 +249,7 @@ def run_with_policies(tmp_path_factory, syn):
     from ccpo_jax.ccpo.config import TrainConfig, Variant
     from ccpo_jax.ccpo.policy_store import save_policies
     from ccpo_jax.core.networks import policy_net
-    from envs.features import n_features
+    from envs.replay.features import n_features
 
     root = tmp_path_factory.mktemp("run")
     p = policy_net().init(jax.random.PRNGKey(0), jnp.zeros((n_features(syn.T),), jnp.float32))
@@ -322,10 +322,10 @@ def test_full_disk_in_reproduce(tmp_path, cache100, capsys, monkeypatch, where):
             raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "policy.kernel/0.0" in OCDBT database: Failed '
                              f'writing: "{kw["ckpt_dir"]}/orbax/1/d/ab12": Failed to write 4096 bytes to file 4: '
                              "No space left on device [os_error_code='28']")
-    else:  # every file write (run.json first) goes through envs.atomic.atomic_write_bytes
-        import envs.atomic
+    else:  # every file write (run.json first) goes through envs.cache.atomic.atomic_write_bytes
+        import envs.cache.atomic
 
-        monkeypatch.setattr(envs.atomic, "atomic_write_bytes", _enospc)
+        monkeypatch.setattr(envs.cache.atomic, "atomic_write_bytes", _enospc)
     monkeypatch.setattr(rows_module, "learned_rows", fake)
     out = tmp_path / "runs" / "r"
     line = _main_one_line(capsys, ["reproduce", "--cache", str(cache100), "--splits", "2", "--split-sizes",

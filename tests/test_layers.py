@@ -159,3 +159,12 @@ def test_every_module_of_ccpo_jax_sits_in_exactly_one_layer():
     # a module nobody placed is found (the check can fail)
     assert _uncovered(mods + ["ccpo_jax.stray"], "ccpo_jax", top) == ["ccpo_jax.stray"]
     assert _uncovered(["ccpo_jax.ccpo.stray"], "ccpo_jax.ccpo", _layers("ccpo_jax.ccpo")) == ["ccpo_jax.ccpo.stray"]
+
+
+def test_every_module_of_envs_sits_in_exactly_one_stage():
+    """envs/ is split by stage (pyproject: importers | generators | governance > replay > cache | published):
+    a module left at the top of envs/, or a new stage nobody placed, is found."""
+    mods = sorted(m for m in _modules() if m.startswith("envs."))
+    stages = _layers("envs")
+    assert len(mods) > 20 and _uncovered(mods, "envs", stages) == []
+    assert _uncovered(mods + ["envs.stray"], "envs", stages) == ["envs.stray"]

@@ -13,7 +13,7 @@ import pytest
 from ccpo_jax.core import conformal as C
 from conftest import random_rounds
 from ccpo_jax.core.guarantee import Guarantee, ltt_critical_count
-from envs.orchestration import reached_rounds
+from envs.replay.env import reached_rounds
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -101,8 +101,8 @@ def test_on_a_cache_mondrian_covers_the_hard_group_that_the_marginal_threshold_m
     threshold covers the hard group far below 1 - alpha; the Mondrian thresholds cover both
     (counted on the test questions over 100 random splits, against the oracle 1 - alpha)."""
     from ccpo_jax.ccpo.evaluation import eval_batch_calibrated, eval_mondrian, per_group
-    from envs.orchestration import make_env_params
-    from envs.reference import random_cache
+    from envs.replay.env import make_env_params
+    from envs.replay.reference import random_cache
 
     cache = random_cache(3000, T=3, seed=5)
     params = make_env_params(cache)

@@ -13,9 +13,9 @@ GROUPS = {"a": 100, "b": 80, "c": 20}  # c: about 6 of 60 calibration questions 
 
 
 def _grouped_cache(tmp_path):
-    from envs.cache import ResponseCache
-    from envs.formats import save_cache
-    from envs.reference import random_cache
+    from envs.cache.schema import ResponseCache
+    from envs.cache.formats import save_cache
+    from envs.replay.reference import random_cache
 
     c = random_cache(200, T=3, seed=11)
     g = np.array([name for name, n in GROUPS.items() for _ in range(n)], dtype=str)

@@ -1,11 +1,11 @@
-"""The learners reach the optimum that the data allows (oracle caches of envs.oracle).
+"""The learners reach the optimum that the data allows (oracle caches of envs.generators.oracle).
 
 Two kinds of cache. ``builtin()``: each cost-optimal conformal policy is derived by hand below and
-checked against the brute force of :func:`envs.oracle.optimum`; their optimum covers every
+checked against the brute force of :func:`envs.generators.oracle.optimum`; their optimum covers every
 solvable question, so an over-conservative learner passes them. ``partial()``: the optimum must
 spend the alpha slack (leave part of a type uncovered, told apart only by an overlapping
 continuous signal or a noisy verdict; covering everything costs 1.23-1.91x it); the best
-observable policy is derived by hand and by :func:`envs.oracle.best_observable` (a brute force
+observable policy is derived by hand and by :func:`envs.generators.oracle.best_observable` (a brute force
 over per-round thresholds), and rolled out through the replay env.
 
 The learned rows of the default preset (CPO, CPO (calibrated) for CPO batch, CCPO (lambda=0);
@@ -36,9 +36,9 @@ from ccpo_jax.ccpo.evaluation import evaluate_trained
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.presets import DEFAULT
 from ccpo_jax.ccpo.rows import row_variants
-from envs import oracle
-from envs.cache import ResponseCache
-from envs.orchestration import evaluate_sets, make_env_params
+from envs.generators import oracle
+from envs.cache.schema import ResponseCache
+from envs.replay.env import evaluate_sets, make_env_params
 
 ALPHA = 0.1
 SEEDS = 10
@@ -71,7 +71,7 @@ HAND = {
 }
 
 
-# Partial caches (envs.oracle.partial): the best observable policy, by hand. Per round-1 signal
+# Partial caches (envs.generators.oracle.partial): the best observable policy, by hand. Per round-1 signal
 # value, going on covers a "deep" question (right at a later round) and pays for the look-alikes;
 # the cheapest policy goes on where deep questions are densest (Neyman-Pearson on the uniform
 # densities) until deep coverage reaches 1 - alpha minus what is covered free (easy at round 1,
@@ -132,7 +132,7 @@ def test_threshold_brute_force_equals_set_brute_force(name):
 @pytest.mark.parametrize("name", sorted(P_HAND))
 def test_best_observable_policy_through_the_replay_env(name):
     """The best observable thresholds applied to 20,000 drawn questions and rolled out by the replay
-    env (envs.orchestration.evaluate_sets) give the brute force's expected cost and coverage."""
+    env (envs.replay.env.evaluate_sets) give the brute force's expected cost and coverage."""
     spec = oracle.partial()[name]
     best = oracle.best_observable(spec, ALPHA)
     n = 20_000

@@ -34,8 +34,8 @@ def _cal_scores(res, path, row_slug):
     from ccpo_jax.ccpo.evaluation import policy_tables
     from ccpo_jax.ccpo.policy_store import load_policy
     from ccpo_jax.ccpo.splits import splits_for_protocol
-    from envs.formats import load_cache
-    from envs.orchestration import make_env_params
+    from envs.cache.formats import load_cache
+    from envs.replay.env import make_env_params
 
     cache = load_cache(path)
     params_env = make_env_params(cache)
@@ -151,8 +151,8 @@ def test_two_risks_choose_the_learn_then_test_threshold_and_refuse_an_infeasible
     # the saved threshold (seed 0, split 0) is the largest grid point passing both tests on the policy's scores
     scores, cal, meta = _cal_scores(res, path, "ccpo-lambda-0")
     from ccpo_jax.ccpo.policy_store import load_policy
-    from envs.formats import load_cache
-    from envs.orchestration import make_env_params
+    from envs.cache.formats import load_cache
+    from envs.replay.env import make_env_params
 
     p = make_env_params(load_cache(path))
     polp, _ = load_policy(res.out_dir / "policies" / "ccpo-lambda-0")
@@ -190,8 +190,8 @@ def test_sweep_takes_the_guarantee_and_its_point_equals_reproduce(tmp_path):
     and frontier.json states the guarantee and each calibrated point's splits below target."""
     from ccpo_jax.ccpo.reproduce import reproduce
     from ccpo_jax.ccpo.sweep import sweep
-    from envs.cache import save_fast
-    from envs.synthetic import generate
+    from envs.cache.schema import save_fast
+    from envs.generators.synthetic import generate
 
     path = tmp_path / "syn100"
     save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), path)
@@ -219,8 +219,8 @@ def test_cost_cap_chooses_the_learn_then_test_threshold_and_refuses_bad_budgets(
     from ccpo_jax.ccpo.policy_store import load_policy
     from ccpo_jax.ccpo.reproduce import reproduce
     from ccpo_jax.core.guarantee import LTT_GRID, Guarantee
-    from envs.formats import load_cache
-    from envs.orchestration import evaluate_sets, make_env_params
+    from envs.cache.formats import load_cache
+    from envs.replay.env import evaluate_sets, make_env_params
     from ccpo_jax.core import conformal as C
     import jax.numpy as jnp
     from test_cost_cap import _hb

@@ -72,8 +72,8 @@ class SeedTrainer:
 
 @pytest.fixture(scope="module")
 def small_cache(tmp_path_factory) -> Path:
-    from envs.cache import save_fast
-    from envs.synthetic import generate
+    from envs.cache.schema import save_fast
+    from envs.generators.synthetic import generate
 
     path = tmp_path_factory.mktemp("cache") / "syn100"
     save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), path)

@@ -1,4 +1,4 @@
-"""The default preset against the clairvoyant bound (envs.bound), end to end: a guard that the
+"""The default preset against the clairvoyant bound (envs.replay.bound), end to end: a guard that the
 learned rows stay near the best possible on realistic data (docs/results.md, "The default preset
 against the bound").
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from ccpo_jax.ccpo.reproduce import reproduce
-from envs.bound import BOUND_ROW
+from envs.replay.bound import BOUND_ROW
 from envs.importers import import_cache
 
 pytestmark = pytest.mark.slow  # two default reproduce runs with 5 training seeds

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from envs.values import md_cell, md_code, printable
+from envs.cache.values import md_cell, md_code, printable
 
 ESC_MODEL = "gpt|4o\x1b[31m"
 ESC_CACHE = "evil\x1b[2J|cache\nname"
@@ -64,8 +64,8 @@ def test_markdown_cells_and_code_spans_keep_the_table_whole(text):
 def odd_cache(tmp_path_factory) -> Path:
     """A synthetic cache whose name, base and EXIT / LLM-policy model names carry ESC, newline and '|',
     and whose groups carry '|'."""
-    from envs.cache import ResponseCache, save_fast
-    from envs.synthetic import generate
+    from envs.cache.schema import ResponseCache, save_fast
+    from envs.generators.synthetic import generate
 
     c = generate("hotpotqa-llama2", n_questions=100, seed=0)
     m = c.manifest

@@ -21,8 +21,8 @@ ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 @pytest.fixture(scope="module")
 def small_cache(tmp_path_factory) -> Path:
     """A 100-question SYNTHETIC cache in the fast format."""
-    from envs.cache import save_fast
-    from envs.synthetic import generate
+    from envs.cache.schema import save_fast
+    from envs.generators.synthetic import generate
 
     path = tmp_path_factory.mktemp("cache") / "syn100"
     save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), path)

@@ -9,7 +9,7 @@ import pytest
 from ccpo_jax.serving import Router
 from ccpo_jax.serving import router as router_mod
 from gateway_harness import build_artefact
-from envs.cache import N_ACTIONS
+from envs.cache.schema import N_ACTIONS
 
 
 @pytest.fixture(scope="module", params=[1.0, 300.0], ids=["soft", "sharp"])

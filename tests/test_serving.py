@@ -1,6 +1,6 @@
 """Serving an exported router: featurisation of raw rounds, ``ccpo-jax route``, the HTTP endpoint.
 
-Oracles: the replay environment's observations (``envs.orchestration.make_env_params``, the
+Oracles: the replay environment's observations (``envs.replay.env.make_env_params``, the
 trainer's featurisation of the whole cache) for the raw-round path, and ``Router.action_set`` /
 ``Router.decide`` in-process for the HTTP answers.
 """
@@ -20,10 +20,10 @@ import pytest
 
 from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.core.networks import policy_net
-from envs.features import n_features
-from envs.jsonl import cache_to_records
-from envs.orchestration import make_env_params
-from envs.synthetic import generate
+from envs.replay.features import n_features
+from envs.cache.jsonl import cache_to_records
+from envs.replay.env import make_env_params
+from envs.generators.synthetic import generate
 
 N_Q = 120
 
@@ -34,7 +34,7 @@ def setup(tmp_path_factory):
     from ccpo_jax.ccpo.policy_store import save_policies
     from ccpo_jax.serving import Router
 
-    from envs.jsonl import read_jsonl
+    from envs.cache.jsonl import read_jsonl
 
     root = tmp_path_factory.mktemp("serving")
     # A SYNTHETIC cache whose questions have 1..T rounds (the generator always writes T):
@@ -143,7 +143,7 @@ def test_route_command(setup, tmp_path):
     from ccpo_jax.cli.main import main
 
     src = tmp_path / "cache.jsonl"
-    from envs.jsonl import write_jsonl
+    from envs.cache.jsonl import write_jsonl
 
     write_jsonl(setup.cache, src)  # manifest line + one line per question (human format)
     out = tmp_path / "dec.jsonl"

@@ -192,7 +192,7 @@ def test_split_size_errors_name_the_field_and_the_cli_maps_it_to_the_flag():
 def test_settings_match_the_synthetic_profiles():
     """Each setting's profile exists, and the baseline rows it yields match the paper's row names
     (so table.md can put the paper's numbers beside them)."""
-    from envs.synthetic import PROFILES
+    from envs.generators.synthetic import PROFILES
 
     from ccpo_jax.ccpo.settings import exit_row_name, llm_policy_row_name, row_key
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from ccpo_jax.ccpo.reproduce import reproduce
-from envs.synthetic import generate
+from envs.generators.synthetic import generate
 from ccpo_jax.ccpo.settings import METRICS, SETTINGS, lambda_row_name
 
 

@@ -4,7 +4,7 @@ The checks run in ONE subprocess with ``XLA_FLAGS=--xla_force_host_platform_devi
 set before jax is imported (the test process's own jax is already initialised
 with one device). The oracle each time is the same computation unsharded on
 one device, plus, for the set evaluation, the plain-Python recursive
-evaluator ``envs.reference.reference_evaluate_set``.
+evaluator ``envs.replay.reference.reference_evaluate_set``.
 
 Tolerance: the sharded programs run each device's block of members/episodes
 with the same per-member code and no collectives. The set evaluation and the
@@ -48,9 +48,9 @@ WORKER = textwrap.dedent(
     from ccpo_jax.ccpo.config import TrainConfig, Variant
     from ccpo_jax.ccpo.members import train_many
     from ccpo_jax.runtime import sharding
-    from envs.orchestration import OrchestrationEnv, evaluate_sets, make_env_params, summarise
-    from envs.reference import reference_evaluate_set
-    from envs.synthetic import generate
+    from envs.replay.env import OrchestrationEnv, evaluate_sets, make_env_params, summarise
+    from envs.replay.reference import reference_evaluate_set
+    from envs.generators.synthetic import generate
 
     out = {}
     cache = generate("hotpotqa-llama2", 300, 0)

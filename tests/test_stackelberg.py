@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envs.cache import CacheError
+from envs.cache.schema import CacheError
 from envs.governance.grid import load_grid, read_grid_jsonl, save_grid
 from envs.governance.session import SessionConfig, SessionEnv, make_session_params, smooth_commitment
 from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes
@@ -450,7 +450,7 @@ def test_miss_rate_counts_the_hand_picked_misses():
 
 
 def test_jsonable_is_plain_json():
-    from envs.cache import jsonable
+    from envs.cache.schema import jsonable
 
     got = jsonable({1: (np.float32(0.5), np.int64(3)), "a": [float("nan"), np.arange(2)]})
     assert got == {"1": [0.5, 3], "a": [None, [0, 1]]} and type(got["1"][1]) is int

@@ -18,9 +18,9 @@ from ccpo_jax.ccpo.rows import train_sweep
 from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.ccpo.sweep import sweep
 from ccpo_jax.errors import UserError
-from envs import oracle
-from envs.bound import BOUND_ROW
-from envs.orchestration import make_env_params
+from envs.generators import oracle
+from envs.replay.bound import BOUND_ROW
+from envs.replay.env import make_env_params
 
 from conftest import run_cli
 
@@ -28,8 +28,8 @@ from conftest import run_cli
 @pytest.fixture(scope="module")
 def small_cache(tmp_path_factory) -> Path:
     """A 100-question SYNTHETIC cache in the fast format."""
-    from envs.cache import save_fast
-    from envs.synthetic import generate
+    from envs.cache.schema import save_fast
+    from envs.generators.synthetic import generate
 
     path = tmp_path_factory.mktemp("cache") / "syn100"
     save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), path)
@@ -152,7 +152,7 @@ def test_the_point_equals_reproduce_under_retrain_with_blocks_across_rows(tmp_pa
 
 
 def test_learners_follow_the_optimum_along_the_alpha_grid():
-    """On an oracle cache whose optimum spends the alpha slack (envs.oracle partial-uncertainty),
+    """On an oracle cache whose optimum spends the alpha slack (envs.generators.oracle partial-uncertainty),
     the best observable cost falls as alpha grows; CCPO (lambda=0) and CPO batch trained in one
     sweep program stay within 10 % / 25 % of it at every alpha on at least 4 of 5 seeds, at the
     target coverage within 0.03 (cost and coverage: means over 5 calibration/test redraws)."""

@@ -1,4 +1,4 @@
-"""Synthetic caches (envs/synthetic.py): calibration to the paper's marginals, determinism,
+"""Synthetic caches (envs/generators/synthetic.py): calibration to the paper's marginals, determinism,
 schema validity, internal consistency, and the `ccpo-jax data synth` command.
 
 The marginals are recomputed here from the raw arrays with independent code (the
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from envs import synthetic
-from envs.cache import CacheError, check_arrays, load_fast
+from envs.generators import synthetic
+from envs.cache.schema import CacheError, check_arrays, load_fast
 
 N = 1400
 PROFILE_NAMES = list(synthetic.PROFILES)
@@ -113,6 +113,28 @@ def test_deterministic_per_seed_and_different_across_seeds():
     assert (c.arrays["guide_uncertainty"] != a.arrays["guide_uncertainty"]).any()
 
 
+# The checksums every profile drew (257 questions, seed 7) before envs/ was split by stage and
+# _simulate into its parts (issue 39): the arrays alone, and the whole cache (arrays + manifest,
+# whose provenance label must not change either). A refactor of the generator must keep them.
+DRAWN_BEFORE_THE_SPLIT = {
+    "hotpotqa-llama2": ("5733c931a3e0f21bcc05a9256c07c48b62733592acac459ca87ab2bfbb90c2db",
+                        "f27fbe764e26e16c3ff19b4f07413b92bfd92d8871098af9aefacae2151d72b1"),
+    "hotpotqa-llama3": ("b5666c53dfa7465b037be98ec03458b17828c79f5247fd2e6af0760794a77573",
+                        "9fdf68132d5ea7f61d103578add38f15a7dacf2c933f7a49845c36ecf713871c"),
+    "mmlu-llama2": ("6abb4c45674903fad1685ae6c9d5de81d09c4a59566c97a0f28f831c226896f0",
+                    "2a6daf84b508c028028f6e8c9dd475675eeeebf18e9e91c20d7ad6c2b5f0c1be"),
+    "mmlu-llama3": ("7ccc0a788066617f867632b87209b5979e4f6c18649b7123ba6cd89591720048",
+                    "c80a291a124b6cc873b734e84a2dd799041e2e36b3728701c5d2eb7271272f07"),
+}
+
+
+def test_every_profile_draws_the_same_numbers_as_before_the_split():
+    assert set(DRAWN_BEFORE_THE_SPLIT) == set(synthetic.PROFILES)
+    for name, (arrays_sum, cache_sum) in DRAWN_BEFORE_THE_SPLIT.items():
+        man = synthetic.generate(name, 257, 7).manifest
+        assert (man.arrays_checksum, man.checksum) == ("sha256:" + arrays_sum, "sha256:" + cache_sum), name
+
+
 @pytest.mark.parametrize("name", PROFILE_NAMES)
 def test_schema_manifest_and_consistency(caches, name):
     cache, prof = caches[name], synthetic.PROFILES[name]
@@ -135,7 +157,7 @@ def test_schema_manifest_and_consistency(caches, name):
         assert (text != "").all()
         assert (a[f"{who}_correct"] == (text == a["gold"][:, None])).all()
     assert all(g.startswith("synthetic answer ") for g in a["gold"])
-    # ids are numbered in order of first appearance (base r1, guide r1, base r2, ...), as envs.jsonl does
+    # ids are numbered in order of first appearance (base r1, guide r1, base r2, ...), as envs.cache.jsonl does
     seq = np.stack([a["base_answer"], a["guide_answer"]], axis=2).reshape(N, -1)
     running_max = np.maximum.accumulate(seq, axis=1)
     assert (seq[:, 0] == 0).all() and (seq[:, 1:] <= running_max[:, :-1] + 1).all()

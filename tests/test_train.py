@@ -14,9 +14,9 @@ from ccpo_jax.ccpo.evaluation import eval_batch_calibrated, policy_tables
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.policy_store import load_policy, save_policies
 from ccpo_jax.ccpo.train import make_train
-from envs.cache import Manifest, ModelInfo, ResponseCache, empty_arrays
-from envs.orchestration import make_env_params
-from envs.reference import random_cache, reference_evaluate_set
+from envs.cache.schema import Manifest, ModelInfo, ResponseCache, empty_arrays
+from envs.replay.env import make_env_params
+from envs.replay.reference import random_cache, reference_evaluate_set
 
 jax.config.update("jax_enable_x64", False)
 

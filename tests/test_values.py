@@ -1,4 +1,4 @@
-"""One validation of a cache's values for every format (issue 27, envs/values.py).
+"""One validation of a cache's values for every format (issue 27, envs/cache/values.py).
 
 Each bad value is written twice, by hand: as a JSONL line and as a fast-format directory
 whose checksums are recomputed (the way docs/integrity.md documents), so only the value
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.cache import ARRAYS_FILE, MANIFEST_FILE, CacheError, arrays_checksum, load_fast, manifest_checksum, \
+from envs.cache.schema import ARRAYS_FILE, MANIFEST_FILE, CacheError, arrays_checksum, load_fast, manifest_checksum, \
     save_fast, write_fast_dir
-from envs.jsonl import read_jsonl, write_jsonl
+from envs.cache.jsonl import read_jsonl, write_jsonl
 from conftest import run_cli
 
 MANIFEST = {
@@ -161,7 +161,7 @@ def test_writers_refuse_what_the_readers_refuse(tmp_path, good, case):
     _, _, fast_edit, _, question, problem = case
     arrays = {k: v.copy() for k, v in good.arrays.items()}
     fast_edit({}, arrays)
-    from envs.cache import ResponseCache
+    from envs.cache.schema import ResponseCache
 
     bad = ResponseCache(good.manifest, arrays)
     for write, out in ((write_jsonl, tmp_path / "o.jsonl"), (save_fast, tmp_path / "o")):
@@ -219,7 +219,7 @@ def test_the_largest_allowed_values_stay_finite_without_warnings(tmp_path, good)
     4 x 1e7 x 1e5 / 1e6 x 100 = 4e8 cents."""
     import warnings
 
-    from envs.report import describe
+    from envs.replay.report import describe
 
     mdict = copy.deepcopy(good.manifest.to_dict())
     for role in ("base", "guide"):
@@ -240,7 +240,7 @@ def test_the_largest_allowed_values_stay_finite_without_warnings(tmp_path, good)
 def test_a_line_over_the_limit_is_refused_before_it_is_parsed(tmp_path):
     """Issue 27 item 10: a 266 MB line took 1.7 GB and 49 s; the reader now reads at most
     MAX_LINE_BYTES + 1 bytes of a line and stops there (the file is streamed line by line)."""
-    from envs.jsonl import MAX_LINE_BYTES
+    from envs.cache.jsonl import MAX_LINE_BYTES
 
     src = _write_jsonl(tmp_path / "long.jsonl", MANIFEST, _questions())
     with open(src, "a") as f:

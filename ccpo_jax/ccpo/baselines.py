@@ -1,6 +1,6 @@
 """The non-learned baselines of the paper's tables (arXiv 2511.11828 §5): Random, LLM policy, LLM-EXIT, UALA.
 
-Each ``*_rows`` function returns per-question :class:`envs.orchestration.SetMetrics`
+Each ``*_rows`` function returns per-question :class:`envs.replay.env.SetMetrics`
 for one split and is pure, so it jits and vmaps over splits.
 :func:`non_learned_rows` evaluates every row the cache supports for S splits
 in one compiled call. Rows whose data the cache lacks are absent, not faked.
@@ -45,8 +45,8 @@ import numpy as np
 from flax import struct
 
 from ccpo_jax.ccpo.settings import exit_row_name, llm_policy_row_name
-from envs.cache import A_NEXT, ResponseCache
-from envs.orchestration import EnvParams, SetMetrics, evaluate_actions, evaluate_sets, summarise
+from envs.cache.schema import A_NEXT, ResponseCache
+from envs.replay.env import EnvParams, SetMetrics, evaluate_actions, evaluate_sets, summarise
 
 #: Tolerance of the float comparison coverage >= 1 - alpha.
 COVERAGE_EPS = 1e-6

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from ccpo_jax.core.networks import HIDDEN, masked_probs, policy_net
 from ccpo_jax.serving.artifact import BLOCK_ROWS
-from envs.cache import N_ACTIONS
+from envs.cache.schema import N_ACTIONS
 
 
 def in_blocks(fn, obs: jax.Array, avail: jax.Array):

@@ -18,7 +18,7 @@ import numpy as np
 
 from ccpo_jax.core.guarantee import GUARANTEES, Guarantee, below_target, pac_min_n, rank_table  # noqa: F401
 from ccpo_jax.errors import UserError
-from envs.cache import ResponseCache, cache_groups
+from envs.cache.schema import ResponseCache, cache_groups
 
 #: Suffix of a calibrated row's group-conditional (Mondrian) twin (as ``evaluation.MONDRIAN``).
 MONDRIAN = " [Mondrian]"

@@ -20,7 +20,7 @@ from ccpo_jax.ccpo.calibration import GroupSpec, variant_ranks  # GroupSpec: als
 from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.core import conformal
 from ccpo_jax.core.guarantee import LTT_GRID, Guarantee
-from envs.orchestration import EnvParams, evaluate_actions, evaluate_sets, reached_rounds, summarise
+from envs.replay.env import EnvParams, evaluate_actions, evaluate_sets, reached_rounds, summarise
 
 #: A router is degenerate when its set holds every available action on (at least) this
 #: share of the calibration questions' reached rounds, or when kappa-hat is (about) 0.

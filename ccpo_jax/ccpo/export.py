@@ -44,10 +44,10 @@ from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES, guarantee_manife
 from ccpo_jax.core.networks import masked_probs, policy_net
 from ccpo_jax.errors import UserError
 from ccpo_jax.serving import Router
-from envs.features import RAW_KEYS, SCALES, feature_names, n_features
-from envs.normalise import NORMALISATION
-from envs.atomic import atomic_dir
-from envs.cache import ACTION_NAMES, N_ACTIONS
+from envs.replay.features import RAW_KEYS, SCALES, feature_names, n_features
+from envs.cache.normalise import NORMALISATION
+from envs.cache.atomic import atomic_dir
+from envs.cache.schema import ACTION_NAMES, N_ACTIONS
 from ccpo_jax.serving.artifact import (
     BLOCK_ROWS,
     FORMAT_NAME,
@@ -142,7 +142,7 @@ def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], polic
     fnames = list(feature_names(T))
     if list(meta.get("feature_names", fnames)) != fnames:
         raise UserError(
-            f"{policy_dir}/policy.json: feature_names differ from envs.features.feature_names({T}) of this build; "
+            f"{policy_dir}/policy.json: feature_names differ from envs.replay.features.feature_names({T}) of this build; "
             "the policy was trained with another featuriser"
         )
     results = {}
@@ -177,7 +177,7 @@ def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], polic
             "count": len(fnames),
             "names": fnames,
             "dtype": "float32",
-            "builder": "envs.features.build_features (raw [.., T] -> [.., T, F]); documented in envs/features.py",
+            "builder": "envs.replay.features.build_features (raw [.., T] -> [.., T, F]); documented in envs/replay/features.py",
             "raw_keys": list(RAW_KEYS),
             "scales": dict(SCALES),
             "cumulative_transform": "log1p(cumulative sum / scale)",

@@ -19,7 +19,7 @@ from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.ccpo.train import make_train, variant_arrays
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import loop, sharding
-from envs.orchestration import EnvParams
+from envs.replay.env import EnvParams
 
 
 class Trained(NamedTuple):

@@ -1,10 +1,10 @@
 """The best observable reference: the cheapest stopping policy that sees only the observations
 (issue 40; docs/results.md, "Best observable").
 
-The clairvoyant bound (``envs.bound``) knows every answer, so no router can reach it. This
+The clairvoyant bound (``envs.replay.bound``) knows every answer, so no router can reach it. This
 reference is as optimistic in how it is found (its thresholds are chosen with the labels of
 each test split, in-sample) but it cannot see answers: it acts on a correctness model of the
-router's own observation ``o_t`` (``envs.features``, the rows of ``EnvParams.obs``).
+router's own observation ``o_t`` (``envs.replay.features``, the rows of ``EnvParams.obs``).
 
 **The policy family.** At every reached round it collects the base and the guide answer (a
 set's cost is the rounds it runs, so collecting costs nothing and can only cover more), and it
@@ -13,16 +13,16 @@ goes on past round t iff ``s_t(o_t) < tau_t`` (and round t+1 exists), where
     s_t(o_t) = P(covered by rounds 1..t | o_t)
 
 (covered: a collected answer is right, or the question is unsolvable, as in
-``envs.orchestration.evaluate_sets``). With every answer collected, going on from round t can
+``envs.replay.env.evaluate_sets``). With every answer collected, going on from round t can
 only help a question not covered yet, so stopping the likeliest-covered first is the natural
 order; where the score is flat over observations that differ, ties are broken by the
 observation itself (:func:`order_keys`), as the oracle's thresholds on a raw signal do, and
 identical observations are never split. Equal to the brute-force best observable policy of
-every oracle cache (``envs.oracle.best_observable``) within 0.7 % at n = 4000
+every oracle cache (``envs.generators.oracle.best_observable``) within 0.7 % at n = 4000
 (tests/test_best_observable.py asserts 2 %).
 
 **The scores.** No closed form is used, for any cache. The synthetic generator's latent
-per-question probabilities (``envs.synthetic``: a continuous difficulty d_q, whether the guide
+per-question probabilities (``envs.generators.synthetic``: a continuous difficulty d_q, whether the guide
 knows, the base's adopt/repeat history, noise in the uncertainty and tokens) are not determined
 by what the policy observes, so the posterior is an integral over them; the oracle caches'
 posteriors are known per class but the fitted form already meets them within 2 %. Every cache
@@ -32,7 +32,7 @@ question's score out of fold (3-fold cross-fitting: a model that never saw its l
 for every split); per round the model with the lower held-out log loss is used.
 
 **The thresholds.** Per test split, ``tau_1 .. tau_{T-1}`` minimise the split's total cost at
-coverage >= 1 - alpha (``envs.bound.required_covered``), in-sample: a Lagrangian coordinate
+coverage >= 1 - alpha (``envs.replay.bound.required_covered``), in-sample: a Lagrangian coordinate
 search over every cut of the split's own scores, then constrained coordinate passes from two
 starts in both round orders (:func:`choose_thresholds`; equal to the brute force over every cut
 on random problems, tests/test_best_observable.py). Row metrics as ``evaluate_sets`` gives them.
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.bound import required_covered
+from envs.replay.bound import required_covered
 
 #: Row name in results.json and table.md (not a policy: its thresholds see the test labels).
 BEST_OBS_ROW = "Best observable"
@@ -150,7 +150,7 @@ def order_keys(scores: np.ndarray, obs) -> np.ndarray:
     Thresholds on these keys are the deterministic policies of o_t that stop the higher scores:
     where the score is flat over observations that differ (a band of a signal with a constant
     posterior), a threshold may still cut between them, as the oracle's thresholds on the raw
-    signal do (``envs.oracle.best_observable``)."""
+    signal do (``envs.generators.oracle.best_observable``)."""
     obs = np.asarray(obs, np.float64)
     keys = np.full(scores.shape, np.nan)
     for t in range(scores.shape[1]):
@@ -283,7 +283,7 @@ def stop_sets(scores, tau, available) -> np.ndarray:
 
 def _metrics(params, idx, reach) -> dict[str, np.ndarray]:
     """Row metrics [S] of the sets that collect both answers of every reached round ``reach``
-    [S, n, T]: the sums and means of ``envs.orchestration.evaluate_sets`` (tests check they are
+    [S, n, T]: the sums and means of ``envs.replay.env.evaluate_sets`` (tests check they are
     equal), in NumPy (jitting the env's rollout for one more shape costs more than this row)."""
     mask = np.asarray(params.round_mask)[idx]
     reach = reach & mask
@@ -302,7 +302,7 @@ def _metrics(params, idx, reach) -> dict[str, np.ndarray]:
 def best_observable_row(params, test_idx, alpha: float, scores: np.ndarray | None = None,
                         info: dict | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The reference on every test split ``test_idx`` [S, n]: the row's metrics [S] (cost summed
-    over the split, coverage, avg. length, set size, as ``envs.orchestration.evaluate_sets`` gives
+    over the split, coverage, avg. length, set size, as ``envs.replay.env.evaluate_sets`` gives
     them) and what was fitted (:func:`fit_scores`, plus ``search_s``, the threshold search's
     seconds). ``scores``/``info``: reuse a fit (e.g.
     across the alphas of a sweep)."""

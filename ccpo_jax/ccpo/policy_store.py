@@ -20,9 +20,9 @@ from flax import serialization
 from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.core.networks import policy_net
-from envs.atomic import atomic_write_bytes, atomic_write_text
-from envs.cache import ACTION_NAMES
-from envs.features import feature_names, n_features
+from envs.cache.atomic import atomic_write_bytes, atomic_write_text
+from envs.cache.schema import ACTION_NAMES
+from envs.replay.features import feature_names, n_features
 
 POLICIES_DIR = "policies"
 POLICY_PARAMS = "params.msgpack"

@@ -4,7 +4,7 @@
 Algorithm 1): batch 10, 1,500 iterations, delta 0.01, softmask eps 0.01, critic
 learning rate 1e-3, and the importance-weighted constraint estimate J-bar of
 Eq. 8. ``default`` is the configuration that learns on the oracle caches
-(``envs.oracle``); docs/results.md lists each deviation from ``paper`` with the
+(``envs.generators.oracle``); docs/results.md lists each deviation from ``paper`` with the
 measurement that justifies it. Every other field of :class:`TrainConfig` is the
 same in both.
 """

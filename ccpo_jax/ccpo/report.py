@@ -34,9 +34,9 @@ import numpy as np
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, add_cost_over_best_observable
 from ccpo_jax.ccpo.presets import PAPER, deviations_from_dict
 from ccpo_jax.ccpo.settings import METRICS, Setting, row_key, row_order_key
-from envs.atomic import atomic_path, atomic_write_json, atomic_write_text
-from envs.bound import BOUND_ROW
-from envs.values import md_cell, md_code, printable
+from envs.cache.atomic import atomic_path, atomic_write_json, atomic_write_text
+from envs.replay.bound import BOUND_ROW
+from envs.cache.values import md_cell, md_code, printable
 
 METRIC_TITLES = {
     "cost_cents": "Cost (cents)",
@@ -134,7 +134,7 @@ def add_cost_vs_bound(policies: dict[str, dict[str, Any]]) -> None:
 
 
 def cache_info(cache) -> dict[str, Any]:
-    """The ``cache`` block of results.json for an ``envs.cache.ResponseCache``."""
+    """The ``cache`` block of results.json for an ``envs.cache.schema.ResponseCache``."""
     return {
         "name": cache.manifest.name,
         "provenance": dict(cache.manifest.provenance),

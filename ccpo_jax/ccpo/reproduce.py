@@ -46,13 +46,13 @@ from ccpo_jax.ccpo.splits import check_split_sizes, splits_for_protocol
 from ccpo_jax.core.conformal import calibration_size_warning
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import options, sharding, workdir
-from envs.atomic import atomic_write_text
-from envs.bound import BOUND_ROW, bound_of_params
-from envs.cache import ResponseCache
-from envs.formats import load_cache
-from envs.orchestration import make_env_params
-from envs.synthetic import generate
-from envs.values import printable
+from envs.cache.atomic import atomic_write_text
+from envs.replay.bound import BOUND_ROW, bound_of_params
+from envs.cache.schema import ResponseCache
+from envs.cache.formats import load_cache
+from envs.replay.env import make_env_params
+from envs.generators.synthetic import generate
+from envs.cache.values import printable
 
 RUN_FILE = "run.json"
 TB_DIR = "tensorboard"
@@ -166,11 +166,11 @@ def open_run(given: Mapping[str, Any], cls: type = ReproduceConfig, out_prefix: 
 
 def load_run_cache(setting: Setting, cache: Any) -> ResponseCache:
     """``cache``: None (the setting's SYNTHETIC profile, its n_questions, seed 0), a path
-    (either cache format, ``envs.formats.load_cache``) or a ResponseCache."""
+    (either cache format, ``envs.cache.formats.load_cache``) or a ResponseCache."""
     if cache is None:
         c = generate(setting.profile, n_questions=setting.n_questions, seed=0)
         if c.manifest.provenance.get("kind") != "synthetic":  # never let generated data pass as real
-            raise RuntimeError("envs.synthetic.generate returned a cache not labelled synthetic")
+            raise RuntimeError("envs.generators.synthetic.generate returned a cache not labelled synthetic")
         return c.with_checksum() if not c.manifest.checksum else c
     if isinstance(cache, ResponseCache):
         return cache.with_checksum() if not cache.manifest.checksum else cache
@@ -223,7 +223,7 @@ def as_rows(rows: Mapping[str, Mapping[str, Any]], n_splits: int, source: str) -
 # -- the pipeline -------------------------------------------------------------------------
 
 def bound_row(params, test_idx, alpha: float) -> dict[str, np.ndarray]:
-    """The clairvoyant bound on every test split (``envs.bound``) as a row: cost and coverage;
+    """The clairvoyant bound on every test split (``envs.replay.bound``) as a row: cost and coverage;
     length and set size are not defined for it (NaN, written as null)."""
     b = bound_of_params(params, np.asarray(test_idx), alpha)
     nan = np.full_like(b["cost_cents"], np.nan)

@@ -29,8 +29,8 @@ from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime.scalars import ScalarWriter
-from envs.cache import ResponseCache
-from envs.orchestration import EnvParams
+from envs.cache.schema import ResponseCache
+from envs.replay.env import EnvParams
 
 #: The rows a run of :func:`learned_rows` adds to the table (plus one CCPO row per nonzero lambda).
 LEARNED_ROWS = ("CPO", "CPO batch", "CPO online", lambda_row_name(0.0))

@@ -36,7 +36,7 @@ import numpy as np
 
 from ccpo_jax.errors import UserError
 from envs import published
-from envs.values import md_code
+from envs.cache.values import md_code
 
 #: The evaluation protocols (``ccpo_jax.ccpo.splits``): recalibrate (the paper's box plots: one
 #: training set, calibration/test redrawn per split) and retrain (every split trains its own policy).
@@ -127,7 +127,7 @@ class Setting:
     guide_model: str
     """Display name of the expensive guide model (``GPT-4o``)."""
     profile: str
-    """Synthetic-cache profile (``envs.synthetic.PROFILES``) that stands in for the paper's data."""
+    """Synthetic-cache profile (``envs.generators.synthetic.PROFILES``) that stands in for the paper's data."""
     n_questions: int
     """Questions in the built-in synthetic cache: n_train + n_cal + n_test of the paper."""
     alpha: float

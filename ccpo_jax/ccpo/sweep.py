@@ -42,9 +42,9 @@ from ccpo_jax.core.conformal import calibration_size_warning
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import options, workdir
 from ccpo_jax.runtime.scalars import ScalarWriter
-from envs.atomic import atomic_write_text
-from envs.bound import BOUND_ROW
-from envs.orchestration import make_env_params
+from envs.cache.atomic import atomic_write_text
+from envs.replay.bound import BOUND_ROW
+from envs.replay.env import make_env_params
 
 
 @dataclasses.dataclass

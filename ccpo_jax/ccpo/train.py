@@ -36,7 +36,7 @@ from ccpo_jax.core import conformal, exact, trust_region
 from ccpo_jax.core.constraint import coverage_surrogate
 from ccpo_jax.core.networks import critic_net, masked_probs, policy_net
 from ccpo_jax.core.vtrace import vtrace
-from envs.orchestration import EnvParams, evaluate_sets, trajectories
+from envs.replay.env import EnvParams, evaluate_sets, trajectories
 
 
 class TrainState(struct.PyTreeNode):

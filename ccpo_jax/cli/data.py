@@ -45,10 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check(args) -> int:
-    from envs.formats import load_cache
-    from envs.report import describe
+    from envs.cache.formats import load_cache
+    from envs.replay.report import describe
 
-    from envs.jsonl import NoQuestions, awaiting_feedback
+    from envs.cache.jsonl import NoQuestions, awaiting_feedback
 
     try:
         cache = load_cache(args.path)
@@ -68,8 +68,8 @@ def _check(args) -> int:
 
 
 def _synth(args) -> int:
-    from envs.formats import save_cache
-    from envs.synthetic import generate
+    from envs.cache.formats import save_cache
+    from envs.generators.synthetic import generate
 
     cache = generate(args.profile, n_questions=args.questions, seed=args.seed)
     out = save_cache(cache, args.out)
@@ -78,11 +78,11 @@ def _synth(args) -> int:
 
 
 def _import(args) -> int:
-    from envs.formats import save_cache
+    from envs.cache.formats import save_cache
 
     if args.format == "jsonl":
         # The human format needs no importer (and none of the importers' dependencies).
-        from envs.jsonl import read_jsonl
+        from envs.cache.jsonl import read_jsonl
 
         cache = read_jsonl(args.src)
     else:
@@ -96,8 +96,8 @@ def _import(args) -> int:
 
 
 def _export(args) -> int:
-    from envs.formats import load_cache
-    from envs.jsonl import write_jsonl
+    from envs.cache.formats import load_cache
+    from envs.cache.jsonl import write_jsonl
 
     out = write_jsonl(load_cache(args.path), Path(args.out))
     print(f"wrote {out}")
@@ -112,7 +112,7 @@ def _collect(args) -> int:
 
 def _formats(args) -> int:
     from envs.importers import IMPORTERS
-    from envs.synthetic import PROFILES
+    from envs.generators.synthetic import PROFILES
 
     print("import formats:")
     print("  jsonl            the human JSONL format (docs/caches.md)")

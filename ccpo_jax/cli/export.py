@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES
-from envs.atomic import atomic_write_text
+from envs.cache.atomic import atomic_write_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -96,7 +96,7 @@ def _run_seed_list(args, cfg) -> int:
     import json
 
     from ccpo_jax.stackelberg.spread import seed_spread, write_spread_table
-    from envs.atomic import atomic_write_text
+    from envs.cache.atomic import atomic_write_text
 
     seeds = _parse_seed_list(args.seed_list)
     r = dataclasses.replace

@@ -21,7 +21,7 @@ from typing import Any
 from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.calllog import truncate_partial_line
 from ccpo_jax.collect.settings import COLLECTOR_VERSION, ROLES, CollectError, Settings
-from envs.atomic import atomic_write_text
+from envs.cache.atomic import atomic_write_text
 
 
 def today() -> str:
@@ -148,8 +148,8 @@ class CacheFile:
 
     def append(self, qid: str, rec: dict) -> None:
         """Question ``qid``'s line, on disk (fsync-ed) when this returns; a line the cache reader
-        would refuse (envs.values: e.g. 10^12 tokens) is refused before it is written."""
-        from envs.jsonl import check_question
+        would refuse (envs.cache.values: e.g. 10^12 tokens) is refused before it is written."""
+        from envs.cache.jsonl import check_question
 
         check_question(self.man, rec, str(self.path))
         line = json.dumps(rec, ensure_ascii=False, allow_nan=False)
@@ -165,7 +165,7 @@ class CacheFile:
         man["provenance"]["collected"] = {"started": man["provenance"]["collected"]["started"], "finished": today()}
         text = manifest_line(man) + "\n" + "".join(self.done[i] + "\n" for i in order if i in self.done)
         atomic_write_text(self.path, text)
-        from envs.jsonl import read_jsonl
+        from envs.cache.jsonl import read_jsonl
 
         read_jsonl(self.path)  # the file must be a valid cache (a failure here is a collector bug)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -43,7 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from ccpo_jax.errors import UserError
-from envs.values import MAX_TOKENS
+from envs.cache.values import MAX_TOKENS
 
 #: HTTP statuses that are retried (besides every 5xx).
 RETRY_STATUS = frozenset({408, 409, 429})
@@ -335,7 +335,7 @@ def parse_completion(body: Any) -> Reply:
         if t_in is None or t_out is None:
             t_in = t_out = None  # half a usage record is no usage record
         for key, v in (("prompt_tokens", t_in), ("completion_tokens", t_out)):
-            if v is not None and v > MAX_TOKENS:  # a cache cannot hold it (envs.values): refuse the reply
+            if v is not None and v > MAX_TOKENS:  # a cache cannot hold it (envs.cache.values): refuse the reply
                 raise ImplausibleReply(f"usage.{key} = {v}, more than the {MAX_TOKENS:.0e} tokens a call "
                                        "can have in a cache")
     lps, invalid = read_logprobs(ch.get("logprobs"))

@@ -17,7 +17,7 @@ Files (``OUT`` is the ``--out`` path):
   the cache is a function of the endpoints' answers only.
 
 Costs: USD per million tokens per model (``--base-price``/``--guide-price``,
-a ``--pricing`` file, or ``envs.pricing``'s list prices), tokens from each
+a ``--pricing`` file, or ``envs.importers.pricing``'s list prices), tokens from each
 reply's ``usage`` (estimated at 4 characters per token, and flagged
 ``tokens_estimated``, only when an endpoint sends none). ``--max-cost-usd`` is a
 cap on the whole collection (earlier runs' calls in the call log count): before

@@ -37,7 +37,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     k.add_argument("--base-price", default=None, metavar="IN,OUT", help="base model price, e.g. 0,0 for a local server")
     k.add_argument("--guide-price", default=None, metavar="IN,OUT", help="guide model price, e.g. 2.5,10 for gpt-4o")
     k.add_argument("--pricing", default=None, metavar="FILE",
-                   help="JSON or YAML file {model: {price_in, price_out}}; flags win; else the list prices in envs/pricing.py")
+                   help="JSON or YAML file {model: {price_in, price_out}}; flags win; else the list prices in envs/importers/pricing.py")
 
     r = c.add_argument_group("requests")
     r.add_argument("--base-max-tokens", type=int, default=512, help="max_tokens of a base answer (default: 512)")
@@ -114,7 +114,7 @@ def _pricing_file(path: str) -> dict[str, tuple[float, float]]:
 
 def resolve_prices(args, models: dict[str, str]) -> tuple[dict, dict]:
     """role -> (price_in, price_out) and role -> where it came from."""
-    from envs.pricing import PRICES
+    from envs.importers.pricing import PRICES
 
     table = _pricing_file(args.pricing) if args.pricing else {}
     prices, sources = {}, {}
@@ -130,7 +130,7 @@ def resolve_prices(args, models: dict[str, str]) -> tuple[dict, dict]:
         elif m in PRICES:
             pr = PRICES[m]
             prices[role] = (pr.price_in, pr.price_out)
-            sources[role] = f"envs/pricing.py: {pr.source}"
+            sources[role] = f"envs/importers/pricing.py: {pr.source}"
         else:
             raise UserError(f"no price for the {role} model {m!r}: give {flag} IN,OUT (USD per million tokens; "
                             "0,0 for a local server) or a --pricing file")

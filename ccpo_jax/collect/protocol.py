@@ -51,7 +51,7 @@ import math
 import re
 from typing import Sequence
 
-from envs.normalise import normalise_answer
+from envs.cache.normalise import normalise_answer
 
 BASE_PROMPT = (
     "Answer the following question. Think step by step, then give your final answer on the last line "

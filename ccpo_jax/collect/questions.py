@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 
 from ccpo_jax.errors import UserError
-from envs.cache import group_problem
-from envs.normalise import normalise_answer
+from envs.cache.schema import group_problem
+from envs.cache.normalise import normalise_answer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Actions are (base, guide, next) = (0, 1, 2). ``probs`` are pi(.|o) from
 :func:`ccpo_jax.core.networks.masked_probs`; ``available`` is the action mask
-("next" is False at a question's last round, envs.features.available_actions).
+("next" is False at a question's last round, envs.replay.features.available_actions).
 
 Sets are nested in kappa: C_{pi,kappa}(o) = {a : pi(a|o) >= kappa} shrinks as
 kappa grows, so a question's coverage is monotone in kappa. That makes the
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.cache import A_BASE as BASE, A_GUIDE as GUIDE, A_NEXT as NEXT  # the one definition of the action ids
+from envs.cache.schema import A_BASE as BASE, A_GUIDE as GUIDE, A_NEXT as NEXT  # the one definition of the action ids
 
 Array = jax.Array
 

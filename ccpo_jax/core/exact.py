@@ -85,7 +85,7 @@ def soft_set_outcomes(pi: Array, kappa: Array | float, available: Array, base_co
         Pr[not covered] = sum_t reach_t (1 - m_t(next)) prod_{s <= t} (1 - h_s)
 
     (unsolvable questions are covered). As eps -> 0 these are the hard set's cost, coverage
-    and size (answers counted with multiplicity) of ``envs.orchestration.evaluate_sets``.
+    and size (answers counted with multiplicity) of ``envs.replay.env.evaluate_sets``.
     """
     m = jnp.where(available, softmask(pi, kappa, eps), 0.0)
     reach = reach_probs(m[..., NEXT])

@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from envs.cache import N_ACTIONS
+from envs.cache.schema import N_ACTIONS
 
 HIDDEN = (64, 64, 64)
 

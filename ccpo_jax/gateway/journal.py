@@ -28,9 +28,9 @@ from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.cachefile import collector_version, today
 from ccpo_jax.collect.calllog import truncate_partial_line
 from ccpo_jax.errors import UserError
-from envs.atomic import atomic_write_text
-from envs.journal import unlabelled
-from envs.normalise import normalise_answer
+from envs.cache.atomic import atomic_write_text
+from envs.cache.journal import unlabelled
+from envs.cache.normalise import normalise_answer
 
 #: Requests kept in memory for feedback (the oldest are forgotten first).
 MAX_PENDING = 100_000

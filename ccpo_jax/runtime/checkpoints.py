@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ccpo_jax.errors import UserError, disk_full_message
-from envs.atomic import atomic_write_text
+from envs.cache.atomic import atomic_write_text
 
 DIGEST_SUFFIX = ".digest.json"
 DIGEST_FORMAT = 1

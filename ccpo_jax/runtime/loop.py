@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime.checkpoints import VerifiedCheckpoints
-from envs.atomic import atomic_write_text
+from envs.cache.atomic import atomic_write_text
 
 META_FILE = "loop_meta.json"
 ORBAX_DIR = "orbax"

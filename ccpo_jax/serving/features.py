@@ -1,11 +1,11 @@
 """Featurisation glue: raw rounds (as in the human JSONL format) -> the policy's observation.
 
-The observation is built by :func:`envs.features.build_features`, the very
+The observation is built by :func:`envs.replay.features.build_features`, the very
 function that featurises the response cache for training, so a serving layer
 never re-implements the features (docs/environment.md, docs/export.md). This module only turns a list
 of per-round dicts into the ``[B, T]`` raw arrays that function reads:
 
-* answers are normalised with :func:`envs.normalise.normalise_answer` and
+* answers are normalised with :func:`envs.cache.normalise.normalise_answer` and
   numbered per request in order of first appearance (round 0 base, round 0
   guide, round 1 base, ...), as the JSONL reader numbers them; the features
   use only equality of ids, so any consistent numbering gives the same vector;
@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ccpo_jax.serving.artifact import RouterInputError
-from envs.cache import ModelInfo, ResponseCache
-from envs.features import available_actions, build_features
-from envs.jsonl import json_type_name
-from envs.normalise import normalise_answer
+from envs.cache.schema import ModelInfo, ResponseCache
+from envs.replay.features import available_actions, build_features
+from envs.cache.jsonl import json_type_name
+from envs.cache.normalise import normalise_answer
 
 #: Largest token count accepted for one call (the JSONL reader's bound).
 MAX_TOKENS = 1e7
@@ -118,7 +118,7 @@ def parse_request(rounds: Any, can_continue: Any, T: int, ctx: str) -> tuple[dic
 
 def raw_arrays(parsed: Sequence[tuple[dict[str, list], list, bool]], T: int,
                base: ModelInfo, guide: ModelInfo) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """``[B, T]`` raw arrays (:data:`envs.features.RAW_KEYS`) and the 0-based last round ``[B]``.
+    """``[B, T]`` raw arrays (:data:`envs.replay.features.RAW_KEYS`) and the 0-based last round ``[B]``.
 
     A request that may continue gets one placeholder round after its last one
     (zeros, id -1), so ``round_mask`` says "round t+1 exists", as in the cache;

@@ -15,7 +15,7 @@ import numpy as np
 
 from ccpo_jax.serving import features as feats
 from ccpo_jax.serving.artifact import BLOCK_ROWS, ArtifactError, RouterInputError, read_verified
-from envs.cache import ACTION_NAMES, N_ACTIONS, ModelInfo
+from envs.cache.schema import ACTION_NAMES, N_ACTIONS, ModelInfo
 
 
 def bucket_sizes(max_rows: int = BLOCK_ROWS) -> tuple[int, ...]:
@@ -142,7 +142,7 @@ class Router:
         """Load and verify an artefact written by ``ccpo-jax export`` (raises :class:`ArtifactError`)."""
         from jax import export as jax_export
 
-        from envs.features import feature_names
+        from envs.replay.features import feature_names
 
         manifest, module, arrays = read_verified(path)
         where = f"{Path(path)}/manifest.json"
@@ -161,7 +161,7 @@ class Router:
         if names != list(feature_names(T)) or fs.get("count") != len(names):
             # The featuriser of this build differs from the one the policy was trained with.
             raise ArtifactError(
-                f"{where}: features.names do not match envs.features.feature_names({T}) of this build; "
+                f"{where}: features.names do not match envs.replay.features.feature_names({T}) of this build; "
                 "the policy was trained on other features (re-export with a matching ccpo-jax)"
             )
         if tuple(manifest.get("actions", ())) != ACTION_NAMES:

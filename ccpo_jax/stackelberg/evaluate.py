@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from scipy import stats
 
-from envs.atomic import atomic_path
+from envs.cache.atomic import atomic_path
 from envs.governance.grid import TASK_TYPES
 from envs.governance.session import SessionEnv, SessionParams, surrogate_predict
 from envs.published import STACKELBERG_SIM_TO_REAL

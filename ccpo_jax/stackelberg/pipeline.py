@@ -26,8 +26,8 @@ import numpy as np
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import workdir
 from ccpo_jax.runtime.scalars import ScalarWriter
-from envs.atomic import atomic_write_text
-from envs.cache import jsonable
+from envs.cache.atomic import atomic_write_text
+from envs.cache.schema import jsonable
 from envs.governance.grid import ResponseGrid, load_grid
 from envs.governance.session import make_session_params
 from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes

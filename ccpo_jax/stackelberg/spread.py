@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.atomic import atomic_write_text
+from envs.cache.atomic import atomic_write_text
 
 from .evaluate import BASELINE
 

@@ -1,12 +1,12 @@
 """table.md of a Stackelberg run: Tables 3, 4, 5 and 7 beside the paper's numbers, the leader oracles,
-sim-to-real and tool repair; names from the grid quoted (:func:`envs.values.md_cell`)."""
+sim-to-real and tool repair; names from the grid quoted (:func:`envs.cache.values.md_cell`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from envs.atomic import atomic_write_text
+from envs.cache.atomic import atomic_write_text
 from envs.published import STACKELBERG_SIM_TO_REAL, STACKELBERG_SURROGATE, STACKELBERG_TABLE4, STACKELBERG_TOOL_REPAIR
-from envs.values import md_cell, md_code
+from envs.cache.values import md_cell, md_code
 
 from .config import StackelbergConfig
 from .evaluate import STRATEGIES

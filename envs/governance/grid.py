@@ -32,7 +32,7 @@ line per cell::
 
 ``turn`` is 1-based, ``trial`` 0-based; ``tool_fail`` is optional. Every cell
 of the crossing must be present exactly once. Errors name file, line and field
-and raise :class:`envs.cache.CacheError`.
+and raise :class:`envs.cache.schema.CacheError`.
 """
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from envs.atomic import atomic_path
-from envs.cache import (
+from envs.cache.atomic import atomic_path
+from envs.cache.schema import (
     CacheError,
     arrays_checksum,
     manifest_checksum,
@@ -84,7 +84,7 @@ class GridManifest:
     trials: int
     provenance: dict[str, Any]
     schema_version: int = GRID_SCHEMA_VERSION
-    checksum: str = ""  # arrays + hashed_fields() (envs.cache.manifest_checksum)
+    checksum: str = ""  # arrays + hashed_fields() (envs.cache.schema.manifest_checksum)
     arrays_checksum: str = ""  # arrays alone
 
     def hashed_fields(self) -> dict[str, Any]:
@@ -187,7 +187,7 @@ class ResponseGrid:
         return int(self.tokens.size)
 
     def checksum(self) -> str:
-        """sha256 over the arrays and every manifest field (envs.cache.manifest_checksum)."""
+        """sha256 over the arrays and every manifest field (envs.cache.schema.manifest_checksum)."""
         return manifest_checksum(arrays_checksum(self.arrays), self.manifest.hashed_fields())
 
     def with_checksum(self) -> "ResponseGrid":

@@ -27,7 +27,7 @@ import dataclasses
 
 import numpy as np
 
-from envs.cache import CacheError
+from envs.cache.schema import CacheError
 from envs.governance.grid import TASK_TYPES, GridManifest, ResponseGrid
 
 #: arXiv 2606.23026 §7.2, §10.3 and Table 6: what the synthetic grid is calibrated to.

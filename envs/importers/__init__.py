@@ -9,13 +9,16 @@ sources has the CCPO multi-round base/guide protocol; see each module).
 
 Formats (``ccpo-jax data import --format NAME SRC --out PATH``):
 
-- ``jsonl``: the human format (``envs.jsonl.read_jsonl``);
+- ``jsonl``: the human format (``envs.cache.jsonl.read_jsonl``);
 - ``routellm-mmlu``, ``routellm-gsm8k``: RouteLLM's cached correctness
   (Mixtral-8x7B base, GPT-4-1106 guide), T = 1 (``envs.importers.routellm``);
 - ``uala-hotpotqa``: UALA HotpotQA runs (Llama-2-70B base,
   gpt-3.5-turbo-instruct guide), T = 2 (``envs.importers.uala``);
 - ``omnisbench``: OmnisBench results (gpt-5-nano base, claude-opus-5 guide),
   T = 1 (``envs.importers.omnisbench``).
+
+:mod:`envs.importers.pricing` holds the list prices that price their token
+estimates (``ccpo_jax.collect`` uses them too).
 
 Rules shared by the importers (documented in ``docs/caches.md``):
 
@@ -24,7 +27,7 @@ Rules shared by the importers (documented in ``docs/caches.md``):
   source gives correctness but no comparable answer text, a correct answer is
   the text ``gold answer`` and an incorrect one ``wrong answer`` (see
   :func:`correctness_key`); every answer text goes through
-  ``envs.normalise.normalise_answer`` (the manifest's normalisation), so a
+  ``envs.cache.normalise.normalise_answer`` (the manifest's normalisation), so a
   cache written as JSONL and read back has the same ids;
 - *guide verdict* of a cascade round = the guide's answer id equals the base's
   (the guide "agrees"), i.e. what a judge that outputs its own answer would say;
@@ -43,7 +46,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from envs.cache import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays, group_problem
+from envs.cache.schema import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays, group_problem
 
 #: Protocol string of every single-round pair-of-models import (SOURCES.md).
 CASCADE_PROTOCOL = "single-round cascade (T = 1), not the CCPO multi-round protocol"
@@ -101,7 +104,7 @@ IMPORTERS: dict[str, Importer] = {
 def import_cache(fmt: str, src: str | os.PathLike) -> ResponseCache:
     """Read ``src`` in format ``fmt`` ('jsonl' or a name in :data:`IMPORTERS`)."""
     if fmt == "jsonl":
-        from envs.jsonl import read_jsonl  # written by another module; imported lazily
+        from envs.cache.jsonl import read_jsonl  # written by another module; imported lazily
 
         path = Path(src)
         if not path.exists():
@@ -209,10 +212,10 @@ def build_cache(
     """Dense arrays from per-question lists of (base, guide) rounds; verdict = same answer id.
 
     ``rounds[q]`` holds 1..T rounds of question q; answer keys are normalised with
-    ``envs.normalise.normalise_answer`` before ids are given. ``groups``: each question's group
+    ``envs.cache.normalise.normalise_answer`` before ids are given. ``groups``: each question's group
     (MMLU subject, HotpotQA question type, ...; the optional ``group`` array). Returns the checksummed cache.
     """
-    from envs.normalise import NORMALISATION, normalise_answer
+    from envs.cache.normalise import NORMALISATION, normalise_answer
 
     Q = len(question_ids)
     a = empty_arrays(Q, T)

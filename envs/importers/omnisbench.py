@@ -39,7 +39,7 @@ import json
 import math
 from pathlib import Path
 
-from envs.cache import CacheError, ModelInfo, ResponseCache
+from envs.cache.schema import CacheError, ModelInfo, ResponseCache
 from envs.importers import CASCADE_PROTOCOL, GOLD_KEY, Side, build_cache, correctness_key, number_key
 from envs.importers.routellm import final_number
 

@@ -26,7 +26,7 @@ the guide whose answer is the "corrected answer". Rules where the data is silent
   as recorded; any few-shot prefix RouteLLM added is not recorded and not
   counted). Output: MMLU 1 token (one answer letter); GSM8K
   ceil(chars(response) / 4).
-- *prices*: ``envs.pricing.PRICES`` (list prices, noted there with their source).
+- *prices*: ``envs.importers.pricing.PRICES`` (list prices, noted there with their source).
 - no gold answer text is recorded (``gold`` = ''), no confidence or uncertainty
   (NaN), no cached EXIT or LLM-policy baselines.
 """
@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from envs.cache import CacheError, ResponseCache
+from envs.cache.schema import CacheError, ResponseCache
 from envs.importers import (
     CASCADE_PROTOCOL,
     GOLD_KEY,
@@ -47,7 +47,7 @@ from envs.importers import (
     parse_bool,
     read_csv,
 )
-from envs.pricing import model_info, price_sources
+from envs.importers.pricing import model_info, price_sources
 
 BASE = "mistralai/Mixtral-8x7B-Instruct-v0.1"
 GUIDE = "gpt-4-1106-preview"

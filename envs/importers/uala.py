@@ -32,7 +32,7 @@ cascade of two independent agents, not the CCPO judge protocol. Rounds:
   Questions without escalation have one round: the data has no second Llama
   attempt for them, and none is invented.
 
-Correctness = exact match after ``envs.normalise.normalise_answer`` (SQuAD
+Correctness = exact match after ``envs.cache.normalise.normalise_answer`` (SQuAD
 style: lower case, no punctuation, no articles, single spaces), which
 reproduces every ``em`` field of these three files (tested); answer ids use the
 same normalisation. Guide verdict = the two
@@ -42,7 +42,7 @@ Tokens (not recorded): ceil(chars / 4) of the recorded trajectory text of that
 round; ``Question:`` and ``Observation`` text count as input, everything else
 (thoughts, actions, answers) as output. The few-shot prompts and ReAct's
 re-sending of its scratchpad at every step are not recorded, so token counts and
-cents are lower bounds. Prices: ``envs.pricing.PRICES``.
+cents are lower bounds. Prices: ``envs.importers.pricing.PRICES``.
 
 No cached EXIT or LLM-policy baselines: UALA's own runs decide by an
 uncertainty threshold, which is the UALA baseline, not an LLM-EXIT run.
@@ -54,10 +54,10 @@ import math
 import re
 from pathlib import Path
 
-from envs.cache import CacheError, ResponseCache
+from envs.cache.schema import CacheError, ResponseCache
 from envs.importers import CHARS_PER_TOKEN, Side, build_cache
-from envs.normalise import normalise_answer
-from envs.pricing import model_info, price_sources
+from envs.cache.normalise import normalise_answer
+from envs.importers.pricing import model_info, price_sources
 
 BASE = "meta-llama/Llama-2-70b-hf"
 GUIDE = "gpt-3.5-turbo-instruct"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from envs.cache import CacheError, ModelInfo
+from envs.cache.schema import CacheError, ModelInfo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,7 @@ PRICES: dict[str, Price] = {
 def model_info(name: str) -> ModelInfo:
     """The :class:`ModelInfo` of ``name`` at its list price in :data:`PRICES`."""
     if name not in PRICES:
-        raise CacheError(f"no list price for model {name!r} in envs/pricing.py (known: {', '.join(sorted(PRICES))})")
+        raise CacheError(f"no list price for model {name!r} in envs/importers/pricing.py (known: {', '.join(sorted(PRICES))})")
     p = PRICES[name]
     return ModelInfo(name, p.price_in, p.price_out)
 

@@ -1,10 +1,10 @@
 """The reader and writer above both cache formats: :func:`load_cache` takes a
-path to a fast-format directory (:mod:`envs.cache`) or a human JSON Lines file
-(:mod:`envs.jsonl`) and returns the checksummed cache; :func:`save_cache`
+path to a fast-format directory (:mod:`envs.cache.schema`) or a human JSON Lines file
+(:mod:`envs.cache.jsonl`) and returns the checksummed cache; :func:`save_cache`
 writes either format, chosen by the path's suffix.
 
-This module imports both formats; neither imports it, so ``envs.cache`` (the
-schema and the fast format) never depends on ``envs.jsonl`` (which builds on
+This module imports both formats; neither imports it, so ``envs.cache.schema`` (the
+schema and the fast format) never depends on ``envs.cache.jsonl`` (which builds on
 it).
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from envs.cache import CacheError, ResponseCache, load_fast, save_fast
-from envs.jsonl import read_jsonl, write_jsonl
+from envs.cache.schema import CacheError, ResponseCache, load_fast, save_fast
+from envs.cache.jsonl import read_jsonl, write_jsonl
 
 
 def load_cache(path: str | os.PathLike) -> ResponseCache:

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from envs.bound import bound_of_cache
-from envs.cache import ResponseCache
-from envs.values import printable as P
+from envs.replay.bound import bound_of_cache
+from envs.cache.schema import ResponseCache
+from envs.cache.values import printable as P
 
 
 def _mean(x: np.ndarray) -> float:
@@ -82,7 +82,7 @@ def _f(x: float, spec: str = ".3f") -> str:
 
 
 def _bound_line(cache: ResponseCache, alpha: float = 0.1) -> str:
-    """The clairvoyant bound (``envs.bound``) with every question as one test set."""
+    """The clairvoyant bound (``envs.replay.bound``) with every question as one test set."""
     n = cache.n_questions
     if n == 0:
         return "clairvoyant bound: n/a (no questions)"

@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from envs.atomic import atomic_dir
-from envs.values import MAX_T, cache_problem, group_problem, lone_surrogate, model_names_problem, price_problem
+from envs.cache.atomic import atomic_dir
+from envs.cache.values import MAX_T, cache_problem, group_problem, lone_surrogate, model_names_problem, price_problem
 
 SCHEMA_VERSION = 1
 
@@ -376,7 +376,7 @@ def empty_arrays(Q: int, T: int, n_exit: int = 0, n_llm_policy: int = 0) -> dict
 
 def check_arrays(manifest: Manifest, arrays: dict[str, np.ndarray], where: str, values: bool = True) -> None:
     """The checks shared by every loader and writer: names, dtypes, shapes, and (``values``)
-    the value rules of :mod:`envs.values` (ranges, contradictions, baselines)."""
+    the value rules of :mod:`envs.cache.values` (ranges, contradictions, baselines)."""
     missing = [k for k in ALL_FIELDS if k not in arrays]
     if missing:
         raise CacheError(f"{where}: missing array(s) {', '.join(missing)}")
@@ -422,15 +422,15 @@ def check_arrays(manifest: Manifest, arrays: dict[str, np.ndarray], where: str, 
 
 
 def check_values(manifest: Manifest, arrays: dict[str, np.ndarray], where: str) -> None:
-    """Raise the first value rule (:mod:`envs.values`) the arrays break as ``WHERE: question 'ID': FIELD: problem``."""
+    """Raise the first value rule (:mod:`envs.cache.values`) the arrays break as ``WHERE: question 'ID': FIELD: problem``."""
     problem = values_problem(manifest, arrays)
     if problem:
         raise CacheError(problem_text(problem, where, arrays))
 
 
 def values_problem(manifest: Manifest, arrays: dict[str, np.ndarray]):
-    """The first value rule (:mod:`envs.values`) that ``arrays`` under ``manifest`` break, or None."""
-    from envs.normalise import normalise_answer
+    """The first value rule (:mod:`envs.cache.values`) that ``arrays`` under ``manifest`` break, or None."""
+    from envs.cache.normalise import normalise_answer
 
     prices = {"base": (manifest.base.price_in, manifest.base.price_out),
               "guide": (manifest.guide.price_in, manifest.guide.price_out)}

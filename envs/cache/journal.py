@@ -1,7 +1,7 @@
 """A gateway journal's lines (docs/gateway.md, docs/caches.md): which lines await feedback.
 
 A journal is a human-format cache whose manifest has ``provenance.journal``;
-:mod:`envs.jsonl` skips its unlabelled lines (requests awaiting feedback) and a
+:mod:`envs.cache.jsonl` skips its unlabelled lines (requests awaiting feedback) and a
 last line cut by a kill.
 """
 from __future__ import annotations

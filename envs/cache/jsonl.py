@@ -13,7 +13,7 @@
      "baselines": {"exit": {"<model>": {"correct", "rounds", "cost_cents"}},  <- optional
                    "llm_policy": {"<model>": [2, 1]}}}
 
-:func:`read_jsonl` validates every field and raises :class:`envs.cache.CacheError`
+:func:`read_jsonl` validates every field and raises :class:`envs.cache.schema.CacheError`
 with ``FILE:LINE: FIELD: problem`` (round indices are 0-based, as in JSON).
 :func:`write_jsonl` writes the same format atomically. The rules are listed in
 ``docs/caches.md``; the ones the design leaves open:
@@ -25,9 +25,9 @@ with ``FILE:LINE: FIELD: problem`` (round indices are 0-based, as in JSON).
   defaults to the file stem, ``task`` to "unknown". ``checksum`` and
   ``arrays_checksum`` there are informational: both are recomputed on every
   read, and ``checksum`` covers the manifest fields too (prices, models, T,
-  provenance, normalisation, name: :func:`envs.cache.manifest_checksum`), so
+  provenance, normalisation, name: :func:`envs.cache.schema.manifest_checksum`), so
   an edited manifest line gives another checksum (and ``--resume`` refuses it).
-* Answers are normalised (:func:`envs.normalise.normalise_answer`) and numbered
+* Answers are normalised (:func:`envs.cache.normalise.normalise_answer`) and numbered
   per question in order of first appearance (round 0 base, round 0 guide,
   round 1 base, ...); base and guide share the numbering. Only the normalised
   text is kept (``answer_text``), so an export writes normalised answers.
@@ -58,8 +58,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from envs.atomic import atomic_write_text
-from envs.cache import (
+from envs.cache.atomic import atomic_write_text
+from envs.cache.schema import (
     CacheError,
     group_problem,
     Manifest,
@@ -69,14 +69,14 @@ from envs.cache import (
     empty_arrays,
     values_problem,
 )
-from envs.journal import as_labelled as _as_labelled, is_journal, unlabelled as _unlabelled
-from envs.normalise import NORMALISATION, normalise_answer
-from envs.values import (  # noqa: F401  (MAX_* and json_type_name are re-exported for older callers)
+from envs.cache.journal import as_labelled as _as_labelled, is_journal, unlabelled as _unlabelled
+from envs.cache.normalise import NORMALISATION, normalise_answer
+from envs.cache.values import (  # noqa: F401  (MAX_* and json_type_name are re-exported for older callers)
     MAX_CENTS, MAX_T, MAX_TOKENS, actions_problem, cents_problem, exit_rounds_problem, json_type_name,
     lone_surrogate, model_names_problem, number_problem, show, tokens_problem, unit_problem,
 )
 
-# The value rules and their bounds are envs.values (shared with the fast format and the writers).
+# The value rules and their bounds are envs.cache.values (shared with the fast format and the writers).
 _show = show
 
 class _Line:
@@ -368,7 +368,7 @@ def _read(path: Path, lines: Iterator[tuple[int, dict]]) -> ResponseCache:
         raise CacheError(f"{path}:{lacking['line']}: group: question {lacking['id']!r} has no group, but "
                          f"{len(with_group)} other question(s) do (give every question a group or none)")
     arrays = _to_arrays(questions, man)
-    problem = values_problem(man, arrays)  # the rules every format shares (envs.values), as the last word
+    problem = values_problem(man, arrays)  # the rules every format shares (envs.cache.values), as the last word
     if problem:
         line = mline if problem.question is None else questions[problem.question]["line"]
         raise CacheError(f"{path}:{line}: {problem.field}: {problem.message}")
@@ -580,7 +580,7 @@ def write_jsonl(cache: ResponseCache, path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_dir():
         raise CacheError(f"{path}: is a directory; give a file name ending in .jsonl")
-    # The rules every reader applies (envs.values): never write a file the reader would refuse.
+    # The rules every reader applies (envs.cache.values): never write a file the reader would refuse.
     check_arrays(cache.manifest, cache.arrays, f"{path} (not written)")
     cache = cache.with_checksum()
     lines = [json.dumps({"manifest": cache.manifest.to_dict()}, allow_nan=False)]

@@ -65,12 +65,12 @@ def clairvoyant(cost, base_correct, guide_correct, round_mask, idx, alpha: float
 
 
 def bound_of_params(params, idx, alpha: float) -> dict[str, np.ndarray]:
-    """:func:`clairvoyant` on a replay env's params (``envs.orchestration.EnvParams``)."""
+    """:func:`clairvoyant` on a replay env's params (``envs.replay.env.EnvParams``)."""
     return clairvoyant(np.asarray(params.cost), np.asarray(params.base_correct), np.asarray(params.guide_correct),
                        np.asarray(params.round_mask), idx, alpha)
 
 
 def bound_of_cache(cache, idx, alpha: float) -> dict[str, np.ndarray]:
-    """:func:`clairvoyant` on a response cache (``envs.cache.ResponseCache``)."""
+    """:func:`clairvoyant` on a response cache (``envs.cache.schema.ResponseCache``)."""
     a = cache.arrays
     return clairvoyant(cache.round_cost_cents(), a["base_correct"], a["guide_correct"], a["round_mask"], idx, alpha)

@@ -10,7 +10,7 @@ Semantics (the paper's orchestration protocol; choices where the paper is silent
 
 * At round t the base has answered and the guide has judged; the guide call's
   cost ``J_t`` (cents) is paid. The observation is ``obs[q, t]``
-  (:mod:`envs.features`). Then the policy acts:
+  (:mod:`envs.replay.features`). Then the policy acts:
   0 = take the base answer (end), 1 = take the guide answer (end),
   2 = next round.
 * Reward of the step taken at round t is ``-J_t`` (paper Eq. 4 with
@@ -42,8 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs.cache import A_BASE, A_GUIDE, A_NEXT, N_ACTIONS, ResponseCache
-from envs.features import available_actions, build_features, n_features
+from envs.cache.schema import A_BASE, A_GUIDE, A_NEXT, N_ACTIONS, ResponseCache
+from envs.replay.features import available_actions, build_features, n_features
 
 
 @struct.dataclass
@@ -70,7 +70,7 @@ class EnvParams:
 
 
 def raw_rounds(cache: ResponseCache) -> dict[str, np.ndarray]:
-    """The raw per-round fields that :func:`envs.features.build_features` reads, as NumPy [Q, T]."""
+    """The raw per-round fields that :func:`envs.replay.features.build_features` reads, as NumPy [Q, T]."""
     raw = {k: cache.arrays[k] for k in (
         "round_mask", "guide_verdict", "guide_uncertainty", "base_confidence", "base_answer",
         "guide_answer", "guide_tokens_in", "guide_tokens_out", "base_tokens_in", "base_tokens_out")}

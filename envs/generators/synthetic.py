@@ -14,7 +14,7 @@ Generative model (all choices are ours; the paper publishes no data):
   Wrong answers are drawn from the pool with geometric weights, so the same
   wrong answer recurs across rounds and models. Texts are ``"synthetic answer
   <label>"``; the cache's answer ids number them in order of first appearance
-  (base r1, guide r1, base r2, ...), as ``envs.jsonl`` does, so a JSONL export
+  (base r1, guide r1, base r2, ...), as ``envs.cache.jsonl`` does, so a JSONL export
   and import keeps the checksum.
 * **Base** (LLaMA) at round t: a *fresh* attempt is correct iff
   ``mu_b + delta_t - s_b d_q + eps > 0`` (probit; ``delta_t`` grows with t:
@@ -51,8 +51,9 @@ Generative model (all choices are ours; the paper publishes no data):
 
 The free parameters of each profile (``mu_b, mu_g, s``, the question-token
 scale, the EXIT offsets and costs, the LLM-policy ``n0`` and ``skill``) were fit
-by :func:`calibrate` on 50,000 questions (``python -m envs.synthetic
---calibrate PROFILE``); the rest are fixed by hand. Only the paper's
+by :func:`calibrate` on 50,000 questions (``python -m envs.generators.synthetic
+--calibrate PROFILE``) and are written in :mod:`envs.generators.synthetic_profiles`, with
+the targets; the rest are fixed by hand. Only the paper's
 non-learned rows are targets; the learned rows (CPO, CCPO) are outcomes.
 """
 from __future__ import annotations
@@ -60,129 +61,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-from envs import published
-from envs.cache import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays
+from envs.cache.schema import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays
+from envs.generators.synthetic_profiles import (
+    DEFAULT_PROFILE,
+    GUIDE,
+    PAPER,
+    PROFILES,
+    T_ROUNDS,
+    ChainParams,
+    Profile,
+    TokenParams,
+    get_profile,
+)
 
-DEFAULT_PROFILE = "hotpotqa-llama2"
 DEFAULT_QUESTIONS = 1400
-T_ROUNDS = 4
-GUIDE = ModelInfo("gpt-4o", 2.5, 10.0)  # GPT-4o list price, USD per million tokens (the paper states none; our choice)
-PAPER = published.PAPER
-
-
-# ---------------------------------------------------------------------------
-# parameters
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """A marginal the generator is calibrated to.
-
-    ``sd`` is the per-question standard deviation of the quantity (measured on
-    the calibration run), so the sampling standard error at n questions is
-    ``sd / sqrt(n)``; ``margin`` is the model/calibration error we allow on top.
-    Tolerance = 3 standard errors + margin.
-    """
-
-    value: float
-    sd: float
-    margin: float
-    source: str
-
-    def tol(self, n: int) -> float:
-        return 3.0 * self.sd / math.sqrt(n) + self.margin
-
-
-@dataclasses.dataclass(frozen=True)
-class ChainParams:
-    """Base/guide chain (module docstring). Probit units unless said otherwise."""
-
-    mu_b: float  # base ability (fit: Random coverage)
-    mu_g: float  # guide ability (fit: guide round-1 coverage)
-    s: float  # difficulty loading, shared by base and guide (fit: unsolvable share)
-    delta: tuple[float, ...] = (0.0, 0.15, 0.25, 0.3)  # base retry gain per round (probit shift)
-    n_wrong: int = 7  # wrong answers in the per-question pool (<= 2T - 1)
-    p_wrong_geom: float = 0.55  # geometric weight of the first wrong answer
-    p_adopt: float = 0.15  # base adopts the guide's previous correction
-    p_repeat_right: float = 0.85
-    p_repeat_wrong: float = 0.45
-    p_misjudge: float = 0.06  # guide knows but judges wrongly
-    p_yes_unknown: float = 0.45
-    p_yes_informative: float = 0.2
-    p_lucky: float = 0.12
-    u0: float = -1.4  # guide uncertainty logit intercept
-    u_unknown: float = 1.6
-    u_no: float = 0.3
-    u_d: float = 0.3
-    u_sd: float = 0.7
-    conf0: float = 0.6  # base confidence logit
-    conf_correct: float = 0.5
-    conf_d: float = -0.2
-    conf_sd: float = 0.9
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenParams:
-    """Token counts (module docstring)."""
-
-    q_tokens: float  # mean question tokens in the guide prompt (fit: cents per guide call)
-    q_cv: float = 0.3
-    template: float = 32.0  # guide prompt template (arXiv 2511.11828, App. 8.1)
-    ans_tokens: float = 2.5  # mean extra answer tokens (1 + Poisson)
-    base_system: float = 1100.0  # base few-shot prompt
-    base_out: float = 180.0  # base completion tokens per round
-    base_obs: float = 450.0  # tool observations added to the base context per round (0 on MMLU)
-
-
-@dataclasses.dataclass(frozen=True)
-class ExitParams:
-    """One model's cached LLM-EXIT run (module docstring)."""
-
-    e0: float  # correctness offset (fit: matched coverage)
-    c0: float  # continue offset (fit: average length)
-    cost_round: float = 0.0  # mean cents per round (fit: cost); 0 for a local model
-    e_d: float = 1.0
-    c_d: float = 0.6
-    c_wrong: float = 0.5
-    cost_cv: float = 0.5
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyParams:
-    """One model's cached LLM-as-policy actions (module docstring)."""
-
-    n0: float  # next-round offset (fit: average length)
-    skill: float  # in [-1, 1] (fit: coverage)
-    n_err: float = 0.0
-    n_unc: float = 0.0
-    p_guide: float = 0.5
-
-
-@dataclasses.dataclass(frozen=True)
-class Profile:
-    """A calibrated generator: parameters plus the paper targets it was fit to."""
-
-    name: str
-    task: str  # "hotpotqa" | "mmlu"
-    base_model: str
-    table: str  # the paper table the targets come from
-    description: str
-    chain: ChainParams
-    tokens: TokenParams
-    exit_gpt4o: ExitParams
-    exit_base: ExitParams
-    policy_gpt4o: PolicyParams
-    policy_base: PolicyParams
-    targets: dict[str, Target]
-
-    @property
-    def models(self) -> tuple[str, str]:
-        """Model order of the cached EXIT and LLM-policy columns."""
-        return (GUIDE.name, self.base_model)
 
 
 # ---------------------------------------------------------------------------
@@ -265,19 +161,39 @@ def _wrong_slot(u: np.ndarray, p: float, n_wrong: int) -> np.ndarray:
     return np.minimum(k, n_wrong - 1)
 
 
-def _simulate(profile: Profile, n: int, seed: int, T: int = T_ROUNDS) -> dict[str, np.ndarray]:
-    """All arrays of a synthetic cache (module docstring), vectorised over questions.
+class _Draws(NamedTuple):
+    """Every random number of one synthetic cache, drawn by :func:`_draw` in a fixed order."""
 
-    Random numbers are drawn in fixed shapes before any parameter is used, so a
-    seed gives the same draws for every parameter value (common random numbers,
-    which keeps :func:`calibrate`'s bisections smooth). Returns ``[Q, T]`` round
-    arrays, ``[Q, 2T]`` answer-label permutation (gold first), and ``[Q, 2]`` / ``[Q, 2, T]``
-    baseline arrays in the order of :attr:`Profile.models`.
-    """
-    c, tk = profile.chain, profile.tokens
+    d: np.ndarray  # [Q] latent difficulty
+    perm: np.ndarray  # [Q, 2T] answer labels: gold, then the wrong pool
+    z_base: np.ndarray
+    z_guide: np.ndarray
+    u_wrong_b: np.ndarray
+    u_wrong_g: np.ndarray
+    u_adopt: np.ndarray
+    u_repeat: np.ndarray
+    u_mis: np.ndarray
+    u_yes: np.ndarray
+    u_lucky: np.ndarray
+    z_unc: np.ndarray
+    z_conf: np.ndarray
+    z_qtok: np.ndarray
+    ans_tok: np.ndarray  # [Q, 2T] tokens of each answer text
+    z_bout: np.ndarray
+    z_obs: np.ndarray
+    z_exit_ok: np.ndarray
+    z_exit_cont: np.ndarray
+    z_exit_cost: np.ndarray
+    z_pol_next: np.ndarray
+    u_pol_smart: np.ndarray
+    u_pol_pick: np.ndarray
+
+
+def _draw(seed: int, Q: int, T: int, ans_tokens: float) -> _Draws:
+    """All draws, in a fixed order and fixed shapes, before any other parameter is used
+    (common random numbers: the same seed gives the same draws for every parameter value)."""
     rng = np.random.Generator(np.random.PCG64(seed))
-    Q, A = n, 2 * T
-    # -- draws (fixed order and shapes) --------------------------------------
+    A = 2 * T
     d = rng.standard_normal(Q)
     perm = np.argsort(rng.random((Q, A)), axis=1).astype(np.int32)  # [Q, 2T]: gold, then wrong pool
     z_base = rng.standard_normal((Q, T))
@@ -287,100 +203,139 @@ def _simulate(profile: Profile, n: int, seed: int, T: int = T_ROUNDS) -> dict[st
     u_mis, u_yes, u_lucky = rng.random((Q, T)), rng.random((Q, T)), rng.random((Q, T))
     z_unc, z_conf = rng.standard_normal((Q, T)), rng.standard_normal((Q, T))
     z_qtok = rng.standard_normal(Q)
-    ans_tok = 1 + rng.poisson(tk.ans_tokens, (Q, A))  # tokens of each answer text
+    ans_tok = 1 + rng.poisson(ans_tokens, (Q, A))  # tokens of each answer text
     z_bout, z_obs = rng.standard_normal((Q, T)), rng.standard_normal((Q, T))
     z_exit_ok = rng.standard_normal((Q, 2))
     z_exit_cont = rng.standard_normal((Q, 2, T))
     z_exit_cost = rng.standard_normal((Q, 2, T))
     z_pol_next = rng.standard_normal((Q, 2, T))
     u_pol_smart, u_pol_pick = rng.random((Q, 2, T)), rng.random((Q, 2, T))
+    return _Draws(d, perm, z_base, z_guide, u_wrong_b, u_wrong_g, u_adopt, u_repeat, u_mis, u_yes, u_lucky,
+                  z_unc, z_conf, z_qtok, ans_tok, z_bout, z_obs, z_exit_ok, z_exit_cont, z_exit_cost,
+                  z_pol_next, u_pol_smart, u_pol_pick)
 
-    # -- base / guide chain ----------------------------------------------------
+
+def _chain(c: ChainParams, r: _Draws, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The base/guide chain (module docstring): ``[Q, T]`` base and guide answer labels,
+    the guide's verdict and whether the guide knows the answer."""
+    Q, A = len(r.d), 2 * T
     rows = np.arange(Q)
-    gold = perm[:, 0]
+    gold = r.perm[:, 0]
     nw = min(c.n_wrong, A - 1)
-    wrong_b = perm[rows[:, None], 1 + _wrong_slot(u_wrong_b, c.p_wrong_geom, nw)]  # [Q, T]
-    slot_g = _wrong_slot(u_wrong_g, c.p_wrong_geom, nw)
-    knows = (c.mu_g - c.s * d[:, None] + z_guide) > 0  # [Q, T]
+    wrong_b = r.perm[rows[:, None], 1 + _wrong_slot(r.u_wrong_b, c.p_wrong_geom, nw)]  # [Q, T]
+    slot_g = _wrong_slot(r.u_wrong_g, c.p_wrong_geom, nw)
+    knows = (c.mu_g - c.s * r.d[:, None] + r.z_guide) > 0  # [Q, T]
     base = np.empty((Q, T), np.int32)
     guide = np.empty((Q, T), np.int32)
     verdict = np.empty((Q, T), bool)
     for t in range(T):  # T = 4 rounds; every step is vectorised over questions
-        fresh_ok = (c.mu_b + c.delta[min(t, len(c.delta) - 1)] - c.s * d + z_base[:, t]) > 0
+        fresh_ok = (c.mu_b + c.delta[min(t, len(c.delta) - 1)] - c.s * r.d + r.z_base[:, t]) > 0
         fresh = np.where(fresh_ok, gold, wrong_b[:, t])
         if t == 0:
             b = fresh
         else:
             prev_ok = base[:, t - 1] == gold
-            adopt = ~verdict[:, t - 1] & (u_adopt[:, t] < c.p_adopt)
-            repeat = u_repeat[:, t] < np.where(prev_ok, c.p_repeat_right, c.p_repeat_wrong)
+            adopt = ~verdict[:, t - 1] & (r.u_adopt[:, t] < c.p_adopt)
+            repeat = r.u_repeat[:, t] < np.where(prev_ok, c.p_repeat_right, c.p_repeat_wrong)
             b = np.where(adopt, guide[:, t - 1], np.where(repeat, base[:, t - 1], fresh))
         b_ok = b == gold
-        v_known = b_ok ^ (u_mis[:, t] < c.p_misjudge)
-        v_unknown = u_yes[:, t] < c.p_yes_unknown + c.p_yes_informative * b_ok
+        v_known = b_ok ^ (r.u_mis[:, t] < c.p_misjudge)
+        v_unknown = r.u_yes[:, t] < c.p_yes_unknown + c.p_yes_informative * b_ok
         v = np.where(knows[:, t], v_known, v_unknown)
         # "No [answer]": the gold when the guide knows (or is lucky) and the base is wrong;
         # otherwise a wrong answer different from the base's.
-        g_gold = ~b_ok & (knows[:, t] | (u_lucky[:, t] < c.p_lucky))
-        g_wrong = perm[rows, 1 + slot_g[:, t]]
-        g_wrong = np.where(g_wrong == b, perm[rows, 1 + (slot_g[:, t] + 1) % nw], g_wrong)
+        g_gold = ~b_ok & (knows[:, t] | (r.u_lucky[:, t] < c.p_lucky))
+        g_wrong = r.perm[rows, 1 + slot_g[:, t]]
+        g_wrong = np.where(g_wrong == b, r.perm[rows, 1 + (slot_g[:, t] + 1) % nw], g_wrong)
         base[:, t] = b
         verdict[:, t] = v
         guide[:, t] = np.where(v, b, np.where(g_gold, gold, g_wrong))
-    base_ok, guide_ok = base == gold[:, None], guide == gold[:, None]
+    return base, guide, verdict, knows
 
-    def sigmoid(x):
-        return 1.0 / (1.0 + np.exp(-x))
 
-    unc = sigmoid(c.u0 + c.u_unknown * ~knows + c.u_no * ~verdict + c.u_d * d[:, None] + c.u_sd * z_unc)
-    conf = sigmoid(c.conf0 + c.conf_correct * base_ok + c.conf_d * d[:, None] + c.conf_sd * z_conf)
-
-    # -- tokens ------------------------------------------------------------------
+def _tokens(tk: TokenParams, r: _Draws, base: np.ndarray, guide: np.ndarray,
+            verdict: np.ndarray) -> dict[str, np.ndarray]:
+    """Token counts of every round (module docstring), ``[Q, T]`` each."""
+    Q = len(r.d)
     lsd = math.sqrt(math.log1p(tk.q_cv**2))
-    q_tok = np.round(tk.q_tokens * np.exp(lsd * z_qtok - 0.5 * lsd**2))
-    g_in = tk.template + q_tok[:, None] + np.take_along_axis(ans_tok, base, 1)
-    g_out = np.where(verdict, 1, 2 + np.take_along_axis(ans_tok, guide, 1))
-    b_out = np.round(tk.base_out * np.exp(0.4 * z_bout - 0.08))
-    obs = np.round(tk.base_obs * np.exp(0.5 * z_obs - 0.125))
+    q_tok = np.round(tk.q_tokens * np.exp(lsd * r.z_qtok - 0.5 * lsd**2))
+    g_in = tk.template + q_tok[:, None] + np.take_along_axis(r.ans_tok, base, 1)
+    g_out = np.where(verdict, 1, 2 + np.take_along_axis(r.ans_tok, guide, 1))
+    b_out = np.round(tk.base_out * np.exp(0.4 * r.z_bout - 0.08))
+    obs = np.round(tk.base_obs * np.exp(0.5 * r.z_obs - 0.125))
     ctx = b_out + obs + g_out + 10  # what each round adds to the base's context
     b_in = tk.base_system + q_tok[:, None] + np.concatenate([np.zeros((Q, 1)), np.cumsum(ctx, 1)[:, :-1]], 1)
+    return {"guide_tokens_in": g_in, "guide_tokens_out": g_out, "base_tokens_in": b_in, "base_tokens_out": b_out}
 
-    # -- cached LLM-EXIT runs ------------------------------------------------------
+
+def _exit_runs(profile: Profile, r: _Draws, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cached LLM-EXIT runs of gpt-4o and the base: ``[Q, 2]`` correct, rounds, cents."""
+    Q, d = len(r.d), r.d
     exit_ok = np.empty((Q, 2), bool)
     exit_rounds = np.empty((Q, 2), np.int32)
     exit_cost = np.empty((Q, 2), np.float32)
     for j, e in enumerate((profile.exit_gpt4o, profile.exit_base)):
-        ok = (e.e0 - e.e_d * d + z_exit_ok[:, j]) > 0
-        cont = (e.c0 + e.c_d * d[:, None] + e.c_wrong * ~ok[:, None] + z_exit_cont[:, j, : T - 1]) > 0
+        ok = (e.e0 - e.e_d * d + r.z_exit_ok[:, j]) > 0
+        cont = (e.c0 + e.c_d * d[:, None] + e.c_wrong * ~ok[:, None] + r.z_exit_cont[:, j, : T - 1]) > 0
         rounds = 1 + np.cumprod(cont, axis=1).sum(1)
         csd = math.sqrt(math.log1p(e.cost_cv**2))
-        per_round = e.cost_round * np.exp(csd * z_exit_cost[:, j] - 0.5 * csd**2)
+        per_round = e.cost_round * np.exp(csd * r.z_exit_cost[:, j] - 0.5 * csd**2)
         exit_ok[:, j] = ok
         exit_rounds[:, j] = rounds
         exit_cost[:, j] = np.where(np.arange(T)[None, :] < rounds[:, None], per_round, 0.0).sum(1)
+    return exit_ok, exit_rounds, exit_cost
 
-    # -- cached LLM-as-policy actions ---------------------------------------------
+
+def _policy_actions(profile: Profile, r: _Draws, base_ok: np.ndarray, guide_ok: np.ndarray,
+                    unc: np.ndarray, T: int) -> np.ndarray:
+    """The cached LLM-as-policy actions of gpt-4o and the base: ``[Q, 2, T]`` (-1 after stopping)."""
+    Q = len(r.d)
     actions = np.full((Q, 2, T), -1, np.int32)
     for j, p in enumerate((profile.policy_gpt4o, profile.policy_base)):
         alive = np.ones(Q, bool)
         for t in range(T):
             none_ok = ~(base_ok[:, t] | guide_ok[:, t])
-            go_on = (p.n0 + p.n_err * none_ok + p.n_unc * (unc[:, t] - 0.5) + z_pol_next[:, j, t]) > 0
+            go_on = (p.n0 + p.n_err * none_ok + p.n_unc * (unc[:, t] - 0.5) + r.z_pol_next[:, j, t]) > 0
             go_on &= t < T - 1
             one_ok = base_ok[:, t] ^ guide_ok[:, t]
-            smart = one_ok & (u_pol_smart[:, j, t] < abs(p.skill))
+            smart = one_ok & (r.u_pol_smart[:, j, t] < abs(p.skill))
             pick_correct = np.where(guide_ok[:, t], 1, 0)
             pick = np.where(
                 smart,
                 pick_correct if p.skill >= 0 else 1 - pick_correct,
-                (u_pol_pick[:, j, t] < p.p_guide).astype(np.int32),
+                (r.u_pol_pick[:, j, t] < p.p_guide).astype(np.int32),
             )
             actions[:, j, t] = np.where(alive, np.where(go_on, 2, pick), -1)
             alive &= go_on
+    return actions
 
+
+def _simulate(profile: Profile, n: int, seed: int, T: int = T_ROUNDS) -> dict[str, np.ndarray]:
+    """All arrays of a synthetic cache (module docstring), vectorised over questions.
+
+    Random numbers are drawn in fixed shapes before any parameter is used, so a
+    seed gives the same draws for every parameter value (common random numbers,
+    which keeps :func:`calibrate`'s bisections smooth). Returns ``[Q, T]`` round
+    arrays, ``[Q, 2T]`` answer-label permutation (gold first), and ``[Q, 2]`` / ``[Q, 2, T]``
+    baseline arrays in the order of :attr:`Profile.models`.
+    """
+    c = profile.chain
+    r = _draw(seed, n, T, profile.tokens.ans_tokens)
+    base, guide, verdict, knows = _chain(c, r, T)
+    gold = r.perm[:, 0]
+    base_ok, guide_ok = base == gold[:, None], guide == gold[:, None]
+
+    def sigmoid(x):
+        return 1.0 / (1.0 + np.exp(-x))
+
+    d = r.d
+    unc = sigmoid(c.u0 + c.u_unknown * ~knows + c.u_no * ~verdict + c.u_d * d[:, None] + c.u_sd * r.z_unc)
+    conf = sigmoid(c.conf0 + c.conf_correct * base_ok + c.conf_d * d[:, None] + c.conf_sd * r.z_conf)
+    tokens = _tokens(profile.tokens, r, base, guide, verdict)
+    exit_ok, exit_rounds, exit_cost = _exit_runs(profile, r, T)
     return {
         "d": d,
-        "perm": perm,
+        "perm": r.perm,
         "base_answer": base,
         "base_correct": base_ok,
         "guide_answer": guide,
@@ -388,25 +343,12 @@ def _simulate(profile: Profile, n: int, seed: int, T: int = T_ROUNDS) -> dict[st
         "guide_verdict": verdict,
         "guide_uncertainty": unc.astype(np.float32),
         "base_confidence": conf.astype(np.float32),
-        "guide_tokens_in": g_in.astype(np.float32),
-        "guide_tokens_out": g_out.astype(np.float32),
-        "base_tokens_in": b_in.astype(np.float32),
-        "base_tokens_out": b_out.astype(np.float32),
+        **{k: v.astype(np.float32) for k, v in tokens.items()},
         "exit_correct": exit_ok,
         "exit_rounds": exit_rounds,
         "exit_cost_cents": exit_cost,
-        "llm_policy_actions": actions,
+        "llm_policy_actions": _policy_actions(profile, r, base_ok, guide_ok, unc, T),
     }
-
-
-def _get_profile(profile: str | Profile) -> Profile:
-    if isinstance(profile, Profile):
-        return profile
-    if profile not in PROFILES:
-        raise CacheError(
-            f"unknown synthetic profile {profile!r} (--profile); valid profiles: {', '.join(PROFILES)}"
-        )
-    return PROFILES[profile]
 
 
 def generate(profile: str | Profile = DEFAULT_PROFILE, n_questions: int = DEFAULT_QUESTIONS, seed: int = 0) -> ResponseCache:
@@ -415,10 +357,10 @@ def generate(profile: str | Profile = DEFAULT_PROFILE, n_questions: int = DEFAUL
     Deterministic per ``seed`` (``numpy.random.Generator(PCG64(seed))``). The
     manifest's provenance is ``{"kind": "synthetic", "generator":
     "envs.synthetic/<profile>", "seed": seed, "calibrated_to": ...}``; the cache
-    carries its checksum. Raises :class:`envs.cache.CacheError` for an unknown
+    carries its checksum. Raises :class:`envs.cache.schema.CacheError` for an unknown
     profile (naming the valid ones) or a bad size/seed.
     """
-    prof = _get_profile(profile)
+    prof = get_profile(profile)
     if isinstance(n_questions, bool) or not isinstance(n_questions, (int, np.integer)) or n_questions < 1:
         raise CacheError(f"synthetic cache: the number of questions must be an integer >= 1, got {n_questions!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -434,7 +376,7 @@ def generate(profile: str | Profile = DEFAULT_PROFILE, n_questions: int = DEFAUL
     ):
         arrays[k] = sim[k].astype(arrays[k].dtype)
     # Renumber answers in order of first appearance (base r1, guide r1, base r2, ...), as
-    # envs.jsonl numbers them, so that a JSONL export + import keeps the checksum. The
+    # envs.cache.jsonl numbers them, so that a JSONL export + import keeps the checksum. The
     # text keeps the generator's random label: "synthetic answer <label>".
     seq = np.stack([sim["base_answer"], sim["guide_answer"]], axis=2).reshape(n_questions, 2 * T)
     same = seq[:, :, None] == seq[:, None, :]  # [Q, 2T, 2T]
@@ -495,7 +437,7 @@ def calibrate(profile: str | Profile, n: int = 50_000, seed: int = 20251114, cyc
     n0 -> length and skill -> coverage. Returns the profile with the new
     parameters and with each target's ``sd`` re-measured.
     """
-    prof = _get_profile(profile)
+    prof = get_profile(profile)
     tg = {k: v.value for k, v in prof.targets.items()}
 
     def m(p: Profile) -> dict[str, float]:
@@ -539,143 +481,8 @@ def _cache_from(p: Profile, n: int, seed: int) -> ResponseCache:
     return ResponseCache(man, sim)
 
 
-# ---------------------------------------------------------------------------
-# profiles
-
-# Margins: 0.01 on calibrated shares (calibration error on 100k questions is far
-# smaller; the margin covers refits), 0.03 on Random coverage (the paper's own
-# Random rows vary by that much), looser on quantities the model only
-# approximates (stated per target).
-
-
-def _t(value: float, sd: float, margin: float, source: str) -> Target:
-    return Target(value, sd, margin, source)
-
-
-def _finish(tg: dict[str, Target], sds: dict[str, float], margins: dict[str, tuple[float, str]] | None) -> dict[str, Target]:
-    """Fill in the measured sds and any per-profile margin (with the reason, kept in the source)."""
-    out = {k: dataclasses.replace(v, sd=sds.get(k, v.sd)) for k, v in tg.items()}
-    for k, (margin, why) in (margins or {}).items():
-        out[k] = dataclasses.replace(out[k], margin=margin, source=f"{out[k].source}; margin {margin}: {why}")
-    return out
-
-
-def _hotpot_targets(n: int, g1: float, sds: dict[str, float],
-                    margins: dict[str, tuple[float, str]] | None = None) -> dict[str, Target]:
-    """Targets of the profile calibrated to Table ``n`` (read from :mod:`envs.published`);
-    ``g1``: the guide's round-1 coverage, read off the table's CPO/UALA rows at length ~1."""
-    table = f"Table {n}"
-    base_exit_cov, base_exit_len = published.value(n, "BX", "coverage"), published.value(n, "BX", "avg_len")
-    random_cov = published.value(n, "Random", "coverage")
-    pol_g = (published.value(n, "GP", "coverage"), published.value(n, "GP", "avg_len"))
-    pol_b = (published.value(n, "BP", "coverage"), published.value(n, "BP", "avg_len"))
-    gx = published.row(n, "GX")
-    tg = {
-        "unsolvable": _t(0.10, 0.3, 0.02, "our choice (plausible share; paper silent)"),
-        "guide_round1_coverage": _t(g1, 0.37, 0.01, f"{table}: CPO coverage at length ~1"),
-        "random_coverage": _t(random_cov, 0.3, 0.03, f"{table}: Random"),
-        "cents_per_guide_call": _t(0.0225, 0.003, 0.0008, "CCPO paper Tables 2-3: ~0.022 c per guide call (rows at length ~1)"),
-        "guide_verdict_accuracy": _t(0.82, 0.2, 0.04, "our choice (~80-85%)"),
-        "gpt4o_exit_coverage": _t(gx["coverage"], 0.29, 0.01, "Tables 2-3: GPT-4o EXIT"),
-        "gpt4o_exit_len": _t(gx["avg_len"], 1.1, 0.03, "Tables 2-3: GPT-4o EXIT"),
-        "gpt4o_exit_cost_per_200": _t(gx["cost_cents"], 500.0, 15.0, "Tables 2-3: GPT-4o EXIT"),
-        "base_exit_coverage": _t(base_exit_cov, 0.45, 0.01, f"{table}: base EXIT"),
-        "base_exit_len": _t(base_exit_len, 1.1, 0.03, f"{table}: base EXIT"),
-        "gpt4o_policy_coverage": _t(pol_g[0], 0.4, 0.015, f"{table}: LLM policy GPT-4o"),
-        "gpt4o_policy_len": _t(pol_g[1], 0.5, 0.02, f"{table}: LLM policy GPT-4o"),
-        "base_policy_coverage": _t(pol_b[0], 0.47, 0.015, f"{table}: LLM policy (base)"),
-        "base_policy_len": _t(pol_b[1], 0.2, 0.02, f"{table}: LLM policy (base)"),
-    }
-    return _finish(tg, sds, margins)
-
-
-def _mmlu_targets(n: int, g1: float, sds: dict[str, float],
-                  margins: dict[str, tuple[float, str]] | None = None) -> dict[str, Target]:
-    """As :func:`_hotpot_targets`, with the MMLU choices (Tables 4-5)."""
-    table = f"Table {n}"
-    gx = published.row(n, "GX")
-    tg = _hotpot_targets(n, g1, {})
-    tg["unsolvable"] = _t(0.05, 0.22, 0.02, "our choice (multiple choice: few unsolvable; paper silent)")
-    tg["cents_per_guide_call"] = _t(0.039, 0.005, 0.0015, "CCPO paper Tables 4-5: ~0.039 c per guide call on MMLU (rows at length ~1)")
-    tg["guide_verdict_accuracy"] = _t(0.86, 0.2, 0.04, "our choice (GPT-4o judges 4-option MMLU better than open HotpotQA)")
-    tg["gpt4o_exit_coverage"] = _t(gx["coverage"], 0.2, 0.01, "Tables 4-5: GPT-4o EXIT")
-    tg["gpt4o_exit_len"] = _t(gx["avg_len"], 0.7, 0.03, "Tables 4-5: GPT-4o EXIT")
-    tg["gpt4o_exit_cost_per_200"] = _t(gx["cost_cents"], 60.0, 2.0, "Tables 4-5: GPT-4o EXIT")
-    tg["guide_round1_coverage"] = dataclasses.replace(
-        tg["guide_round1_coverage"], source=f"{table} and its alpha=0.2 table: UALA/CPO coverage at length 1"
-    )
-    return _finish(tg, sds, margins)
-
-
-# Hand-fixed MMLU settings: 4 options (3 wrong), longer questions with options, no tool.
-_MMLU_CHAIN = dict(n_wrong=3, p_wrong_geom=0.5)
-_MMLU_TOKENS = dict(q_cv=0.35, ans_tokens=3.0, base_system=350.0, base_out=250.0, base_obs=0.0)
-
-# Fitted numbers below: `python -m envs.synthetic --calibrate` (50,000 questions, seed 20251114).
-# Each target's sd (per-question standard deviation) was measured on the same run.
-PROFILES: dict[str, Profile] = {
-    "hotpotqa-llama2": Profile(
-        name="hotpotqa-llama2",
-        task="hotpotqa",
-        base_model="llama-2-7b",
-        table="Table 2",
-        description="SYNTHETIC HotpotQA, LLaMA-2-7B base + GPT-4o guide, calibrated to Table 2",
-        chain=ChainParams(mu_b=-2.6119, mu_g=1.9402, s=2.5328),
-        tokens=TokenParams(q_tokens=39.7583),
-        exit_gpt4o=ExitParams(e0=1.4879, c0=0.3359, cost_round=1.7301),
-        exit_base=ExitParams(e0=0.2353, c0=0.3275),
-        policy_gpt4o=PolicyParams(n0=-1.6702, skill=0.5490, n_err=1.5, n_unc=1.0, p_guide=0.6),
-        policy_base=PolicyParams(n0=-1.8968, skill=0.4020),
-        targets=_hotpot_targets(2, 0.835, {"unsolvable": 0.3, "guide_round1_coverage": 0.3712, "random_coverage": 0.2914, "cents_per_guide_call": 0.0035, "guide_verdict_accuracy": 0.2123, "gpt4o_exit_coverage": 0.289, "gpt4o_exit_len": 1.28, "gpt4o_exit_cost_per_200": 517.5, "base_exit_coverage": 0.476, "base_exit_len": 1.307, "gpt4o_policy_coverage": 0.4143, "gpt4o_policy_len": 0.5572, "base_policy_coverage": 0.4684, "base_policy_len": 0.1766}),
-    ),
-    "hotpotqa-llama3": Profile(
-        name="hotpotqa-llama3",
-        task="hotpotqa",
-        base_model="llama-3.2-3b",
-        table="Table 3",
-        description="SYNTHETIC HotpotQA, LLaMA-3.2-3B base + GPT-4o guide, calibrated to Table 3 (and 7)",
-        chain=ChainParams(mu_b=-1.8314, mu_g=1.8253, s=2.4260),
-        tokens=TokenParams(q_tokens=40.8171),
-        exit_gpt4o=ExitParams(e0=1.4901, c0=0.3360, cost_round=1.7301),
-        exit_base=ExitParams(e0=0.5007, c0=12.0000),
-        policy_gpt4o=PolicyParams(n0=-1.8817, skill=0.8436, n_err=1.5, n_unc=1.0, p_guide=0.6),
-        policy_base=PolicyParams(n0=-8.0000, skill=0.1023),
-        targets=_hotpot_targets(3, 0.83, {"unsolvable": 0.3, "guide_round1_coverage": 0.3756, "random_coverage": 0.3083, "cents_per_guide_call": 0.0036, "guide_verdict_accuracy": 0.213, "gpt4o_exit_coverage": 0.289, "gpt4o_exit_len": 1.28, "gpt4o_exit_cost_per_200": 517.3, "base_exit_coverage": 0.45, "base_exit_len": 0, "gpt4o_policy_coverage": 0.3571, "gpt4o_policy_len": 0.4713, "base_policy_coverage": 0.4866, "base_policy_len": 0}),
-    ),
-    "mmlu-llama2": Profile(
-        name="mmlu-llama2",
-        task="mmlu",
-        base_model="llama-2-7b",
-        table="Table 4",
-        description="SYNTHETIC MMLU, LLaMA-2-7B base + GPT-4o guide, calibrated to Table 4",
-        chain=ChainParams(mu_b=-2.8892, mu_g=2.7993, s=2.4240, **_MMLU_CHAIN),
-        tokens=TokenParams(q_tokens=103.0289, **_MMLU_TOKENS),
-        exit_gpt4o=ExitParams(e0=2.2114, c0=-0.8404, cost_round=0.3763),
-        exit_base=ExitParams(e0=0.9426, c0=1.0433),
-        policy_gpt4o=PolicyParams(n0=-3.4232, skill=1.0000, n_err=3.0, n_unc=1.0, p_guide=0.7),
-        policy_base=PolicyParams(n0=-1.2801, skill=0.3701),
-        targets=_mmlu_targets(4, 0.87, {"unsolvable": 0.2179, "guide_round1_coverage": 0.3394, "random_coverage": 0.2494, "cents_per_guide_call": 0.0092, "guide_verdict_accuracy": 0.1826, "gpt4o_exit_coverage": 0.196, "gpt4o_exit_len": 0.7872, "gpt4o_exit_cost_per_200": 73.56, "base_exit_coverage": 0.4073, "base_exit_len": 1.189, "gpt4o_policy_coverage": 0.2897, "gpt4o_policy_len": 0.3425, "base_policy_coverage": 0.4737, "base_policy_len": 0.3459},
-            margins={"gpt4o_policy_coverage": (0.03, "model ceiling: with skill 1 at length 1.08 the chain allows ~0.907")}),
-    ),
-    "mmlu-llama3": Profile(
-        name="mmlu-llama3",
-        task="mmlu",
-        base_model="llama-3.2-3b",
-        table="Table 5",
-        description="SYNTHETIC MMLU, LLaMA-3.2-3B base + GPT-4o guide, calibrated to Table 5",
-        chain=ChainParams(mu_b=-1.3587, mu_g=2.1580, s=1.9834, **_MMLU_CHAIN),
-        tokens=TokenParams(q_tokens=105.3197, **_MMLU_TOKENS),
-        exit_gpt4o=ExitParams(e0=2.2189, c0=-0.8393, cost_round=0.3763),
-        exit_base=ExitParams(e0=1.2002, c0=2.9737),
-        policy_gpt4o=PolicyParams(n0=-1.7906, skill=0.8999, n_err=2.0, n_unc=1.0, p_guide=0.7),
-        policy_base=PolicyParams(n0=-1.8787, skill=-0.0228),
-        targets=_mmlu_targets(5, 0.85, {"unsolvable": 0.2179, "guide_round1_coverage": 0.3583, "random_coverage": 0.2902, "cents_per_guide_call": 0.0094, "guide_verdict_accuracy": 0.1872, "gpt4o_exit_coverage": 0.196, "gpt4o_exit_len": 0.7871, "gpt4o_exit_cost_per_200": 73.56, "base_exit_coverage": 0.3666, "base_exit_len": 0.2641, "gpt4o_policy_coverage": 0.2818, "gpt4o_policy_len": 0.5565, "base_policy_coverage": 0.4936, "base_policy_len": 0.176}),
-    ),
-}
-
-
 def _main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m envs.synthetic", description="measure or refit the SYNTHETIC profiles")
+    ap = argparse.ArgumentParser(prog="python -m envs.generators.synthetic", description="measure or refit the SYNTHETIC profiles")
     ap.add_argument("--calibrate", nargs="*", metavar="PROFILE", help="refit these profiles (default: all) and print the parameters")
     ap.add_argument("--questions", type=int, default=DEFAULT_QUESTIONS)
     ap.add_argument("--seed", type=int, default=0)

@@ -14,8 +14,8 @@ the fast format.
 The bounds keep every derived number finite in float32: a call costs at most
 ``MAX_TOKENS * MAX_PRICE / 1e6 * 100 = 1e8`` cents per token kind and role.
 
-This module imports nothing from the rest of ``envs`` (``envs.cache`` and
-``envs.jsonl`` import it).
+This module imports nothing from the rest of ``envs`` (``envs.cache.schema`` and
+``envs.cache.jsonl`` import it).
 """
 from __future__ import annotations
 

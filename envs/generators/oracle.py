@@ -28,8 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-from envs.cache import Manifest, ModelInfo, ResponseCache, empty_arrays
-from envs.features import build_features, feature_names
+from envs.cache.schema import Manifest, ModelInfo, ResponseCache, empty_arrays
+from envs.replay.features import build_features, feature_names
 
 GUIDE_PRICE = (2.5, 10.0)  # USD per million tokens in / out (GPT-4o list price)
 

@@ -1,6 +1,6 @@
 """Plain-Python reference of the replay env and the set-valued evaluator.
 
-Written independently of :mod:`envs.features` and :mod:`envs.orchestration`
+Written independently of :mod:`envs.replay.features` and :mod:`envs.replay.env`
 (loops over rounds, recursion over rollout branches) with the same
 semantics. Tests use it as the oracle; ``benchmarks/env_throughput.py`` uses
 it as the unaccelerated baseline. Slow on purpose: clarity over speed.
@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from envs.cache import ResponseCache
+from envs.cache.schema import ResponseCache
 
 BASE, GUIDE, NEXT = 0, 1, 2
 
@@ -22,7 +22,7 @@ def _f(x: Any) -> float:
 
 
 def reference_features(cache: ResponseCache, q: int) -> list[list[float]]:
-    """Features of every round of question q as T lists of floats (order: ``envs.features.feature_names``)."""
+    """Features of every round of question q as T lists of floats (order: ``envs.replay.features.feature_names``)."""
     a, T = cache.arrays, cache.T
     cost = cache.round_cost_cents()
     n = int(sum(bool(x) for x in a["round_mask"][q]))
@@ -67,7 +67,7 @@ def reference_features(cache: ResponseCache, q: int) -> list[list[float]]:
 
 
 class ReferenceEnv:
-    """One episode at a time, plain Python; same semantics as ``envs.orchestration.OrchestrationEnv``."""
+    """One episode at a time, plain Python; same semantics as ``envs.replay.env.OrchestrationEnv``."""
 
     def __init__(self, cache: ResponseCache):
         self.cache = cache
@@ -158,7 +158,7 @@ def random_cache(
     correct flags follow the ids. Rounds per question are uniform in 1..T;
     about 1/5 of the confidences/uncertainties are NaN.
     """
-    from envs.cache import Manifest, ModelInfo, empty_arrays
+    from envs.cache.schema import Manifest, ModelInfo, empty_arrays
 
     rng = np.random.default_rng(seed)
     a = empty_arrays(Q, T, n_exit, n_llm_policy)
@@ -205,10 +205,10 @@ def random_cache(
         exit_models=tuple(f"exit-model-{i}" for i in range(n_exit)),
         llm_policy_models=tuple(f"policy-model-{i}" for i in range(n_llm_policy)),
     )
-    from envs.cache import check_arrays
+    from envs.cache.schema import check_arrays
 
     # Structure only: the LLM-policy rows deliberately include what a cache file may not hold
     # (gaps, actions past the last round, no answering action), so that the replay's handling
-    # of them is tested; the value rules of real caches (envs.values) would refuse them.
+    # of them is tested; the value rules of real caches (envs.cache.values) would refuse them.
     check_arrays(man, a, "random_cache", values=False)
     return ResponseCache(man, a).with_checksum()
