@@ -20,7 +20,6 @@ from envs.cache.schema import (  # noqa: F401
     Manifest,
     ModelInfo,
     ResponseCache,
-    load_fast,
-    save_fast,
 )
+from envs.cache.fast import load_fast, save_fast  # noqa: F401
 from envs.cache.formats import load_cache, save_cache  # noqa: F401

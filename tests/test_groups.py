@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.cache.schema import CacheError, load_fast, save_fast
+from envs.cache.fast import load_fast, save_fast
+from envs.cache.schema import CacheError
 from envs.cache.jsonl import read_jsonl, write_jsonl
 from envs.replay.report import describe
 from envs.generators.synthetic import generate
@@ -107,7 +108,7 @@ def test_a_group_differing_only_by_nul_is_refused_by_check_import_and_export_ali
 
 
 def test_fast_format_refuses_control_characters_on_save_and_load(tmp_path):
-    from envs.cache.schema import write_fast_dir
+    from envs.cache.fast import write_fast_dir
 
     c = generate(n_questions=3, seed=2)
     bad = _with_groups(c, ["a", "b\x1bc", "c"])

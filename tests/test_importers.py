@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.cache.schema import CacheError, check_arrays, load_fast, save_fast
+from envs.cache.fast import load_fast, save_fast
+from envs.cache.schema import CacheError, check_arrays
 from envs.importers import IMPORTERS, import_cache
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "data"

@@ -190,7 +190,7 @@ def test_sweep_takes_the_guarantee_and_its_point_equals_reproduce(tmp_path):
     and frontier.json states the guarantee and each calibrated point's splits below target."""
     from ccpo_jax.ccpo.reproduce import reproduce
     from ccpo_jax.ccpo.sweep import sweep
-    from envs.cache.schema import save_fast
+    from envs.cache.fast import save_fast
     from envs.generators.synthetic import generate
 
     path = tmp_path / "syn100"

@@ -14,7 +14,8 @@ import pytest
 from scipy.stats import rankdata
 
 from envs.generators import synthetic
-from envs.cache.schema import CacheError, check_arrays, load_fast
+from envs.cache.fast import load_fast
+from envs.cache.schema import CacheError, check_arrays
 
 N = 1400
 PROFILE_NAMES = list(synthetic.PROFILES)

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.cache.schema import ARRAYS_FILE, MANIFEST_FILE, CacheError, arrays_checksum, load_fast, manifest_checksum, \
-    save_fast, write_fast_dir
+from envs.cache.fast import ARRAYS_FILE, MANIFEST_FILE, load_fast, save_fast, write_fast_dir
+from envs.cache.schema import CacheError, arrays_checksum, manifest_checksum
 from envs.cache.jsonl import read_jsonl, write_jsonl
 from conftest import run_cli
 

@@ -82,7 +82,7 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
             "actions": list(ACTION_NAMES),
             "feature_names": list(feature_names(m.T)),
             "cache": {"name": m.name, "provenance": m.provenance, "checksum": m.checksum or cache.checksum()},
-            "models": {"base": m.base.to_dict(), "guide": m.guide.to_dict()},
+            "models": m.to_dict()["models"],  # a ladder: one entry per round
             "train_config": dataclasses.asdict(cfg),
             "jax": jax.__version__,
         }

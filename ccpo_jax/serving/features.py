@@ -10,7 +10,7 @@ of per-round dicts into the ``[B, T]`` raw arrays that function reads:
   guide, round 1 base, ...), as the JSONL reader numbers them; the features
   use only equality of ids, so any consistent numbering gives the same vector;
 * a missing or null ``confidence`` / ``uncertainty`` is NaN ("not given");
-* the round's cost in cents is ``ResponseCache.round_cost_cents`` of the
+* the round's cost in cents is ``envs.cache.schema.round_cost_cents_of`` (``ResponseCache.round_cost_cents``) of the
   manifest's prices (the same code, called on these arrays);
 * ``can_continue`` says whether another round may still run after the last
   given one (default: fewer than T rounds so far). It sets the
@@ -22,7 +22,6 @@ Fields that only training reads (``correct``, ``gold``) are ignored if present.
 from __future__ import annotations
 
 import math
-import types
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -30,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ccpo_jax.serving.artifact import RouterInputError
-from envs.cache.schema import ModelInfo, ResponseCache
+from envs.cache.schema import round_cost_cents_of
 from envs.replay.features import available_actions, build_features
 from envs.cache.jsonl import json_type_name
 from envs.cache.normalise import normalise_answer
@@ -117,12 +116,13 @@ def parse_request(rounds: Any, can_continue: Any, T: int, ctx: str) -> tuple[dic
 
 
 def raw_arrays(parsed: Sequence[tuple[dict[str, list], list, bool]], T: int,
-               base: ModelInfo, guide: ModelInfo) -> tuple[dict[str, np.ndarray], np.ndarray]:
+               base: Any, guide: Any) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """``[B, T]`` raw arrays (:data:`envs.replay.features.RAW_KEYS`) and the 0-based last round ``[B]``.
 
     A request that may continue gets one placeholder round after its last one
     (zeros, id -1), so ``round_mask`` says "round t+1 exists", as in the cache;
-    no feature of round t reads round t+1's values.
+    no feature of round t reads round t+1's values. ``base``, ``guide``: a ``ModelInfo``, or a
+    ladder of T (round t's model).
     """
     B = len(parsed)
     a = {
@@ -142,9 +142,8 @@ def raw_arrays(parsed: Sequence[tuple[dict[str, list], list, bool]], T: int,
         a["round_mask"][i, : n + int(cont)] = True
         for k, v in vals.items():
             a[k][i, :n] = v
-    # The cache's own cost formula, on these arrays and the manifest's prices.
-    shim = types.SimpleNamespace(arrays=a, manifest=types.SimpleNamespace(base=base, guide=guide))
-    a["round_cost_cents"] = ResponseCache.round_cost_cents(shim)
+    # The cache's own cost formula, on these arrays and the manifest's (per-round) prices.
+    a["round_cost_cents"] = round_cost_cents_of(a, base, guide)
     return a, last
 
 

@@ -36,6 +36,17 @@ def bucket_sizes(max_rows: int = BLOCK_ROWS) -> tuple[int, ...]:
 SCREEN_MARGIN = 1e-4
 
 
+def _rungs(manifest: Mapping, role: str) -> list[tuple[str, Mapping]]:
+    """(``"[t]"`` or ``""``, model dict) of ``role``: each rung of a ladder, or the one model."""
+    m = manifest["models"][role]
+    return [(f"[{t}]", x) for t, x in enumerate(m)] if isinstance(m, list) else [("", m)]
+
+
+def _models(manifest: Mapping, role: str) -> ModelInfo | tuple[ModelInfo, ...]:
+    infos = [ModelInfo(str(m["name"]), float(m["price_in"]), float(m["price_out"])) for _, m in _rungs(manifest, role)]
+    return tuple(infos) if isinstance(manifest["models"][role], list) else infos[0]
+
+
 def dense_layers(manifest: Mapping, params: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]] | None:
     """The (kernel, bias) pairs of an ``mlp-tanh`` policy in float64, from the manifest's leaf names
     (``params/Dense_i/kernel`` and ``.../bias``), or None for any other network (no screening)."""
@@ -92,10 +103,11 @@ def _check_manifest_values(manifest: dict, where: str) -> None:
         if g["kind"] == "pac" and (isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 < d < 1.0):
             raise ArtifactError(f"{where}: guarantee.delta: expected a number in (0, 1) for a pac guarantee, got {d!r}")
     for role in ("base", "guide"):
-        for key in ("price_in", "price_out"):
-            v = manifest["models"][role][key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
-                raise ArtifactError(f"{where}: models.{role}.{key}: expected a finite number >= 0, got {v!r}")
+        for at, m in _rungs(manifest, role):
+            for key in ("price_in", "price_out"):
+                v = m[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+                    raise ArtifactError(f"{where}: models.{role}{at}.{key}: expected a finite number >= 0, got {v!r}")
 
 
 class Router:
@@ -133,8 +145,8 @@ class Router:
         self.guarantee = {"kind": g["kind"], "alpha": self.alpha, "delta": g.get("delta"),
                           **{k: g[k] for k in ("guide_cap", "cost_cap") if g.get(k) is not None}}
         m = manifest["models"]
-        self._base = ModelInfo(m["base"]["name"], float(m["base"]["price_in"]), float(m["base"]["price_out"]))
-        self._guide = ModelInfo(m["guide"]["name"], float(m["guide"]["price_in"]), float(m["guide"]["price_out"]))
+        # one model per role, or a ladder (round t's model; docs/caches.md)
+        self._base, self._guide = (_models(manifest, r) for r in ("base", "guide"))
 
     # -- loading ----------------------------------------------------------
     @classmethod
@@ -154,7 +166,10 @@ class Router:
             float(manifest["kappa"]), float(manifest["alpha"])
             dict(manifest["cache"]["provenance"]), str(manifest["policy"]["row"])
             for role in ("base", "guide"):
-                float(manifest["models"][role]["price_in"]), float(manifest["models"][role]["price_out"])
+                for _, m in _rungs(manifest, role):
+                    str(m["name"]), float(m["price_in"]), float(m["price_out"])
+                if isinstance(manifest["models"][role], list) and len(manifest["models"][role]) != T:
+                    raise ValueError(f"models.{role}: a ladder of {len(manifest['models'][role])} models, T = {T}")
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ArtifactError(f"{where}: missing or malformed field ({e!r})") from None
         _check_manifest_values(manifest, where)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from envs.cache.schema import CacheError, ResponseCache, load_fast, save_fast
+from envs.cache.fast import load_fast, save_fast
+from envs.cache.schema import CacheError, ResponseCache
 from envs.cache.jsonl import read_jsonl, write_jsonl
 
 

@@ -43,13 +43,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
-from envs.cache.atomic import atomic_dir
 from envs.cache.values import MAX_T, cache_problem, group_problem, lone_surrogate, model_names_problem, price_problem
 
 SCHEMA_VERSION = 1
@@ -114,6 +111,28 @@ class ModelInfo:
         return {"name": self.name, "price_in": self.price_in, "price_out": self.price_out}
 
 
+def price_of(models: Any, key: str) -> Any:
+    """A model's price (a Python float), or a ladder's per-round prices as float32 ``[T]``. Both
+    enter float32 token arithmetic the same way (NumPy casts the float to float32 first), so a ladder
+    whose rungs all cost the same prices every round bit for bit as the one model."""
+    if isinstance(models, ModelInfo):
+        return getattr(models, key)
+    return np.asarray([getattr(m, key) for m in models], np.float32)
+
+
+def round_cost_cents_of(arrays: Mapping[str, np.ndarray], base: Any, guide: Any) -> np.ndarray:
+    """[Q, T] API cost of round t in cents (base + guide call; 0 on padding rounds), at round t's
+    prices: ``base`` and ``guide`` are a :class:`ModelInfo` or a ladder of T of them."""
+    a = arrays
+    usd = (
+        a["base_tokens_in"] * price_of(base, "price_in")
+        + a["base_tokens_out"] * price_of(base, "price_out")
+        + a["guide_tokens_in"] * price_of(guide, "price_in")
+        + a["guide_tokens_out"] * price_of(guide, "price_out")
+    ) / 1e6
+    return np.where(a["round_mask"], usd * 100.0, 0.0).astype(np.float32)
+
+
 @dataclasses.dataclass(frozen=True)
 class Manifest:
     """Per-cache metadata (docs/caches.md). ``provenance['kind']`` is 'synthetic' or 'real'."""
@@ -132,10 +151,29 @@ class Manifest:
     checksum: str = ""
     #: sha256 over the arrays alone (:func:`arrays_checksum`): tells a damaged arrays.npz from an edited manifest.
     arrays_checksum: str = ""
+    #: A model ladder (docs/caches.md): round t's base / guide model is ``base_ladder[t]`` /
+    #: ``guide_ladder[t]`` (T entries each, or empty: ``base`` / ``guide`` every round, which is
+    #: then the ladder's first rung).
+    base_ladder: tuple[ModelInfo, ...] = ()
+    guide_ladder: tuple[ModelInfo, ...] = ()
 
     @property
     def is_synthetic(self) -> bool:
         return self.provenance.get("kind") == "synthetic"
+
+    @property
+    def is_ladder(self) -> bool:
+        return bool(self.base_ladder or self.guide_ladder)
+
+    def models_of(self, role: str) -> Any:
+        """``role``'s model (a :class:`ModelInfo`), or its ladder (a tuple of T)."""
+        lad = self.base_ladder if role == "base" else self.guide_ladder
+        return lad or (self.base if role == "base" else self.guide)
+
+    def rungs(self, role: str) -> tuple[ModelInfo, ...]:
+        """``role``'s model of each round, T entries."""
+        m = self.models_of(role)
+        return (m,) * self.T if isinstance(m, ModelInfo) else m
 
     def hashed_fields(self) -> dict[str, Any]:
         """Every manifest field that changes results or labels (all but the checksums)."""
@@ -148,7 +186,8 @@ class Manifest:
             "name": self.name,
             "task": self.task,
             "T": self.T,
-            "models": {"base": self.base.to_dict(), "guide": self.guide.to_dict()},
+            "models": {r: [m.to_dict() for m in lad] if lad else one.to_dict()
+                       for r, one, lad in (("base", self.base, self.base_ladder), ("guide", self.guide, self.guide_ladder))},
             "provenance": dict(self.provenance),
             "normalisation": self.normalisation,
             "exit_models": list(self.exit_models),
@@ -173,23 +212,42 @@ class Manifest:
         bad_text = lone_surrogate(d)
         if bad_text:
             raise CacheError(f"{where}.{bad_text[0]}: {bad_text[1]}")
-        models = need(d, "models", dict, where)
-        infos = {}
-        for role in ("base", "guide"):
-            m = need(models, role, dict, f"{where}.models")
-            ctx = f"{where}.models.{role}"
+        def model(m: Any, ctx: str, priced: bool) -> ModelInfo:
+            if not isinstance(m, dict):
+                raise CacheError(f"{ctx}: expected an object {{\"name\", \"price_in\", \"price_out\"}}, got "
+                                 f"{type(m).__name__}")
             name = need(m, "name", str, ctx)
             prices = []
             for p in ("price_in", "price_out"):
+                if priced and p not in m:
+                    raise CacheError(f"{ctx}: missing field '{p}' (every rung of a ladder names its prices)")
                 v = m.get(p, 0.0)
                 problem = price_problem(v)
                 if problem:
                     raise CacheError(f"{ctx}.{p}: {problem}")
                 prices.append(float(v))
-            infos[role] = ModelInfo(name, *prices)
+            return ModelInfo(name, *prices)
+
         T = need(d, "T", int, where)
         if not 1 <= T <= MAX_T:
             raise CacheError(f"{where}.T: must be between 1 and {MAX_T}, got {T}")
+        models = need(d, "models", dict, where)
+        infos, ladders = {}, {}
+        for role in ("base", "guide"):
+            ctx = f"{where}.models.{role}"
+            if role not in models:
+                raise CacheError(f"{where}.models: missing field '{role}'")
+            m = models[role]
+            if m is None and role == "guide":
+                raise CacheError(f"{ctx}: null (a cascade without a guide) is not supported by this build; "
+                                 "give the guide model")
+            if isinstance(m, list):  # a ladder: round t's model is entry t
+                if len(m) != T:
+                    raise CacheError(f"{ctx}: a ladder lists one model per round: expected T = {T} entries, got {len(m)}")
+                ladders[role] = tuple(model(x, f"{ctx}[{t}]", True) for t, x in enumerate(m))
+                infos[role] = ladders[role][0]
+            else:
+                infos[role] = model(m, ctx, False)
         prov = need(d, "provenance", dict, where)
         if prov.get("kind") not in ("synthetic", "real"):
             raise CacheError(f"{where}.provenance.kind: must be 'synthetic' or 'real', got {prov.get('kind')!r}")
@@ -215,6 +273,8 @@ class Manifest:
             llm_policy_models=model_lists["llm_policy_models"],
             checksum=str(d.get("checksum", "")),
             arrays_checksum=str(d.get("arrays_checksum", "")),
+            base_ladder=ladders.get("base", ()),
+            guide_ladder=ladders.get("guide", ()),
         )
 
 
@@ -254,15 +314,10 @@ class ResponseCache:
         return ~any_ok
 
     def round_cost_cents(self) -> np.ndarray:
-        """[Q, T] API cost of round t in cents (base + guide call; 0 on padding rounds)."""
-        a, m = self.arrays, self.manifest
-        usd = (
-            a["base_tokens_in"] * m.base.price_in
-            + a["base_tokens_out"] * m.base.price_out
-            + a["guide_tokens_in"] * m.guide.price_in
-            + a["guide_tokens_out"] * m.guide.price_out
-        ) / 1e6
-        return np.where(a["round_mask"], usd * 100.0, 0.0).astype(np.float32)
+        """[Q, T] API cost of round t in cents (base + guide call; 0 on padding rounds), at round t's
+        models' prices."""
+        m = self.manifest
+        return round_cost_cents_of(self.arrays, m.models_of("base"), m.models_of("guide"))
 
     def checksum(self) -> str:
         """sha256 over the arrays and the manifest fields that change results or labels."""
@@ -444,148 +499,3 @@ def problem_text(problem, where: str, arrays: dict[str, np.ndarray]) -> str:
         return f"{where}: {problem.field}: {problem.message}"
     qid = str(arrays["question_ids"][problem.question])
     return f"{where}: question {qid!r}: {problem.field}: {problem.message}"
-
-
-# -- fast format ------------------------------------------------------------
-
-MANIFEST_FILE = "manifest.json"
-ARRAYS_FILE = "arrays.npz"
-
-
-def save_fast(cache: ResponseCache, path: str | os.PathLike) -> Path:
-    """Write ``path/manifest.json`` and ``path/arrays.npz`` atomically.
-
-    The directory is built under a temporary name beside ``path`` and renamed
-    into place, so a killed write leaves no half-written cache. An existing
-    cache at ``path`` is replaced.
-    """
-    path = Path(path)
-    cache = cache.with_checksum()
-    check_arrays(cache.manifest, cache.arrays, f"{path} (not written)")
-    return write_fast_dir(path, cache.manifest.to_dict(), cache.arrays)
-
-
-def write_fast_dir(path: Path, manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> Path:
-    """Atomically write ``path/manifest.json`` and ``path/arrays.npz`` (shared by every fast format).
-
-    Built in a temporary directory beside ``path`` and renamed into place; an existing
-    fast-format directory is replaced, anything else at ``path`` is refused.
-    """
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise CacheError(f"{path}: exists and is not a directory (a fast-format cache is a directory)")
-    if path.is_dir() and any(path.iterdir()) and not (path / MANIFEST_FILE).is_file():
-        # Never replace a directory that holds something other than a cache.
-        raise CacheError(f"{path}: exists and is not a fast-format cache; refusing to replace it")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_dir(path) as tmp:  # an existing cache is moved aside, then removed
-            with open(tmp / ARRAYS_FILE, "wb") as f:
-                np.savez_compressed(f, **arrays)
-            with open(tmp / MANIFEST_FILE, "w") as f:
-                json.dump(manifest, f, indent=2, sort_keys=True)
-                f.write("\n")
-    except OSError as e:
-        raise CacheError(f"{path}: cannot write ({e.strerror or e})") from None
-    return path
-
-
-def read_fast_dir(path: Path, what: str = "cache") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Read ``path/manifest.json`` (a JSON object) and ``path/arrays.npz`` of any fast format.
-
-    Structural checks and the checksum are the caller's (:func:`verify_checksum`).
-    """
-    mpath, apath = path / MANIFEST_FILE, path / ARRAYS_FILE
-    for p in (mpath, apath):
-        if not p.is_file():
-            raise CacheError(f"{path}: not a fast-format {what} (missing {p.name})")
-    mdict = read_json_object(mpath)
-    try:
-        with np.load(apath, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except Exception as e:  # zipfile / format errors: the file is damaged
-        raise CacheError(f"{apath}: cannot read arrays ({type(e).__name__}: {e})") from None
-    return mdict, arrays
-
-
-#: Largest manifest.json read (a manifest is a few kB; anything near this is not one).
-MAX_MANIFEST_BYTES = 64 << 20
-
-
-def read_json_object(path: Path, what: str = "manifest") -> dict[str, Any]:
-    """Parse ``path`` as one JSON object; every way it can fail is a CacheError naming the file.
-
-    Invalid UTF-8, invalid JSON, nesting too deep for the parser (e.g. 100,000
-    nested lists), an oversized file or a non-object all become one line.
-    """
-    try:
-        if path.stat().st_size > MAX_MANIFEST_BYTES:
-            raise CacheError(f"{path}: {path.stat().st_size} bytes, too large for a {what} (limit {MAX_MANIFEST_BYTES})")
-        raw = path.read_bytes()
-    except OSError as e:
-        raise CacheError(f"{path}: cannot read ({e.strerror or e})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise CacheError(f"{path}: line {line}: not UTF-8 text (byte {e.start}); the {what} is damaged") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CacheError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
-    except RecursionError:
-        raise CacheError(f"{path}: JSON nested too deeply; the {what} is damaged") from None
-    except ValueError as e:  # e.g. an integer with more than 4300 digits
-        raise CacheError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(obj, dict):
-        raise CacheError(f"{path}: must hold a JSON object")
-    return obj
-
-
-def verify_checksum(path: Path, mdict: dict[str, Any], arrays: dict[str, np.ndarray], fields: dict[str, Any],
-                    what: str = "cache", reimport: str = "ccpo-jax data import --format FORMAT SRC --out PATH") -> None:
-    """Refuse a fast-format directory whose arrays or manifest differ from its checksums.
-
-    ``mdict`` is ``manifest.json`` as read, ``fields`` the parsed manifest's
-    hashed fields (:meth:`Manifest.hashed_fields`). Three refusals: the arrays
-    differ from ``arrays_checksum`` (damaged ``arrays.npz``); the manifest
-    fields differ from ``checksum`` (an edited ``manifest.json``); or the
-    directory predates manifest checksums (no ``arrays_checksum``: re-import).
-    """
-    mpath, apath = path / MANIFEST_FILE, path / ARRAYS_FILE
-    expected = mdict.get("checksum")
-    if not expected or not isinstance(expected, str):
-        raise CacheError(f"{mpath}: missing field 'checksum'")
-    got_arrays = arrays_checksum(arrays)
-    stored_arrays = mdict.get("arrays_checksum")
-    if stored_arrays is None:  # written before the checksum covered the manifest
-        if expected != got_arrays:
-            raise CacheError(f"{apath}: checksum mismatch (manifest says {expected}, arrays hash to {got_arrays}); "
-                             f"the {what} is damaged or was edited")
-        raise CacheError(
-            f"{path}: an old {what} whose checksum covers only the arrays, not the manifest (prices, models, T, "
-            f"provenance); re-import it to upgrade ({reimport})"
-        )
-    if stored_arrays != got_arrays:
-        raise CacheError(
-            f"{apath}: checksum mismatch (manifest says {stored_arrays}, arrays hash to {got_arrays}); "
-            f"the {what} is damaged or was edited"
-        )
-    got = manifest_checksum(got_arrays, fields)
-    if got != expected:
-        raise CacheError(
-            f"{mpath}: checksum mismatch (manifest says {expected}, manifest + {ARRAYS_FILE} hash to {got}); "
-            f"a manifest field that changes results or labels ({', '.join(sorted(fields))}) was edited; "
-            f"restore the {what} or re-import it"
-        )
-
-
-def load_fast(path: str | os.PathLike) -> ResponseCache:
-    """Read a fast-format directory and verify its checksum."""
-    path = Path(path)
-    mdict, arrays = read_fast_dir(path)
-    manifest = Manifest.from_dict(mdict, where=f"{path / MANIFEST_FILE}: manifest")
-    check_arrays(manifest, arrays, str(path / ARRAYS_FILE), values=False)
-    verify_checksum(path, mdict, arrays, manifest.hashed_fields())  # damage first, then the value rules
-    check_values(manifest, arrays, str(path / ARRAYS_FILE))
-    return ResponseCache(manifest, arrays)

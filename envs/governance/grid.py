@@ -46,14 +46,8 @@ from typing import Any
 import numpy as np
 
 from envs.cache.atomic import atomic_path
-from envs.cache.schema import (
-    CacheError,
-    arrays_checksum,
-    manifest_checksum,
-    read_fast_dir,
-    verify_checksum,
-    write_fast_dir,
-)
+from envs.cache.fast import read_fast_dir, verify_checksum, write_fast_dir
+from envs.cache.schema import CacheError, arrays_checksum, manifest_checksum
 
 GRID_SCHEMA_VERSION = 1
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from envs.replay.bound import bound_of_cache
-from envs.cache.schema import ResponseCache
+from envs.cache.schema import ResponseCache, price_of
 from envs.cache.values import printable as P
 
 
@@ -29,8 +29,11 @@ def cache_stats(cache: ResponseCache) -> dict[str, Any]:
     T = man.T
     n_rounds = cache.n_rounds
     per_round = lambda x: [_mean(x[:, t][mask[:, t]]) for t in range(T)]  # noqa: E731
-    guide_cents = (a["guide_tokens_in"] * man.guide.price_in + a["guide_tokens_out"] * man.guide.price_out) / 1e4
-    base_cents = (a["base_tokens_in"] * man.base.price_in + a["base_tokens_out"] * man.base.price_out) / 1e4
+    def cents(role: str) -> np.ndarray:  # [Q, T] cents of each call, at its round's prices
+        m = man.models_of(role)
+        return (a[f"{role}_tokens_in"] * price_of(m, "price_in") + a[f"{role}_tokens_out"] * price_of(m, "price_out")) / 1e4
+
+    guide_cents, base_cents = cents("guide"), cents("base")
     verdict_ok = a["guide_verdict"] == a["base_correct"]
     n_answers = np.array([len(set(row[m].tolist()) | set(g[m].tolist()))
                           for row, g, m in zip(a["base_answer"], a["guide_answer"], mask)])
@@ -61,6 +64,22 @@ def cache_stats(cache: ResponseCache) -> dict[str, Any]:
         "exit": {},
         "llm_policy": {},
     }
+    if man.is_ladder:  # per model of the ladder: its rounds, accuracy and cents per call
+        stats["ladder"] = {}
+        for role, acc, c in (("base", a["base_correct"], base_cents), ("guide", a["guide_correct"], guide_cents)):
+            rows = stats["ladder"][role] = []
+            for t, m in enumerate(man.rungs(role)):
+                if rows and rows[-1]["name"] == m.name and rows[-1]["price_in"] == m.price_in \
+                        and rows[-1]["price_out"] == m.price_out:
+                    rows[-1]["rounds"].append(t + 1)
+                else:
+                    rows.append({**m.to_dict(), "rounds": [t + 1]})
+            for r in rows:
+                cols = [t - 1 for t in r["rounds"]]
+                sel = mask[:, cols]
+                r["calls"] = int(sel.sum())
+                r["accuracy"] = _mean(acc[:, cols][sel])
+                r["cents_per_call"] = _mean(c[:, cols][sel])
     for j, m in enumerate(man.exit_models):
         em = a["exit_mask"][:, j]
         stats["exit"][m] = {
@@ -117,6 +136,22 @@ def _groups_line(cache: ResponseCache) -> str:
     return f"groups:      {len(names)}   smallest group: {str(names[i])!r} with {int(counts[i])} question(s)"
 
 
+def _model_lines(man: Any, s: dict) -> list[str]:
+    """The base and guide model lines; for a ladder, each model with its rounds, accuracy and cost."""
+    lines = []
+    for role, label in (("base", "base model: "), ("guide", "guide model:")):
+        if "ladder" not in s or not (man.base_ladder if role == "base" else man.guide_ladder):
+            m = man.base if role == "base" else man.guide
+            lines.append(f"{label} {P(m.name)}  (${m.price_in:g} in / ${m.price_out:g} out per 1M tokens)")
+            continue
+        lines.append(f"{label} a ladder, one model per round:")
+        for r in s["ladder"][role]:
+            lines.append(f"  rounds {','.join(map(str, r['rounds']))}: {P(r['name'])}  (${r['price_in']:g} in / "
+                         f"${r['price_out']:g} out per 1M tokens): {r['calls']} calls, accuracy {_f(r['accuracy'])}, "
+                         f"{_f(r['cents_per_call'], '.4f')} cents per call")
+    return lines
+
+
 def describe(cache: ResponseCache, source: str) -> str:
     """Human-readable summary of ``cache`` (loaded from ``source``); SYNTHETIC caches say so loudly."""
     man = cache.manifest
@@ -134,8 +169,7 @@ def describe(cache: ResponseCache, source: str) -> str:
         f"name:        {P(man.name)}   task: {P(man.task)}   schema: v{man.schema_version}",
         f"provenance:  {kind.upper() if kind == 'synthetic' else P(kind)}"
         + "".join(f"; {P(k)}: {P(v)}" for k, v in prov.items()),
-        f"base model:  {P(man.base.name)}  (${man.base.price_in:g} in / ${man.base.price_out:g} out per 1M tokens)",
-        f"guide model: {P(man.guide.name)}  (${man.guide.price_in:g} in / ${man.guide.price_out:g} out per 1M tokens)",
+        *_model_lines(man, s),
         f"normalisation: {P(man.normalisation)}",
         f"questions:   {s['questions']}   T: {T}   gold answers given: {s['gold_given']}",
         _groups_line(cache),

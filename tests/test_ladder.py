@@ -1,0 +1,175 @@
+"""Model ladders in the cache (docs/caches.md#model-ladders): round t's base (and guide) model has its own
+prices. Oracles: per-element costs in plain Python, the one-model cache (a ladder of equal rungs must
+price bit for bit the same), the brute-force clairvoyant bound, and the replay env's observations for the
+exported router's featuriser."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from envs.cache.formats import load_cache, save_cache
+from envs.cache.jsonl import cache_to_records
+from envs.cache.schema import CacheError, Manifest, ModelInfo, ResponseCache
+from envs.generators.synthetic import generate
+from envs.replay.bound import bound_of_cache
+
+RUNGS = (ModelInfo("tiny-1b", 0.02, 0.04), ModelInfo("mid-8b", 0.2, 0.6), ModelInfo("mid-8b", 0.2, 0.6),
+         ModelInfo("big-70b", 0.9, 0.9))
+
+
+def _ladder(n=150, seed=0, guides=None) -> ResponseCache:
+    c = generate("hotpotqa-llama2", n, seed)
+    m = dataclasses.replace(c.manifest, base_ladder=RUNGS[: c.T], guide_ladder=guides or ())
+    return ResponseCache(m, c.arrays).with_checksum()
+
+
+def test_cost_per_round_at_that_rounds_prices():
+    c = _ladder()
+    a, got = c.arrays, c.round_cost_cents()
+    for q in range(0, c.n_questions, 7):
+        for t in range(c.T):
+            b, g = RUNGS[t], c.manifest.guide
+            usd = (float(a["base_tokens_in"][q, t]) * b.price_in + float(a["base_tokens_out"][q, t]) * b.price_out
+                   + float(a["guide_tokens_in"][q, t]) * g.price_in + float(a["guide_tokens_out"][q, t]) * g.price_out)
+            want = 100 * usd / 1e6 if a["round_mask"][q, t] else 0.0
+            assert got[q, t] == pytest.approx(want, rel=1e-5)
+    # a ladder whose rungs are all the one model prices every round bit for bit as that model
+    one = generate("hotpotqa-llama2", 150, 0)
+    same = dataclasses.replace(one.manifest, base_ladder=(one.manifest.base,) * one.T,
+                               guide_ladder=(one.manifest.guide,) * one.T)
+    assert np.array_equal(ResponseCache(same, one.arrays).round_cost_cents(), one.round_cost_cents())
+    # per-round guide prices too
+    g = tuple(ModelInfo(f"judge-{t}", 1.0 + t, 4.0) for t in range(c.T))
+    cg = _ladder(guides=g)
+    diff = cg.round_cost_cents() - c.round_cost_cents()
+    want = 100 * ((np.arange(c.T) + 1.0 - 2.5) * a["guide_tokens_in"] + (4.0 - 10.0) * a["guide_tokens_out"]) / 1e6
+    assert np.allclose(diff, np.where(a["round_mask"], want, 0), rtol=1e-4, atol=1e-7)
+
+
+def test_bound_uses_the_ladders_prices():
+    """The bound (envs/replay/bound.py's rule: every question pays round 1, unsolvable ones count as
+    covered, then the cheapest extra rounds up to the first right answer) from costs summed by hand."""
+    c = _ladder()
+    a, n = c.arrays, c.n_questions
+    cost = c.round_cost_cents().astype(np.float64)
+    first_cost, extras, unsolvable = 0.0, [], 0
+    for q in range(n):
+        first_cost += cost[q, 0]
+        right = [t for t in range(c.T) if a["round_mask"][q, t] and (a["base_correct"][q, t] or a["guide_correct"][q, t])]
+        if right:
+            extras.append(sum(cost[q, 1: right[0] + 1]))
+        else:
+            unsolvable += 1
+    k = max(int(np.ceil(0.9 * n - 1e-9)) - unsolvable, 0)
+    want = first_cost + sum(sorted(extras)[:k])
+    got = bound_of_cache(c, np.arange(n), 0.1)
+    assert float(got["cost_cents"]) == pytest.approx(want, rel=1e-6)
+    one = generate("hotpotqa-llama2", 150, 0)
+    assert float(bound_of_cache(one, np.arange(n), 0.1)["cost_cents"]) != pytest.approx(want, rel=1e-3)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".npz"])
+def test_ladder_round_trips_both_formats_and_data_check_prints_it(tmp_path, suffix, capsys):
+    c = _ladder()
+    path = save_cache(c, tmp_path / f"ladder{suffix}")
+    back = load_cache(path)
+    assert back.manifest.base_ladder == RUNGS[: c.T] and back.manifest.guide_ladder == ()
+    assert back.checksum() == c.checksum() and np.array_equal(back.round_cost_cents(), c.round_cost_cents())
+    r = run_cli(["data", "check", str(path)])
+    assert r.returncode == 0, r.stderr
+    assert "base model:  a ladder, one model per round:" in r.stdout
+    assert "rounds 2,3: mid-8b  ($0.2 in / $0.6 out per 1M tokens): 300 calls" in r.stdout
+
+
+def test_one_model_caches_keep_their_manifest_and_checksum():
+    c = generate("hotpotqa-llama2", 50, 0)
+    d = c.manifest.to_dict()
+    assert isinstance(d["models"]["base"], dict) and isinstance(d["models"]["guide"], dict)
+    assert not c.manifest.is_ladder and Manifest.from_dict(d) == c.manifest
+    assert c.checksum() == c.manifest.checksum
+
+
+def _manifest_with(models, T=4):
+    d = generate("hotpotqa-llama2", 5, 0).manifest.to_dict()
+    d["models"], d["T"] = models, T
+    return d
+
+
+@pytest.mark.parametrize("models, match", [
+    ({"base": [{"name": "a", "price_in": 1, "price_out": 1}] * 3, "guide": {"name": "g"}},
+     r"manifest\.models\.base: a ladder lists one model per round: expected T = 4 entries, got 3"),
+    ({"base": [{"name": "a", "price_in": 1, "price_out": 1}] * 3 + [{"name": "b", "price_in": 1}],
+      "guide": {"name": "g"}}, r"manifest\.models\.base\[3\]: missing field 'price_out'"),
+    ({"base": [{"name": "a", "price_in": 1, "price_out": 1}] * 3 + ["big"], "guide": {"name": "g"}},
+     r"manifest\.models\.base\[3\]: expected an object"),
+    ({"base": {"name": "a"}, "guide": [{"name": "g", "price_in": -1, "price_out": 1}] * 4},
+     r"manifest\.models\.guide\[0\]\.price_in"),
+    ({"base": {"name": "a"}, "guide": None}, r"manifest\.models\.guide: null \(a cascade without a guide\) is not supported"),
+    ({"base": {"name": "a"}}, r"manifest\.models: missing field 'guide'"),
+])
+def test_bad_ladders_name_the_place(models, match):
+    with pytest.raises(CacheError, match=match):
+        Manifest.from_dict(_manifest_with(models))
+
+
+def test_bad_ladder_file_is_one_error_line(tmp_path):
+    c = generate("hotpotqa-llama2", 5, 0)
+    recs = cache_to_records(c)
+    m = c.manifest.to_dict()
+    m["models"]["base"] = [RUNGS[0].to_dict()] * 2
+    p = tmp_path / "bad.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in [{"manifest": m}] + recs))
+    r = run_cli(["data", "check", str(p)])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "models.base: a ladder lists one model per round: expected T = 4 entries, got 2" in r.stderr
+
+
+def test_exported_router_prices_each_round_like_the_replay_env(tmp_path):
+    """A router exported from a ladder cache carries the ladder in its manifest, and its featuriser (the
+    cumulative cost features) equals the replay env's observations bit for bit at every round."""
+    from ccpo_jax.ccpo.config import TrainConfig, Variant
+    from ccpo_jax.ccpo.export import export_router
+    from ccpo_jax.ccpo.policy_store import save_policies
+    from ccpo_jax.core.networks import policy_net
+    from ccpo_jax.serving import Router
+    from envs.replay.env import make_env_params
+    from envs.replay.features import n_features
+
+    c = _ladder(60, 3)
+    p = policy_net().init(jax.random.PRNGKey(5), jnp.zeros((n_features(c.T),), jnp.float32))
+    state = types.SimpleNamespace(policy=jax.tree.map(lambda x: np.asarray(x)[None, None, None], p),
+                                  kappa=np.array([[[0.3]]], np.float32))
+    save_policies(tmp_path / "run" / "policies", TrainConfig(), [Variant("CCPO (lambda=0)", True, 0.0)], state,
+                  {"CCPO (lambda=0)": np.array([[0.3]], np.float32)}, c, "recalibrate")
+    router = Router.load(export_router(tmp_path / "run", tmp_path / "art"))
+    assert [m["name"] for m in router.manifest["models"]["base"]] == [m.name for m in RUNGS[: c.T]]
+    env = make_env_params(c)
+    reqs, where = [], []
+    for q, rec in enumerate(cache_to_records(c)):
+        for t in range(c.T):
+            reqs.append({"rounds": rec["rounds"][: t + 1], "can_continue": t + 1 < c.T})
+            where.append((q, t))
+    obs, avail, _ = router.featurise(reqs)
+    q, t = np.array(where).T
+    assert np.array_equal(obs, np.asarray(env.obs)[q, t]) and np.array_equal(avail, np.asarray(env.available)[q, t])
+    one = generate("hotpotqa-llama2", 60, 3)  # the one-model prices give other cost features
+    assert not np.array_equal(np.asarray(make_env_params(one).obs), np.asarray(env.obs))
+
+
+def test_gateway_refuses_a_ladder_router_clearly(tmp_path):
+    from ccpo_jax.collect.client import Endpoint
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.gateway.app import Gateway, GatewayConfig
+
+    router = types.SimpleNamespace(manifest={"models": {"base": [RUNGS[0].to_dict()] * 2, "guide": {"name": "g"}}},
+                                   group_kappas=None)
+    cfg = GatewayConfig(base=Endpoint("http://127.0.0.1:9/v1", "b"), guide=Endpoint("http://127.0.0.1:9/v1", "g"))
+    with pytest.raises(UserError, match="model ladder"):
+        Gateway(router, cfg)
