@@ -364,6 +364,7 @@ def section_train(rec: Recorder, ctx, quick: bool):
 
     from ccpo_jax.ccpo.config import TrainConfig
     from ccpo_jax.ccpo.members import train_many
+    from ccpo_jax.runtime.execution import Execution
     from ccpo_jax.ccpo.rows import row_variants
 
     params, base = ctx["params"], ctx["base_cfg"]
@@ -374,8 +375,7 @@ def section_train(rec: Recorder, ctx, quick: bool):
     for S in ctx["train_splits"]:
         n_it, n_chunk = (iters, chunk) if S == 1 else (it_r, it_r)
         cfg = TrainConfig(iterations=n_it, chunk=n_chunk)
-        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S),
-                              progress=False)
+        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S), Execution(progress=False))
         per_it[S] = tm["train_s"] / n_it
         common = dict(splits=S, variants=len(variants), members=S * len(variants), iterations=n_it, chunk=n_chunk,
                       batch_size=cfg.batch_size, compile_s=round(tm["compile_s"], 3), train_s=round(tm["train_s"], 3))
@@ -427,8 +427,10 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
     import jax
 
     from ccpo_jax.ccpo.members import clear_program_cache, train_many
+
+    from ccpo_jax.runtime.execution import Execution
     from ccpo_jax.ccpo.presets import DEFAULT
-    from ccpo_jax.ccpo.rows import default_member_block, row_variants
+    from ccpo_jax.ccpo.rows import row_variants, run_batch
     from ccpo_jax.cli.main import usable_cores
 
     params = ctx["params"]
@@ -438,8 +440,7 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
     for members in (20, 200) if quick else (20, 200, 2000):
         S = members // len(variants)
         clear_program_cache()
-        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S),
-                              progress=False)
+        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S), Execution(progress=False))
         common = dict(members=members, variants=len(variants), iterations=n_it, estimator=cfg.estimator,
                       hvp=cfg.hvp, compile_s=round(tm["compile_s"], 3), train_s=round(tm["train_s"], 3))
         rec.add("sweep_trainer_member_iterations_per_s", members * n_it / tm["train_s"], "member-it/s", **common,
@@ -449,12 +450,11 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
     # member (its layout until 2026-12-03) against its default, blocks of one split's rows x seeds;
     # alternated twice and the better of each kept, as a short measurement on a shared CPU swings.
     S = 20 if quick else 100
-    block = default_member_block("retrain", len(variants), 1)
+    block = run_batch(len(variants), 1)  # retrain's default block (ccpo.prepare.default_member_block)
     rates: dict = {None: [], block: []}
     for b in (None, block) * 2:
         clear_program_cache()
-        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S),
-                              progress=False, member_block=b)
+        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S), Execution(progress=False, member_block=b))
         rates[b].append(S * len(variants) * n_it / tm["train_s"])
     for b, r in rates.items():
         rec.add("retrain_trainer_member_iterations_per_s", max(r), "member-it/s", members=S * len(variants),
@@ -549,6 +549,7 @@ def device_worker(n_dev: int, quick: bool, train: bool = True) -> dict:
 
     from ccpo_jax.ccpo.config import TrainConfig, Variant
     from ccpo_jax.ccpo.members import train_many
+    from ccpo_jax.runtime.execution import Execution
     from ccpo_jax.runtime import sharding
     from envs.orchestration import evaluate_sets, make_env_params
     from envs.synthetic import generate
@@ -576,11 +577,11 @@ def device_worker(n_dev: int, quick: bool, train: bool = True) -> dict:
     tidx = np.stack([rng.permutation(cache.n_questions)[:1000] for _ in range(S_tr)]).astype(np.int32)
     keys = jax.random.split(jax.random.PRNGKey(0), len(variants) * S_tr).reshape(len(variants), S_tr, -1)
     train_mesh = None if n_dev == 1 else mesh
-    st, met, tm = train_many(cfg, params, variants, tidx, keys, progress=False, mesh=train_mesh)
+    st, met, tm = train_many(cfg, params, variants, tidx, keys, Execution(progress=False, mesh=train_mesh))
     leaves = [np.asarray(x) for x in jax.tree.leaves(sharding.to_host(st))]
     # The same training computed one member at a time (member_block=1): with a mesh,
     # one single-device program per device (sharding.PerDevice), as on one device.
-    st_b, met_b, tm_b = train_many(cfg, params, variants, tidx, keys, progress=False, mesh=train_mesh, member_block=1)
+    st_b, met_b, tm_b = train_many(cfg, params, variants, tidx, keys, Execution(progress=False, mesh=train_mesh, member_block=1))
     leaves_b = [np.asarray(x) for x in jax.tree.leaves(sharding.to_host(st_b))]
     blocked_digest = hashlib.sha256(
         b"".join(np.ascontiguousarray(x).tobytes() for x in leaves_b + [np.asarray(met_b[k]) for k in sorted(met_b)])

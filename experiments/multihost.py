@@ -110,14 +110,14 @@ def _run_layout(args, cache, params, splits, cfg, k_train, k_eval, block: int | 
 
     from ccpo_jax.ccpo.evaluation import evaluate_trained
     from ccpo_jax.ccpo.members import train_many
+    from ccpo_jax.runtime.execution import Execution
     from ccpo_jax.ccpo.rows import row_variants
     from ccpo_jax.runtime import sharding
     from envs.atomic import atomic_write_text
 
     variants = row_variants(())
     mesh = sharding.make_mesh()
-    state, metrics, timing = train_many(cfg, params, variants, np.asarray(splits.train), k_train,
-                                        progress=False, mesh=mesh, member_block=block)
+    state, metrics, timing = train_many(cfg, params, variants, np.asarray(splits.train), k_train, Execution(progress=False, mesh=mesh, member_block=block))
     state = sharding.to_host(state)  # every host gets the whole trained state
     seeded = jax.tree.map(lambda x: x[:, :, None], state)  # one seed: [V, S, N=1]
     rows, kappas = evaluate_trained(cfg, params, variants, seeded, np.asarray(splits.cal),

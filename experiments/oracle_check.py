@@ -20,8 +20,9 @@ import jax
 import numpy as np
 
 from ccpo_jax.ccpo.presets import get_preset
-from ccpo_jax.ccpo.rows import train_seeds
+from ccpo_jax.ccpo.rows import RowsRun, RunData, train_seeds
 from ccpo_jax.ccpo.splits import splits_for_protocol
+from ccpo_jax.runtime.execution import QUIET
 from envs import oracle
 from envs.orchestration import make_env_params
 
@@ -35,8 +36,7 @@ def check_cache(spec, cfg, seeds: int, n_splits: int, sizes=(600, 200, 200), lam
     k_split, k_train = jax.random.split(key)
     splits = splits_for_protocol("recalibrate", k_split, cache.n_questions, *sizes, n_splits)
     t0 = time.perf_counter()
-    trained = train_seeds(cfg, params, splits, k_train, lambdas=lambdas, seeds=seeds, protocol="recalibrate",
-                          progress=False)
+    trained = train_seeds(RowsRun(cfg, tuple(lambdas), seeds), RunData(cache, params, splits, k_train), QUIET)
     wall = time.perf_counter() - t0
     test = np.asarray(splits.test)
     opt_cost = np.array([opt.cost_of(types[t]) for t in test])  # [S]

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ccpo_jax.runtime.execution import Execution
 from ccpo_jax.ccpo.evaluation import evaluate_trained
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.presets import DEFAULT
@@ -202,8 +203,7 @@ def _train_and_evaluate(cfg):
     cal = np.concatenate([d[:, :SIZES[1]] for d in draws])
     test = np.concatenate([d[:, SIZES[1]:] for d in draws])
     variants = row_variants((), cfg)
-    state, _, _ = train_many(cfg, params, variants, np.repeat(train, SEEDS, axis=0), jax.random.PRNGKey(0),
-                             progress=False)
+    state, _, _ = train_many(cfg, params, variants, np.repeat(train, SEEDS, axis=0), jax.random.PRNGKey(0), Execution(progress=False))
     state = jax.tree.map(lambda x: x.reshape((x.shape[0], len(cases), SEEDS) + x.shape[2:]), state)
     out = {}
     for i, (nm, n_train) in enumerate(cases):

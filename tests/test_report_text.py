@@ -83,8 +83,8 @@ def test_reproduce_quotes_cache_names_in_table_md_and_on_the_terminal(tmp_path, 
     from ccpo_jax.ccpo.rows import LearnedRows
     from ccpo_jax.ccpo.settings import METRICS
 
-    def fake(**kw):
-        S = kw["splits"].test.shape[0]
+    def fake(run, data, execution):
+        S = data.splits.test.shape[0]
         return LearnedRows(rows={r: {m: np.full(S, 0.5) for m in METRICS} for r in ROWS}, timing={})
 
     monkeypatch.setattr(rows_module, "learned_rows", fake)

@@ -3,6 +3,7 @@ frontier's statistics against hand computations, a point equal to the reproduce 
 alpha, learners at every alpha against the brute-force optimum of an oracle cache, and resume."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,10 +15,11 @@ from ccpo_jax.ccpo import frontier as fr
 from ccpo_jax.ccpo import rows as rows_mod
 from ccpo_jax.ccpo.presets import DEFAULT
 from ccpo_jax.ccpo.reproduce import reproduce
-from ccpo_jax.ccpo.rows import train_sweep
+from ccpo_jax.ccpo.rows import RowsRun, RunData, train_sweep
 from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.ccpo.sweep import sweep
 from ccpo_jax.errors import UserError
+from ccpo_jax.runtime.execution import QUIET
 from envs import oracle
 from envs.bound import BOUND_ROW
 from envs.orchestration import make_env_params
@@ -167,8 +169,8 @@ def test_learners_follow_the_optimum_along_the_alpha_grid():
     splits = Splits(train=np.tile(perm[:n_train], (redraws, 1)), cal=draws[:, :n_cal], test=draws[:, n_cal:])
     alphas = (0.05, 0.1, 0.2)
     cfg = DEFAULT.replace(iterations=30)
-    got, _ = train_sweep(cfg, params, splits, jax.random.PRNGKey(0), alphas=alphas, lambdas=(0.0,), seeds=seeds,
-                         progress=False)
+    got, _ = train_sweep(RowsRun(cfg, (0.0,), seeds, alphas=alphas), RunData(cache, params, splits, jax.random.PRNGKey(0)),
+                         QUIET)
     optima = [oracle.best_observable(spec, a).cost_of(n_test) for a in alphas]
     assert optima[0] > optima[1] > optima[2]  # the grid is a real trade-off on this cache
     for a, opt in zip(alphas, optima):
@@ -185,8 +187,8 @@ def test_a_killed_sweep_resumes_to_the_same_frontier(tmp_path, small_cache, monk
     whole = sweep(out_dir=tmp_path / "whole", **kw)
     real = rows_mod.train_many
 
-    def killed(*a, **k):
-        real(*a, **dict(k, stop_after_chunks=1))
+    def killed(*a):
+        real(*a[:-1], dataclasses.replace(a[-1], stop_after_chunks=1))
         raise KeyboardInterrupt
 
     monkeypatch.setattr(rows_mod, "train_many", killed)

@@ -126,7 +126,6 @@ def _run_seed_list(args, cfg) -> int:
 
 
 def _run_one(args, cfg, out: Path, resume: bool | None = None) -> int:
-    from ccpo_jax.runtime.workdir import work_dir
     from ccpo_jax.stackelberg.pipeline import run_pipeline
 
     from ccpo_jax.errors import UserError
@@ -136,10 +135,6 @@ def _run_one(args, cfg, out: Path, resume: bool | None = None) -> int:
         res = run_pipeline(cfg, out, progress=not args.no_progress, resume=resume)
     except UserError as e:
         raise e.for_cli({"out_dir": "--out", "resume": "--resume"}) from None
-    except KeyboardInterrupt:
-        if work_dir(out).is_dir():
-            print(f"interrupted; continue with the same options and --resume {args.out}")
-        raise
     syn = " (SYNTHETIC grid)" if res["data"]["synthetic"] else ""
     ev = res["evaluation"]["large"]
     print(f"five strategies on grid replay{syn}, {ev['episodes']} episodes x {ev['turns']} turns:")
