@@ -146,7 +146,7 @@ def test_pipeline_calls_the_trainer_and_merges_its_rows(tmp_path, small_cache):
     res = reproduce(cache=str(small_cache), n_splits=3, split_sizes="60,20,20", out_dir=out,
                     iterations=7, trainer=fake, echo=None)
     (kw,) = fake.calls
-    assert kw["run"].train_config().alpha == 0.1 and kw["run"].lambdas == (2e-4,) and kw["run"].protocol == "recalibrate"
+    assert kw["run"].alpha == 0.1 and kw["run"].lambdas == (2e-4,) and kw["run"].protocol == "recalibrate"
     assert kw["run"].train_config().iterations == 7 and kw["execution"].member_block is None  # recalibrate: one plain vmap
     sp = kw["data"].splits
     assert sp.train.shape == (3, 60) and sp.cal.shape == (3, 20) and sp.test.shape == (3, 20)

@@ -53,7 +53,7 @@ def test_setting_runs_end_to_end(name, tmp_path):
     )
     if fake is not None:
         (kw,) = calls
-        assert kw["run"].train_config().alpha == pytest.approx(st.alpha) and list(kw["run"].lambdas) == list(st.lambdas)
+        assert kw["run"].alpha == pytest.approx(st.alpha) and list(kw["run"].lambdas) == list(st.lambdas)
         assert kw["run"].train_config().iterations == 3 and kw["data"].splits.cal.shape == (2, 20)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["setting"] == name and results["alpha"] == pytest.approx(st.alpha)

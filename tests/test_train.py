@@ -154,7 +154,7 @@ def test_cpo_and_ccpo_learn_the_obvious_optimum():
     """
     cache = _one_right_action_cache()
     params = make_env_params(cache)
-    cfg = TrainConfig(iterations=40, chunk=40, alpha=0.1)
+    cfg = TrainConfig(iterations=40, chunk=40)  # alpha: the variants' (0.1)
     variants = [Variant("CPO", False), Variant("CCPO (lambda=0)", True)]
     state, metrics, _ = train_many(cfg, params, variants, np.tile(np.arange(64)[None], (SEEDS, 1)),
                                    jax.random.PRNGKey(0), Execution(progress=False))
@@ -220,7 +220,7 @@ def test_saved_policy_round_trip(mechanics, uninterrupted, tmp_path):
     pol, meta = load_policy(tmp_path / "ccpo-lambda-0")
     assert meta["row"] == "CCPO (lambda=0)" and meta["kappa"] == pytest.approx(0.3)
     assert _tree_equal(pol, jax.tree.map(lambda x: x[1, 0, 0], state.policy))
-    assert dataclasses.asdict(cfg)["alpha"] == meta["alpha"]
+    assert meta["alpha"] == variants[1].alpha == meta["train_config"]["alpha"]  # the policy's alpha: its variant's
     pol2, meta2 = load_policy(tmp_path / "ccpo-lambda-2e-4")
     assert meta2["kappa"] == pytest.approx(0.4) and _tree_equal(pol2, jax.tree.map(lambda x: x[2, 0, 0], state.policy))
 
@@ -249,14 +249,19 @@ def test_the_fisher_step_equals_the_kl_hessian_step(small, estimator):
     np.testing.assert_array_equal(out["fisher"][1], out["kl-hessian"][1])
 
 
-def test_a_variants_alpha_is_the_configs_alpha(small):
-    """Variant.alpha (traced, what a sweep sets per member) trains exactly like TrainConfig.alpha."""
+def test_the_trainer_reads_the_variants_alpha(small):
+    """Variant.alpha (traced, what a sweep sets per member) is the alpha the trainer reads: the
+    trainer configuration has none (a run's alpha has one home), 0.25 changes the online kappa, and
+    the default is 0.1."""
     _, params = small
     idx = np.tile(np.arange(60)[None], (1, 1))
     cfg = TrainConfig(iterations=3, chunk=3, exact_batch=32)
-    a, _, _ = train_many(cfg.replace(alpha=0.25), params, [Variant("CCPO (lambda=0)", True)], idx,
-                         jax.random.PRNGKey(1), Execution(progress=False))
-    b, _, _ = train_many(cfg, params, [Variant("CCPO (lambda=0)", True, alpha=0.25)], idx, jax.random.PRNGKey(1), Execution(progress=False))
-    c, _, _ = train_many(cfg, params, [Variant("CCPO (lambda=0)", True)], idx, jax.random.PRNGKey(1), Execution(progress=False))
-    assert _tree_equal(a.policy, b.policy) and np.array_equal(np.asarray(a.kappa), np.asarray(b.kappa))
-    assert not np.array_equal(np.asarray(a.kappa), np.asarray(c.kappa))  # alpha 0.25 vs 0.1 does change kappa
+    assert "alpha" not in {f.name for f in dataclasses.fields(TrainConfig)}
+    a, _, _ = train_many(cfg, params, [Variant("CCPO (lambda=0)", True, alpha=0.1)], idx, jax.random.PRNGKey(1),
+                         Execution(progress=False))
+    b, _, _ = train_many(cfg, params, [Variant("CCPO (lambda=0)", True, alpha=0.25)], idx, jax.random.PRNGKey(1),
+                         Execution(progress=False))
+    c, _, _ = train_many(cfg, params, [Variant("CCPO (lambda=0)", True)], idx, jax.random.PRNGKey(1),
+                         Execution(progress=False))
+    assert _tree_equal(a.policy, c.policy) and np.array_equal(np.asarray(a.kappa), np.asarray(c.kappa))
+    assert not np.array_equal(np.asarray(a.kappa), np.asarray(b.kappa))  # alpha 0.25 vs 0.1 does change kappa

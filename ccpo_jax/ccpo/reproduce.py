@@ -85,7 +85,7 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
     results = report.build_results(
         setting=st.name, alpha=cfg.alpha, protocol=cfg.protocol, n_splits=cfg.n_splits,
         cache=report.cache_info(cache), rows=rows, timing=timing, seeds=cfg.seeds if trains else 1,
-        preset=cfg.preset, train_config=dataclasses.asdict(cfg.train_config()) if trains else None,
+        preset=cfg.preset, train_config=dict(dataclasses.asdict(cfg.train_config()), alpha=cfg.alpha) if trains else None,
     )
     compare = is_setting_profile(st, cache)
     left = left_out_rows(cache, splits_test) if splits_test is not None else {}

@@ -77,6 +77,7 @@ class RowsRun:
     lambdas: tuple[float, ...] = ()
     seeds: int = 1
     protocol: str = "recalibrate"
+    alpha: float = 0.1
     alphas: tuple[float, ...] = ()
 
     def train_config(self) -> TrainConfig:
@@ -94,19 +95,22 @@ class LearnedRowsFn(Protocol):
 CPO_CALIBRATED = "CPO (calibrated)"
 
 
-def row_variants(lambdas: tuple[float, ...], config: TrainConfig | None = None) -> list[Variant]:
-    """CPO (gives rows CPO, CPO batch, CPO online), CCPO (lambda=0) and CCPO (lambda=l) for each l.
+def row_variants(lambdas: tuple[float, ...], config: TrainConfig | None = None, alpha: float = 0.1) -> list[Variant]:
+    """CPO (gives rows CPO, CPO batch, CPO online), CCPO (lambda=0) and CCPO (lambda=l) for each l,
+    all at the run's ``alpha`` (``Variant.alpha``, what the trainer reads).
 
     When ``config.pointwise_z`` differs from ``config.constraint_z`` (the default preset), CPO
     trains twice: ``CPO`` at the pointwise margin serves the row CPO, ``CPO (calibrated)`` at the
     calibrated rows' margin serves CPO batch and CPO online."""
+    a = float(alpha)
     if config is None or config.pointwise_z == config.constraint_z:
-        out = [Variant("CPO", conformal=False, lam=0.0)]
+        out = [Variant("CPO", conformal=False, lam=0.0, alpha=a)]
     else:
-        out = [Variant("CPO", conformal=False, lam=0.0, rows=("CPO",)),
-               Variant(CPO_CALIBRATED, conformal=False, lam=0.0, z=config.constraint_z, rows=("CPO batch", "CPO online"))]
-    out += [Variant(lambda_row_name(0.0), conformal=True, lam=0.0)]
-    out += [Variant(lambda_row_name(lam), conformal=True, lam=float(lam)) for lam in lambdas if lam != 0.0]
+        out = [Variant("CPO", conformal=False, lam=0.0, rows=("CPO",), alpha=a),
+               Variant(CPO_CALIBRATED, conformal=False, lam=0.0, z=config.constraint_z, rows=("CPO batch", "CPO online"),
+                       alpha=a)]
+    out += [Variant(lambda_row_name(0.0), conformal=True, lam=0.0, alpha=a)]
+    out += [Variant(lambda_row_name(lam), conformal=True, lam=float(lam), alpha=a) for lam in lambdas if lam != 0.0]
     return out
 
 
@@ -185,7 +189,7 @@ def train_seeds(run: Any, data: RunData, execution: Execution) -> TrainedRows:
     from the same trained policies. The guarantee (default marginal) chooses the order statistic
     every calibrated threshold takes (:mod:`ccpo_jax.core.guarantee`).
     """
-    variants = row_variants(tuple(run.lambdas), run.train_config())
+    variants = row_variants(tuple(run.lambdas), run.train_config(), run.alpha)
     groups = group_spec(run, data.cache)
     state, ev, curves, timing = _train_and_evaluate(run, variants, data, execution, [v.name for v in variants], groups)
     rows: dict = {}
@@ -256,7 +260,7 @@ def learned_rows(run: Any, data: RunData, execution: Execution) -> LearnedRows:
             continue
         pol = jax.tree.map(lambda x: x[v, 0, 0], trained.state.policy)
         d = calibration_diagnostics(pol, params, float(np.asarray(trained.kappas[row])[0, 0]),
-                                    np.asarray(splits.cal)[0], config.alpha, config.hidden)
+                                    np.asarray(splits.cal)[0], var.alpha, config.hidden)
         d["test_cost_cents_mean"] = _finite_mean(trained.rows[row]["cost_cents"])
         d["test_coverage_mean"] = _finite_mean(trained.rows[row]["coverage"])
         if row in trained.ltt:  # the saved threshold (seed 0, split 0) passed both tests, or not
