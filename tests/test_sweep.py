@@ -201,3 +201,21 @@ def test_a_killed_sweep_resumes_to_the_same_frontier(tmp_path, small_cache, monk
     done = sweep(resume=tmp_path / "run", echo=None)
     strip = lambda f: {k: v for k, v in f.items() if k not in ("timing", "environment")}  # noqa: E731
     assert strip(done.frontier) == strip(whole.frontier)
+
+
+def test_the_member_block_default_is_decided_once():
+    """ccpo.prepare.default_member_block: reproduce under recalibrate, one plain vmap (None); under
+    retrain, and a sweep under either protocol, one reproduce run's learned rows x seeds; a given
+    --member-block wins."""
+    from ccpo_jax.ccpo.prepare import default_member_block
+    from ccpo_jax.ccpo.rows import row_variants
+    from ccpo_jax.ccpo.run_config import ReproduceConfig, SweepConfig
+
+    r = ReproduceConfig(seeds=2)
+    n_rows = len(row_variants(r.lambdas, r.train_config()))
+    assert n_rows == 4  # CPO, CPO (calibrated), CCPO (lambda=0), CCPO (lambda=2e-4)
+    assert default_member_block(r) is None
+    assert default_member_block(ReproduceConfig(seeds=2, protocol="retrain")) == n_rows * 2
+    for protocol in ("recalibrate", "retrain"):  # the sweep's own lambdas do not change its block
+        assert default_member_block(SweepConfig(seeds=2, protocol=protocol, lambdas=(0.0,))) == n_rows * 2
+    assert default_member_block(ReproduceConfig(seeds=2, member_block=3)) == 3
