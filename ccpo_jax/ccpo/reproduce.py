@@ -1,10 +1,12 @@
 """``ccpo-jax reproduce``: one paper table, end to end.
 
-:func:`reproduce` reads top to bottom: the run configuration (a new
-:class:`ccpo_jax.ccpo.run_config.ReproduceConfig`, or the saved one of a killed run) -> load
-the cache -> replay env params -> splits -> the non-learned rows (Random, LLM policies, LLM-EXIT, UALA; ``ccpo_jax.ccpo.baselines``)
--> training and evaluation of the learned rows (CPO, CPO batch, CPO online, CCPO;
-``ccpo_jax.ccpo.rows.learned_rows``) -> outputs (``results.json``, ``table.md``, box plots,
+:func:`reproduce` reads top to bottom: the preparation it shares with ``sweep``
+(``ccpo_jax.ccpo.prepare.prepare``: the run configuration, a new
+:class:`ccpo_jax.ccpo.run_config.ReproduceConfig` or the saved one of a killed run; the cache;
+replay env params; splits and keys; the run's one ``Execution``) -> the work directory
+(``ccpo_jax.runtime.workdir.committed``) -> the non-learned rows (Random, LLM policies, LLM-EXIT,
+UALA; ``ccpo_jax.ccpo.baselines``) -> training and evaluation of the learned rows (CPO, CPO batch,
+CPO online, CCPO; ``ccpo_jax.ccpo.rows.learned_rows(cfg, data, execution)``) -> outputs (``results.json``, ``table.md``, box plots,
 ``run.json``; ``ccpo_jax.ccpo.report``). Row names and metrics: docs/reproduce.md "Outputs".
 
 Output is built in a hidden work directory beside ``out_dir``

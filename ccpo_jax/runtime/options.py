@@ -186,9 +186,10 @@ def markdown(cls: type) -> str:
     for f, opt in _options(cls):
         if opt.flag is None:
             continue
-        value = "" if opt.switch is not UNSET else " " + (
+        value = "" if opt.switch is not UNSET or not opt.flag.startswith("-") else " " + (
             "|".join(opt.choices) if opt.choices else (opt.metavar or f.name.upper()))
-        lines.append(f"- `{opt.flag}{value}` (`{f.name}`){' (repeatable)' if opt.repeat else ''}: {_help(f, opt)}")
+        text = _help(f, opt).replace("%%", "%")  # argparse's escape of a percent sign
+        lines.append(f"- `{opt.flag}{value}` (`{f.name}`){' (repeatable)' if opt.repeat else ''}: {text}")
     return "\n".join(lines) + "\n"
 
 
