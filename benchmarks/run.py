@@ -375,7 +375,8 @@ def section_train(rec: Recorder, ctx, quick: bool):
     for S in ctx["train_splits"]:
         n_it, n_chunk = (iters, chunk) if S == 1 else (it_r, it_r)
         cfg = TrainConfig(iterations=n_it, chunk=n_chunk)
-        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S), Execution(progress=False))
+        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S),
+                              Execution(progress=False))
         per_it[S] = tm["train_s"] / n_it
         common = dict(splits=S, variants=len(variants), members=S * len(variants), iterations=n_it, chunk=n_chunk,
                       batch_size=cfg.batch_size, compile_s=round(tm["compile_s"], 3), train_s=round(tm["train_s"], 3))
@@ -440,7 +441,8 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
     for members in (20, 200) if quick else (20, 200, 2000):
         S = members // len(variants)
         clear_program_cache()
-        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S), Execution(progress=False))
+        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S),
+                              Execution(progress=False))
         common = dict(members=members, variants=len(variants), iterations=n_it, estimator=cfg.estimator,
                       hvp=cfg.hvp, compile_s=round(tm["compile_s"], 3), train_s=round(tm["train_s"], 3))
         rec.add("sweep_trainer_member_iterations_per_s", members * n_it / tm["train_s"], "member-it/s", **common,
@@ -454,7 +456,8 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
     rates: dict = {None: [], block: []}
     for b in (None, block) * 2:
         clear_program_cache()
-        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S), Execution(progress=False, member_block=b))
+        _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S),
+                              Execution(progress=False, member_block=b))
         rates[b].append(S * len(variants) * n_it / tm["train_s"])
     for b, r in rates.items():
         rec.add("retrain_trainer_member_iterations_per_s", max(r), "member-it/s", members=S * len(variants),
@@ -581,7 +584,8 @@ def device_worker(n_dev: int, quick: bool, train: bool = True) -> dict:
     leaves = [np.asarray(x) for x in jax.tree.leaves(sharding.to_host(st))]
     # The same training computed one member at a time (member_block=1): with a mesh,
     # one single-device program per device (sharding.PerDevice), as on one device.
-    st_b, met_b, tm_b = train_many(cfg, params, variants, tidx, keys, Execution(progress=False, mesh=train_mesh, member_block=1))
+    st_b, met_b, tm_b = train_many(cfg, params, variants, tidx, keys,
+                                   Execution(progress=False, mesh=train_mesh, member_block=1))
     leaves_b = [np.asarray(x) for x in jax.tree.leaves(sharding.to_host(st_b))]
     blocked_digest = hashlib.sha256(
         b"".join(np.ascontiguousarray(x).tobytes() for x in leaves_b + [np.asarray(met_b[k]) for k in sorted(met_b)])

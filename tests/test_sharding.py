@@ -143,7 +143,8 @@ WORKER = textwrap.dedent(
     runs = {}
     for n_dev in (1, 2):
         mesh_d = None if n_dev == 1 else sharding.make_mesh(n_dev)
-        st, m, _ = train_many(cfg_d, params, variants_d, train_idx, key, Execution(progress=False, mesh=mesh_d, member_block=1))
+        st, m, _ = train_many(cfg_d, params, variants_d, train_idx, key,
+                              Execution(progress=False, mesh=mesh_d, member_block=1))
         runs[n_dev] = ([np.asarray(x) for x in jax.tree.leaves(jax.device_get(st))], m)
     (l_one, m_one) = runs[1]
     out["d_state_bitwise"] = all(np.array_equal(x, y) for x, y in zip(l_one, runs[2][0]))
@@ -152,8 +153,10 @@ WORKER = textwrap.dedent(
     out["d_param_change"] = float(np.max(np.abs(l_one[0][:2] - l1[0])))  # the same two rows, trained further than (b)
     import tempfile
     with tempfile.TemporaryDirectory() as ck:
-        train_many(cfg_d, params, variants_d, train_idx, key, Execution(progress=False, mesh=sharding.make_mesh(2), member_block=1, ckpt_dir=ck, stop_after_chunks=1))
-        st_r, m_r, _ = train_many(cfg_d, params, variants_d, train_idx, key, Execution(progress=False, member_block=1, ckpt_dir=ck))
+        train_many(cfg_d, params, variants_d, train_idx, key,
+                   Execution(progress=False, mesh=sharding.make_mesh(2), member_block=1, ckpt_dir=ck, stop_after_chunks=1))
+        st_r, m_r, _ = train_many(cfg_d, params, variants_d, train_idx, key,
+                                  Execution(progress=False, member_block=1, ckpt_dir=ck))
     l_r = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(st_r))]
     out["d_resumed_bitwise"] = all(np.array_equal(x, y) for x, y in zip(l_one, l_r)) and all(
         np.array_equal(m_one[k], m_r[k]) for k in m_one)

@@ -46,8 +46,10 @@ def test_killed_run_resumes_to_identical_result(mechanics, uninterrupted, tmp_pa
     full_state, full_m = uninterrupted
     ckpt = tmp_path / "ckpt"
     # "kill" after the first chunk, then resume from the checkpoint.
-    train_many(p.config, p.params, p.variants, p.train_idx, p.key, Execution(ckpt_dir=ckpt, progress=False, stop_after_chunks=1))
-    res_state, res_m, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, Execution(ckpt_dir=ckpt, progress=False))
+    train_many(p.config, p.params, p.variants, p.train_idx, p.key,
+               Execution(ckpt_dir=ckpt, progress=False, stop_after_chunks=1))
+    res_state, res_m, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key,
+                                     Execution(ckpt_dir=ckpt, progress=False))
     assert _tree_equal(full_state, res_state)
     assert full_m.keys() == res_m.keys()
     for k in full_m:
@@ -63,14 +65,16 @@ def test_flipped_kernel_byte_in_a_killed_training_run_is_not_resumed(mechanics, 
     p = mechanics
     full_state, full_m = uninterrupted
     ckpt = tmp_path / "ckpt"
-    train_many(p.config, p.params, p.variants, p.train_idx, p.key, Execution(ckpt_dir=ckpt, progress=False, stop_after_chunks=2))
+    train_many(p.config, p.params, p.variants, p.train_idx, p.key,
+               Execution(ckpt_dir=ckpt, progress=False, stop_after_chunks=2))
     step2 = ckpt / "orbax" / "2"
     data_files = sorted(f for f in step2.rglob("*") if f.is_file() and "/d/" in f.as_posix())
     big = max(data_files, key=lambda f: f.stat().st_size)
     b = bytearray(big.read_bytes())
     b[len(b) // 2] ^= 0x40
     big.write_bytes(bytes(b))
-    res_state, res_m, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, Execution(ckpt_dir=ckpt, progress=False))
+    res_state, res_m, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key,
+                                     Execution(ckpt_dir=ckpt, progress=False))
     assert _tree_equal(full_state, res_state)
     for k in full_m:
         np.testing.assert_array_equal(full_m[k], res_m[k])
@@ -108,7 +112,8 @@ def test_resume_with_other_config_is_refused(mechanics, tmp_path):
     cfg = p.config.replace(iterations=2)
     train_many(cfg, p.params, p.variants, p.train_idx, p.key, Execution(ckpt_dir=tmp_path, progress=False))
     with pytest.raises(UserError, match="different configuration"):
-        train_many(cfg.replace(iterations=4), p.params, p.variants, p.train_idx, p.key, Execution(ckpt_dir=tmp_path, progress=False))
+        train_many(cfg.replace(iterations=4), p.params, p.variants, p.train_idx, p.key,
+                   Execution(ckpt_dir=tmp_path, progress=False))
 
 
 def _one_right_action_cache(Q: int = 64) -> ResponseCache:
