@@ -23,6 +23,7 @@ def device_worker(n_dev: int, quick: bool, train: bool = True) -> dict:
     from ccpo_jax.ccpo.config import TrainConfig, Variant
     from ccpo_jax.ccpo.members import train_many
     from ccpo_jax.runtime import sharding
+    from ccpo_jax.runtime.execution import Execution
     from envs.replay.env import evaluate_sets, make_env_params
     from envs.generators.synthetic import generate
 
@@ -49,11 +50,12 @@ def device_worker(n_dev: int, quick: bool, train: bool = True) -> dict:
     tidx = np.stack([rng.permutation(cache.n_questions)[:1000] for _ in range(S_tr)]).astype(np.int32)
     keys = jax.random.split(jax.random.PRNGKey(0), len(variants) * S_tr).reshape(len(variants), S_tr, -1)
     train_mesh = None if n_dev == 1 else mesh
-    st, met, tm = train_many(cfg, params, variants, tidx, keys, progress=False, mesh=train_mesh)
+    st, met, tm = train_many(cfg, params, variants, tidx, keys, Execution(progress=False, mesh=train_mesh))
     leaves = [np.asarray(x) for x in jax.tree.leaves(sharding.to_host(st))]
     # The same training computed one member at a time (member_block=1): with a mesh,
     # one single-device program per device (sharding.PerDevice), as on one device.
-    st_b, met_b, tm_b = train_many(cfg, params, variants, tidx, keys, progress=False, mesh=train_mesh, member_block=1)
+    st_b, met_b, tm_b = train_many(cfg, params, variants, tidx, keys,
+                                   Execution(progress=False, mesh=train_mesh, member_block=1))
     leaves_b = [np.asarray(x) for x in jax.tree.leaves(sharding.to_host(st_b))]
     blocked_digest = hashlib.sha256(
         b"".join(np.ascontiguousarray(x).tobytes() for x in leaves_b + [np.asarray(met_b[k]) for k in sorted(met_b)])

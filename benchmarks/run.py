@@ -75,6 +75,7 @@ def section_train(rec: Recorder, ctx, quick: bool):
 
     from ccpo_jax.ccpo.config import TrainConfig
     from ccpo_jax.ccpo.members import train_many
+    from ccpo_jax.runtime.execution import Execution
     from ccpo_jax.ccpo.rows import row_variants
 
     params, base = ctx["params"], ctx["base_cfg"]
@@ -86,7 +87,7 @@ def section_train(rec: Recorder, ctx, quick: bool):
         n_it, n_chunk = (iters, chunk) if S == 1 else (it_r, it_r)
         cfg = TrainConfig(iterations=n_it, chunk=n_chunk)
         _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S),
-                              progress=False)
+                              Execution(progress=False))
         per_it[S] = tm["train_s"] / n_it
         common = dict(splits=S, variants=len(variants), members=S * len(variants), iterations=n_it, chunk=n_chunk,
                       batch_size=cfg.batch_size, compile_s=round(tm["compile_s"], 3), train_s=round(tm["train_s"], 3))
@@ -138,8 +139,10 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
     import jax
 
     from ccpo_jax.ccpo.members import clear_program_cache, train_many
+
+    from ccpo_jax.runtime.execution import Execution
     from ccpo_jax.ccpo.presets import DEFAULT
-    from ccpo_jax.ccpo.rows import default_member_block, row_variants
+    from ccpo_jax.ccpo.rows import row_variants, run_batch
     from ccpo_jax.cli.main import usable_cores
 
     params = ctx["params"]
@@ -150,7 +153,7 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
         S = members // len(variants)
         clear_program_cache()
         _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S),
-                              progress=False)
+                              Execution(progress=False))
         common = dict(members=members, variants=len(variants), iterations=n_it, estimator=cfg.estimator,
                       hvp=cfg.hvp, compile_s=round(tm["compile_s"], 3), train_s=round(tm["train_s"], 3))
         rec.add("sweep_trainer_member_iterations_per_s", members * n_it / tm["train_s"], "member-it/s", **common,
@@ -160,12 +163,12 @@ def section_sweep(rec: Recorder, ctx, quick: bool):
     # member (its layout until 2026-12-03) against its default, blocks of one split's rows x seeds;
     # alternated twice and the better of each kept, as a short measurement on a shared CPU swings.
     S = 20 if quick else 100
-    block = default_member_block("retrain", len(variants), 1)
+    block = run_batch(len(variants), 1)  # retrain's default block (ccpo.prepare.default_member_block)
     rates: dict = {None: [], block: []}
     for b in (None, block) * 2:
         clear_program_cache()
         _, _, tm = train_many(cfg, params, variants, _train_setup(ctx, S, seed=S), jax.random.PRNGKey(S),
-                              progress=False, member_block=b)
+                              Execution(progress=False, member_block=b))
         rates[b].append(S * len(variants) * n_it / tm["train_s"])
     for b, r in rates.items():
         rec.add("retrain_trainer_member_iterations_per_s", max(r), "member-it/s", members=S * len(variants),

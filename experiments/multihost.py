@@ -97,7 +97,7 @@ def _run(args) -> int:
     key = jax.random.PRNGKey(args.seed)
     k_split, k_train, k_eval = jax.random.split(key, 3)
     splits = make_splits(k_split, cache.n_questions, *sizes, args.splits)
-    cfg = TrainConfig(iterations=args.iterations, chunk=args.iterations, alpha=args.alpha)
+    cfg = TrainConfig(iterations=args.iterations, chunk=args.iterations)
     for block in blocks:
         _run_layout(args, cache, params, splits, cfg, k_train, k_eval, block or None)
     return 0
@@ -110,14 +110,15 @@ def _run_layout(args, cache, params, splits, cfg, k_train, k_eval, block: int | 
 
     from ccpo_jax.ccpo.evaluation import evaluate_trained
     from ccpo_jax.ccpo.members import train_many
+    from ccpo_jax.runtime.execution import Execution
     from ccpo_jax.ccpo.rows import row_variants
     from ccpo_jax.runtime import sharding
     from envs.cache.atomic import atomic_write_text
 
-    variants = row_variants(())
+    variants = row_variants((), cfg, args.alpha)
     mesh = sharding.make_mesh()
     state, metrics, timing = train_many(cfg, params, variants, np.asarray(splits.train), k_train,
-                                        progress=False, mesh=mesh, member_block=block)
+                                        Execution(progress=False, mesh=mesh, member_block=block))
     state = sharding.to_host(state)  # every host gets the whole trained state
     seeded = jax.tree.map(lambda x: x[:, :, None], state)  # one seed: [V, S, N=1]
     rows, kappas = evaluate_trained(cfg, params, variants, seeded, np.asarray(splits.cal),

@@ -20,23 +20,24 @@ import jax
 import numpy as np
 
 from ccpo_jax.ccpo.presets import get_preset
-from ccpo_jax.ccpo.rows import train_seeds
+from ccpo_jax.ccpo.rows import RowsRun, RunData, train_seeds
 from ccpo_jax.ccpo.splits import splits_for_protocol
+from ccpo_jax.runtime.execution import QUIET
 from envs.generators import oracle
 from envs.replay.env import make_env_params
 
 
-def check_cache(spec, cfg, seeds: int, n_splits: int, sizes=(600, 200, 200), lambdas=(), seed: int = 0) -> dict:
+def check_cache(spec, cfg, seeds: int, n_splits: int, sizes=(600, 200, 200), lambdas=(), seed: int = 0,
+                alpha: float = 0.1) -> dict:
     cache = oracle.build(spec, sum(sizes), seed=seed)
     params = make_env_params(cache)
-    opt = oracle.optimum(spec, cfg.alpha)
+    opt = oracle.optimum(spec, alpha)
     types = oracle.type_of(cache)
     key = jax.random.PRNGKey(seed)
     k_split, k_train = jax.random.split(key)
     splits = splits_for_protocol("recalibrate", k_split, cache.n_questions, *sizes, n_splits)
     t0 = time.perf_counter()
-    trained = train_seeds(cfg, params, splits, k_train, lambdas=lambdas, seeds=seeds, protocol="recalibrate",
-                          progress=False)
+    trained = train_seeds(RowsRun(cfg, tuple(lambdas), seeds, alpha=alpha), RunData(cache, params, splits, k_train), QUIET)
     wall = time.perf_counter() - t0
     test = np.asarray(splits.test)
     opt_cost = np.array([opt.cost_of(types[t]) for t in test])  # [S]

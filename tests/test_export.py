@@ -81,7 +81,7 @@ def run(tmp_path_factory):
     state = types.SimpleNamespace(policy=stack, kappa=np.array([[[0.3]], [[0.31]]], np.float32))
     kappas = {"CPO batch": np.array([[0.25]], np.float32), "CCPO (lambda=0)": np.array([[kappa]], np.float32)}
     run_dir = root / "run"
-    save_policies(run_dir / "policies", TrainConfig(alpha=0.1), variants, state, kappas, cache, "recalibrate")
+    save_policies(run_dir / "policies", TrainConfig(), variants, state, kappas, cache, "recalibrate")
     (run_dir / "results.json").write_text(json.dumps({"setting": "test-synthetic"}))
     from ccpo_jax.ccpo.export import export_router
 
@@ -315,7 +315,7 @@ def test_export_refuses_a_degenerate_router_and_picks_the_cheapest_usable_row(ru
     diag = {"CPO batch": _diag(0.2, 0.1, cost=5.9), "CCPO (lambda=0)": _diag(3.7e-7, 0.98, cost=12.0),
             "CCPO (lambda=2e-4)": _diag(0.3, 0.05, coverage=0.85, cost=4.0)}  # cheapest, but misses
     run_dir = tmp_path / "run"
-    save_policies(run_dir / "policies", TrainConfig(alpha=0.1), variants, state, kappas, run.cache, "recalibrate", diag)
+    save_policies(run_dir / "policies", TrainConfig(), variants, state, kappas, run.cache, "recalibrate", diag)
     said = []
     art = export_router(run_dir, tmp_path / "default", echo=said.append)
     assert Router.load(art).manifest["policy"]["row"] == "CPO batch"

@@ -22,7 +22,7 @@ ROWS = ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)
 
 @pytest.fixture(scope="module")
 def cache100(tmp_path_factory) -> Path:
-    from envs.cache.fast import save_fast
+    from envs.cache.schema.fast import save_fast
     from envs.generators.synthetic import generate
 
     return save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), tmp_path_factory.mktemp("c") / "c100")
@@ -34,13 +34,13 @@ class Trainer:
     def __init__(self):
         self.calls = 0
 
-    def __call__(self, **kw):
+    def __call__(self, run, data, execution):
         self.calls += 1
         # a completed step: its folder and its digest (ccpo_jax.runtime.checkpoints)
-        (kw["ckpt_dir"] / "orbax" / "1").mkdir(parents=True, exist_ok=True)
-        (kw["ckpt_dir"] / "orbax" / "1" / "state").write_bytes(b"x")
-        (kw["ckpt_dir"] / "orbax" / "1.digest.json").write_text("{}")
-        S = kw["splits"].test.shape[0]
+        (execution.ckpt_dir / "orbax" / "1").mkdir(parents=True, exist_ok=True)
+        (execution.ckpt_dir / "orbax" / "1" / "state").write_bytes(b"x")
+        (execution.ckpt_dir / "orbax" / "1.digest.json").write_text("{}")
+        S = data.splits.test.shape[0]
         return LearnedRows(rows={r: {m: np.full(S, 0.5) for m in METRICS} for r in ROWS}, timing={})
 
 
@@ -106,7 +106,7 @@ class LoopTrainer:
     def __init__(self):
         self.starts: list[float] = []
 
-    def __call__(self, **kw):
+    def __call__(self, run, data, execution):
         from ccpo_jax.runtime.loop import run_chunks
 
         calls_before = len(self.starts)
@@ -119,9 +119,9 @@ class LoopTrainer:
             return step
 
         res = run_chunks(compile_chunk, {"w": np.zeros(3)}, iterations=3, chunk=1, desc="t",
-                         ckpt_dir=kw["ckpt_dir"], meta={"stand-in": 1}, progress=False)
+                         ckpt_dir=execution.ckpt_dir, meta={"stand-in": 1}, progress=False)
         assert np.asarray(res.state["w"]).tolist() == [3.0, 3.0, 3.0]
-        S = kw["splits"].test.shape[0]
+        S = data.splits.test.shape[0]
         return LearnedRows(rows={r: {m: np.full(S, 0.5) for m in METRICS} for r in ROWS}, timing={})
 
 
@@ -186,8 +186,8 @@ def test_full_disk_during_the_first_checkpoint_of_a_resumed_run(tmp_path, cache1
     exactly that; orbax's half-written folder is gone, and the next --resume starts afresh."""
     import ccpo_jax.ccpo.rows as rows_module
 
-    def killed(**kw):
-        kw["ckpt_dir"].mkdir(parents=True)
+    def killed(run, data, execution):
+        execution.ckpt_dir.mkdir(parents=True)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(rows_module, "learned_rows", killed)
@@ -246,8 +246,8 @@ def test_real_full_disk_after_real_training_then_resume_without_retraining(tmp_p
         real, trained = rows_module.learned_rows, {}
         filler = mnt / "filler"
 
-        def train_then_fill_the_disk(**kw):
-            got = real(**kw)
+        def train_then_fill_the_disk(run, data, execution):
+            got = real(run, data, execution)
             trained.update(got.rows)
             with open(filler, "wb") as f:
                 try:

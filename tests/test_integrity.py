@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.cache.fast import load_fast, save_fast
+from envs.cache.schema.fast import load_fast, save_fast
 from envs.cache.schema import CacheError, arrays_checksum
 from envs.cache.formats import load_cache
 from envs.cache.jsonl import read_jsonl, write_jsonl
@@ -114,8 +114,8 @@ def test_resume_refuses_a_cache_whose_manifest_changed(tmp_path):
 
     src = write_jsonl(generate("hotpotqa-llama2", n_questions=100, seed=0), tmp_path / "c.jsonl")
 
-    def interrupted(**kw):
-        kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+    def interrupted(run, data, execution):
+        execution.ckpt_dir.mkdir(parents=True, exist_ok=True)
         raise KeyboardInterrupt
 
     out = tmp_path / "run"
@@ -170,11 +170,11 @@ def _fake_trainer(interrupt: bool = False):
     from ccpo_jax.ccpo.rows import LearnedRows
     from ccpo_jax.ccpo.settings import METRICS
 
-    def fn(**kw):
-        kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+    def fn(run, data, execution):
+        execution.ckpt_dir.mkdir(parents=True, exist_ok=True)
         if interrupt:
             raise KeyboardInterrupt
-        S = kw["splits"].test.shape[0]
+        S = data.splits.test.shape[0]
         rows = {r: {m: np.full(S, 0.5) for m in METRICS} for r in ROWS}
         return LearnedRows(rows=rows, timing={})
 
@@ -193,13 +193,13 @@ def test_trainer_writes_into_the_runs_tensorboard_folder(tmp_path, cache100):
 
     seen = {}
 
-    def trainer(**kw):
-        seen.update(kw)
-        return _fake_trainer()(**kw)
+    def trainer(run, data, execution):
+        seen.update(run=run, data=data, execution=execution)
+        return _fake_trainer()(run, data, execution)
 
     out = tmp_path / "run"
     reproduce(cache=str(cache100), n_splits=2, split_sizes="60,20,20", out_dir=out, trainer=trainer, echo=None)
-    assert seen["tb_dir"] == tmp_path / ".run.partial" / TB_DIR and seen["ckpt_dir"].parent == seen["tb_dir"].parent
+    assert seen["execution"].tb_dir == tmp_path / ".run.partial" / TB_DIR and seen["execution"].ckpt_dir.parent == seen["execution"].tb_dir.parent
 
 
 # -- (c) damaged manifests and full disks: one `error:` line, exit 2, nothing left behind -----------
@@ -318,10 +318,10 @@ def test_full_disk_in_reproduce(tmp_path, cache100, capsys, monkeypatch, where):
     if where == "plots":
         monkeypatch.setattr(report, "write_boxplots", lambda *a, **k: _enospc())
     elif where == "orbax":  # what tensorstore raises from a checkpoint save on a full disk
-        def fake(**kw):
-            kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+        def fake(run, data, execution):
+            execution.ckpt_dir.mkdir(parents=True, exist_ok=True)
             raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "policy.kernel/0.0" in OCDBT database: Failed '
-                             f'writing: "{kw["ckpt_dir"]}/orbax/1/d/ab12": Failed to write 4096 bytes to file 4: '
+                             f'writing: "{execution.ckpt_dir}/orbax/1/d/ab12": Failed to write 4096 bytes to file 4: '
                              "No space left on device [os_error_code='28']")
     else:  # every file write (run.json first) goes through envs.cache.atomic.atomic_write_bytes
         import envs.cache.atomic

@@ -233,3 +233,77 @@ def test_devices_all_forces_one_host_device_per_core(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=5")
     cli_main.force_host_devices("all")
     assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=5"
+
+
+# -- options that carry their values (issue 39, items 3) ------------------------------------
+
+def test_calibration_is_one_enum_read_where_it_is_used(tmp_path):
+    """``--calibration`` resolves to the Calibration StrEnum (equal to its text, saved as it in
+    run.json); a configuration without the option (a sweep's) reads as marginal."""
+    from ccpo_jax.ccpo.calibration import CALIBRATIONS, Calibration
+    from ccpo_jax.ccpo.run_config import SweepConfig
+
+    cfg = ReproduceConfig(calibration="mondrian")
+    assert cfg.calibration is Calibration.MONDRIAN and cfg.calibration == "mondrian"
+    assert json.loads(json.dumps(options.saved(cfg)))["calibration"] == "mondrian"
+    assert Calibration.of(ReproduceConfig()) is Calibration.MARGINAL
+    assert Calibration.of(SweepConfig()) is Calibration.MARGINAL
+    assert CALIBRATIONS == ("marginal", "mondrian")
+    with pytest.raises(UserError, match="^calibration: unknown calibration 'x'") as e:
+        ReproduceConfig(calibration="x")
+    assert e.value.field == "calibration"
+
+
+def test_alpha_has_one_home_and_the_variants_carry_it():
+    """The run's alpha (ReproduceConfig.alpha, or each of SweepConfig.alphas) is on every row
+    variant; the trainer configuration has no alpha of its own (no stand-in for a sweep)."""
+    from ccpo_jax.ccpo.rows import row_variants
+    from ccpo_jax.ccpo.run_config import SweepConfig
+
+    cfg = ReproduceConfig(alpha=0.2)
+    tc = cfg.train_config()
+    assert not hasattr(tc, "alpha") and not hasattr(SweepConfig().train_config(), "alpha")
+    variants = row_variants(cfg.lambdas, tc, cfg.alpha)
+    assert len(variants) == 4 and {v.alpha for v in variants} == {0.2}
+
+
+def test_stackelberg_and_export_flags_are_their_typed_fields():
+    """``stackelberg`` and ``export`` take their flags from typed fields, as ``reproduce``: the
+    parser has exactly those flags, and a bad value is refused by the field's check."""
+    from ccpo_jax.ccpo.run_config import EXPORT_FLAGS, ExportConfig
+    from ccpo_jax.stackelberg.options import STACKELBERG_FLAGS, StackelbergOptions
+
+    assert STACKELBERG_FLAGS == {
+        "out": "--out", "resume": "--resume", "episodes": "--episodes", "turns": "--turns", "seed": "--seed",
+        "seed_list": "--seed-list", "seeds": "--seeds", "grid": "--grid", "write_grid": "--write-grid",
+        "leader_profile": "--leader-profile", "quick": "--quick", "progress": "--no-progress"}
+    assert EXPORT_FLAGS == {"run_dir": "RUN_DIR", "row": "--row", "force": "--force", "calibration": "--calibration",
+                            "guarantee": "--guarantee", "out": "--out"}
+    got = _parse(StackelbergOptions, ["--out", "o", "--quick", "--no-progress", "--seed-list", "3,1"])
+    s = StackelbergOptions(**got)
+    assert s.quick and not s.progress and s.seed_list == (3, 1) and str(s.out_dir) == "o" and s.seed == 0
+    assert s.config().seed == 0 and s.config().eval.episodes == StackelbergOptions(out="o", quick=True).config().eval.episodes
+    for kw, field in ((dict(out="o", episodes=1), "episodes"), (dict(out="o", turns=65), "turns"),
+                      (dict(out="o", seeds=0), "seeds"), (dict(out="o", seed_list="0,a"), "seed_list"),
+                      (dict(out="o", leader_profile="nope"), "leader_profile"), (dict(out="a", resume="b"), "resume"),
+                      ({}, "out")):
+        with pytest.raises(UserError) as e:
+            StackelbergOptions(**kw)
+        assert e.value.field == field and str(e.value.for_cli(STACKELBERG_FLAGS)).startswith(STACKELBERG_FLAGS[field])
+    e_cfg = ExportConfig(**_parse(ExportConfig, ["run", "--out", "art", "--calibration", "mondrian"]))
+    assert str(e_cfg.run_dir) == "run" and str(e_cfg.out) == "art" and e_cfg.calibration == "mondrian"
+    assert e_cfg.row is None and e_cfg.force is False and e_cfg.guarantee is None
+    with pytest.raises(SystemExit):  # --out is required on the command line
+        _parse(ExportConfig, ["run"])
+
+
+def test_stackelberg_bad_flag_is_one_error_line_naming_it(tmp_path):
+    from conftest import run_cli
+
+    for argv, flag in ((["--episodes", "1"], "--episodes"), (["--turns", "0"], "--turns"), (["--seeds", "0"], "--seeds"),
+                       (["--resume", str(tmp_path / "other")], "--resume")):
+        r = run_cli(["stackelberg", "--out", str(tmp_path / "x"), *argv])
+        assert r.returncode == 2 and r.stderr.startswith(f"error: {flag}") and "Traceback" not in r.stderr, r.stderr
+        assert not (tmp_path / "x").exists()
+    r = run_cli(["stackelberg"])
+    assert r.returncode == 2 and r.stderr.startswith("error: --out: the output directory is required (or --resume OUT")

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ccpo_jax.runtime.execution import Execution
 from ccpo_jax.ccpo.evaluation import evaluate_trained
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.presets import DEFAULT
@@ -201,9 +202,9 @@ def _train_and_evaluate(cfg):
     draws = [np.stack([rng.permutation(h) for _ in range(REDRAWS)]) for h in held]  # [R, 300] per case
     cal = np.concatenate([d[:, :SIZES[1]] for d in draws])
     test = np.concatenate([d[:, SIZES[1]:] for d in draws])
-    variants = row_variants((), cfg)
+    variants = row_variants((), cfg, ALPHA)
     state, _, _ = train_many(cfg, params, variants, np.repeat(train, SEEDS, axis=0), jax.random.PRNGKey(0),
-                             progress=False)
+                             Execution(progress=False))
     state = jax.tree.map(lambda x: x.reshape((x.shape[0], len(cases), SEEDS) + x.shape[2:]), state)
     out = {}
     for i, (nm, n_train) in enumerate(cases):
@@ -214,10 +215,10 @@ def _train_and_evaluate(cfg):
         rows, _ = evaluate_trained(cfg, params, variants, case_state, cal[sl], test[sl], jax.random.fold_in(jax.random.PRNGKey(1), i),
                                    retrain=True)
         if nm in builtin:
-            opt = np.mean([oracle.optimum(builtin[nm], cfg.alpha).cost_of(oracle.type_of(caches[i])[t - i * n])
+            opt = np.mean([oracle.optimum(builtin[nm], ALPHA).cost_of(oracle.type_of(caches[i])[t - i * n])
                            for t in test[sl]])
         else:
-            opt = oracle.best_observable(partial[nm], cfg.alpha).cost_of(SIZES[2])
+            opt = oracle.best_observable(partial[nm], ALPHA).cost_of(SIZES[2])
         out[(nm, n_train)] = (opt, {r: {k: np.asarray(v) for k, v in m.items()} for r, m in rows.items()})
     return out
 

@@ -61,10 +61,10 @@ class SeedTrainer:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, **kw):
-        self.calls.append(kw)
-        S, N = kw["splits"].test.shape[0], kw["seeds"]
-        kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+    def __call__(self, run, data, execution):
+        self.calls.append(dict(run=run, data=data, execution=execution))
+        S, N = data.splits.test.shape[0], run.seeds
+        execution.ckpt_dir.mkdir(parents=True, exist_ok=True)
         base = np.arange(N, dtype=float)[:, None] + np.zeros((N, S))
         rows = {name: {m: base + 1.0 for m in METRICS} for name in ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)")}
         return LearnedRows(rows=rows)
@@ -72,7 +72,7 @@ class SeedTrainer:
 
 @pytest.fixture(scope="module")
 def small_cache(tmp_path_factory) -> Path:
-    from envs.cache.fast import save_fast
+    from envs.cache.schema.fast import save_fast
     from envs.generators.synthetic import generate
 
     path = tmp_path_factory.mktemp("cache") / "syn100"
@@ -86,8 +86,9 @@ def test_reproduce_passes_preset_overrides_and_seeds(tmp_path, small_cache):
     res = reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=out, trainer=fake,
                     echo=None, seeds=3, preset="paper", overrides=["batch_size=20"], iterations=11)
     (kw,) = fake.calls
-    cfg = kw["config"]
-    assert kw["seeds"] == 3 and cfg == dataclasses.replace(PAPER, batch_size=20, iterations=11, alpha=0.1)
+    cfg = kw["run"].train_config()
+    assert kw["run"].seeds == 3 and cfg == dataclasses.replace(PAPER, batch_size=20, iterations=11)
+    assert kw["run"].alpha == 0.1  # the run's alpha: the trainer configuration has none
     r = json.loads((out / "results.json").read_text())
     assert r["seeds"] == 3 and r["preset"] == "paper" and r["train_config"]["batch_size"] == 20
     ccpo = r["policies"]["CCPO (lambda=0)"]
@@ -104,8 +105,8 @@ def test_reproduce_passes_preset_overrides_and_seeds(tmp_path, small_cache):
 
 def test_resume_keeps_the_trainer_configuration(tmp_path, small_cache):
     class Killed(SeedTrainer):
-        def __call__(self, **kw):
-            kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+        def __call__(self, run, data, execution):
+            execution.ckpt_dir.mkdir(parents=True, exist_ok=True)
             raise KeyboardInterrupt
 
     out = tmp_path / "run"
@@ -118,7 +119,7 @@ def test_resume_keeps_the_trainer_configuration(tmp_path, small_cache):
         reproduce(resume=out, trainer=SeedTrainer(), echo=None, preset="paper")
     fake = SeedTrainer()
     reproduce(resume=out, trainer=fake, echo=None, seeds=2, preset="default", overrides=["batch_size=20"])
-    assert fake.calls[0]["seeds"] == 2 and fake.calls[0]["config"].batch_size == 20
+    assert fake.calls[0]["run"].seeds == 2 and fake.calls[0]["run"].train_config().batch_size == 20
 
 
 @pytest.mark.parametrize("args, fragment", [

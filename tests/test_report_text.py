@@ -64,7 +64,7 @@ def test_markdown_cells_and_code_spans_keep_the_table_whole(text):
 def odd_cache(tmp_path_factory) -> Path:
     """A synthetic cache whose name, base and EXIT / LLM-policy model names carry ESC, newline and '|',
     and whose groups carry '|'."""
-    from envs.cache.fast import save_fast
+    from envs.cache.schema.fast import save_fast
     from envs.cache.schema import ResponseCache
     from envs.generators.synthetic import generate
 
@@ -84,8 +84,8 @@ def test_reproduce_quotes_cache_names_in_table_md_and_on_the_terminal(tmp_path, 
     from ccpo_jax.ccpo.rows import LearnedRows
     from ccpo_jax.ccpo.settings import METRICS
 
-    def fake(**kw):
-        S = kw["splits"].test.shape[0]
+    def fake(run, data, execution):
+        S = data.splits.test.shape[0]
         return LearnedRows(rows={r: {m: np.full(S, 0.5) for m in METRICS} for r in ROWS}, timing={})
 
     monkeypatch.setattr(rows_module, "learned_rows", fake)

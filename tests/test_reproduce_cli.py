@@ -21,7 +21,7 @@ ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 @pytest.fixture(scope="module")
 def small_cache(tmp_path_factory) -> Path:
     """A 100-question SYNTHETIC cache in the fast format."""
-    from envs.cache.fast import save_fast
+    from envs.cache.schema.fast import save_fast
     from envs.generators.synthetic import generate
 
     path = tmp_path_factory.mktemp("cache") / "syn100"
@@ -128,10 +128,10 @@ class FakeTrainer:
         self.calls: list[dict] = []
         self.interrupt = interrupt
 
-    def __call__(self, **kw):
-        self.calls.append(kw)
-        S = kw["splits"].test.shape[0]
-        kw["ckpt_dir"].mkdir(parents=True, exist_ok=True)
+    def __call__(self, run, data, execution):
+        self.calls.append(dict(run=run, data=data, execution=execution))
+        S = data.splits.test.shape[0]
+        execution.ckpt_dir.mkdir(parents=True, exist_ok=True)
         if self.interrupt:
             raise KeyboardInterrupt
         rng = np.random.default_rng(0)
@@ -146,12 +146,12 @@ def test_pipeline_calls_the_trainer_and_merges_its_rows(tmp_path, small_cache):
     res = reproduce(cache=str(small_cache), n_splits=3, split_sizes="60,20,20", out_dir=out,
                     iterations=7, trainer=fake, echo=None)
     (kw,) = fake.calls
-    assert kw["config"].alpha == 0.1 and kw["lambdas"] == (2e-4,) and kw["protocol"] == "recalibrate"
-    assert kw["config"].iterations == 7 and kw["member_block"] is None  # recalibrate: one plain vmap
-    sp = kw["splits"]
+    assert kw["run"].alpha == 0.1 and kw["run"].lambdas == (2e-4,) and kw["run"].protocol == "recalibrate"
+    assert kw["run"].train_config().iterations == 7 and kw["execution"].member_block is None  # recalibrate: one plain vmap
+    sp = kw["data"].splits
     assert sp.train.shape == (3, 60) and sp.cal.shape == (3, 20) and sp.test.shape == (3, 20)
-    assert kw["params"].n_questions == 100 and kw["cache"].n_questions == 100
-    assert kw["ckpt_dir"].parent == tmp_path / ".run.partial" == kw["tb_dir"].parent
+    assert kw["data"].params.n_questions == 100 and kw["data"].cache.n_questions == 100
+    assert kw["execution"].ckpt_dir.parent == tmp_path / ".run.partial" == kw["execution"].tb_dir.parent
     # outputs complete, the work dir renamed into place
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     names = {p.name for p in out.iterdir()}
@@ -175,7 +175,7 @@ def test_retrain_trains_one_splits_rows_x_seeds_per_block(tmp_path, small_cache,
     fake, lines = FakeTrainer(), []
     reproduce(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", out_dir=tmp_path / "r", iterations=2,
               protocol="retrain", trainer=fake, echo=lines.append, **{"seeds": 2, **given})
-    assert fake.calls[0]["member_block"] == block
+    assert fake.calls[0]["execution"].member_block == block
     assert f"training sharded over 1 cpu device(s), {block} member(s) per block" in "\n".join(lines)
 
 
@@ -195,7 +195,7 @@ def test_interrupted_run_leaves_no_out_and_resumes(tmp_path, small_cache):
         reproduce(resume=out, n_splits=5, trainer=FakeTrainer(), echo=None)
     fake = FakeTrainer()
     res = reproduce(resume=out, trainer=fake, echo=None)
-    assert fake.calls[0]["ckpt_dir"] == work / CKPT_DIR and fake.calls[0]["splits"].test.shape == (2, 20)
+    assert fake.calls[0]["execution"].ckpt_dir == work / CKPT_DIR and fake.calls[0]["data"].splits.test.shape == (2, 20)
     assert res.out_dir == out and (out / "results.json").is_file() and not work.exists()
     with pytest.raises(UserError, match="finished run"):
         reproduce(resume=out, trainer=FakeTrainer(), echo=None)

@@ -31,11 +31,11 @@ def _stand_in_trainer():
 
     calls = []
 
-    def learned_rows(**kw):
-        calls.append(kw)
-        S = kw["splits"].test.shape[0]
+    def learned_rows(run, data, execution):
+        calls.append(dict(run=run, data=data, execution=execution))
+        S = data.splits.test.shape[0]
         rng = np.random.default_rng(0)
-        names = ["CPO", "CPO batch", "CPO online"] + [lambda_row_name(lam) for lam in (0.0, *kw["lambdas"])]
+        names = ["CPO", "CPO batch", "CPO online"] + [lambda_row_name(lam) for lam in (0.0, *run.lambdas)]
         return LearnedRows(rows={n: {m: rng.uniform(0.5, 1.0, S) for m in METRICS} for n in names})
 
     return learned_rows, calls
@@ -53,8 +53,8 @@ def test_setting_runs_end_to_end(name, tmp_path):
     )
     if fake is not None:
         (kw,) = calls
-        assert kw["config"].alpha == pytest.approx(st.alpha) and list(kw["lambdas"]) == list(st.lambdas)
-        assert kw["config"].iterations == 3 and kw["splits"].cal.shape == (2, 20)
+        assert kw["run"].alpha == pytest.approx(st.alpha) and list(kw["run"].lambdas) == list(st.lambdas)
+        assert kw["run"].train_config().iterations == 3 and kw["data"].splits.cal.shape == (2, 20)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["setting"] == name and results["alpha"] == pytest.approx(st.alpha)
     assert results["cache"]["provenance"]["kind"] == "synthetic"

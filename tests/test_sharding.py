@@ -47,6 +47,7 @@ WORKER = textwrap.dedent(
     assert len(jax.devices()) == 4, jax.devices()
     from ccpo_jax.ccpo.config import TrainConfig, Variant
     from ccpo_jax.ccpo.members import train_many
+    from ccpo_jax.runtime.execution import Execution
     from ccpo_jax.runtime import sharding
     from envs.replay.env import OrchestrationEnv, evaluate_sets, make_env_params, summarise
     from envs.replay.reference import reference_evaluate_set
@@ -109,8 +110,8 @@ WORKER = textwrap.dedent(
     variants = [Variant("CPO", conformal=False), Variant("CCPO (lambda=0)", conformal=True, lam=0.0)]
     train_idx = np.stack([rng.permutation(cache.n_questions)[:100] for _ in range(3)]).astype(np.int32)
     key = jax.random.PRNGKey(7)
-    st1, m1, _ = train_many(cfg, params, variants, train_idx, key, progress=False)
-    st8, m8, _ = train_many(cfg, params, variants, train_idx, key, progress=False, mesh=mesh)
+    st1, m1, _ = train_many(cfg, params, variants, train_idx, key, Execution(progress=False))
+    st8, m8, _ = train_many(cfg, params, variants, train_idx, key, Execution(progress=False, mesh=mesh))
     l1 = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(st1))]
     l8 = [np.asarray(x) for x in jax.tree.leaves(sharding.to_host(st8))]
     out["b_shapes_equal"] = [x.shape for x in l1] == [x.shape for x in l8]
@@ -142,7 +143,8 @@ WORKER = textwrap.dedent(
     runs = {}
     for n_dev in (1, 2):
         mesh_d = None if n_dev == 1 else sharding.make_mesh(n_dev)
-        st, m, _ = train_many(cfg_d, params, variants_d, train_idx, key, progress=False, mesh=mesh_d, member_block=1)
+        st, m, _ = train_many(cfg_d, params, variants_d, train_idx, key,
+                              Execution(progress=False, mesh=mesh_d, member_block=1))
         runs[n_dev] = ([np.asarray(x) for x in jax.tree.leaves(jax.device_get(st))], m)
     (l_one, m_one) = runs[1]
     out["d_state_bitwise"] = all(np.array_equal(x, y) for x, y in zip(l_one, runs[2][0]))
@@ -151,9 +153,10 @@ WORKER = textwrap.dedent(
     out["d_param_change"] = float(np.max(np.abs(l_one[0][:2] - l1[0])))  # the same two rows, trained further than (b)
     import tempfile
     with tempfile.TemporaryDirectory() as ck:
-        train_many(cfg_d, params, variants_d, train_idx, key, progress=False, mesh=sharding.make_mesh(2),
-                   member_block=1, ckpt_dir=ck, stop_after_chunks=1)
-        st_r, m_r, _ = train_many(cfg_d, params, variants_d, train_idx, key, progress=False, member_block=1, ckpt_dir=ck)
+        train_many(cfg_d, params, variants_d, train_idx, key,
+                   Execution(progress=False, mesh=sharding.make_mesh(2), member_block=1, ckpt_dir=ck, stop_after_chunks=1))
+        st_r, m_r, _ = train_many(cfg_d, params, variants_d, train_idx, key,
+                                  Execution(progress=False, member_block=1, ckpt_dir=ck))
     l_r = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(st_r))]
     out["d_resumed_bitwise"] = all(np.array_equal(x, y) for x, y in zip(l_one, l_r)) and all(
         np.array_equal(m_one[k], m_r[k]) for k in m_one)

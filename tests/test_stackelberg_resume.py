@@ -85,3 +85,18 @@ def test_interrupted_run_resumes_to_the_uninterrupted_results(tmp_path, monkeypa
     assert json.dumps(_values(got), sort_keys=True) == json.dumps(_values(want), sort_keys=True)
     disk = json.loads((tmp_path / "cut" / "results.json").read_text())
     assert _values(disk) == _values(json.loads((tmp_path / "whole" / "results.json").read_text()))
+
+
+def test_an_interrupted_run_says_how_to_resume_from_the_shared_context(tmp_path, monkeypatch):
+    """stackelberg builds its run in ``workdir.committed`` (as reproduce and sweep): interrupted
+    once training started, the work directory with run.json stays and the run's log says how to go on."""
+    def cut(cfg, work, progress, log):
+        (work / "checkpoints").mkdir()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(P, "_run_in", cut)
+    said: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        P.run_pipeline(StackelbergConfig().quick(), tmp_path / "s", progress=False, log=said.append)
+    assert said == [f"interrupted; continue with: ccpo-jax stackelberg --resume {tmp_path / 's'} (with the run's options)"]
+    assert (tmp_path / ".s.partial" / "run.json").is_file() and not (tmp_path / "s").exists()

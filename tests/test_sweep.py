@@ -3,6 +3,7 @@ frontier's statistics against hand computations, a point equal to the reproduce 
 alpha, learners at every alpha against the brute-force optimum of an oracle cache, and resume."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,10 +15,11 @@ from ccpo_jax.ccpo import frontier as fr
 from ccpo_jax.ccpo import rows as rows_mod
 from ccpo_jax.ccpo.presets import DEFAULT
 from ccpo_jax.ccpo.reproduce import reproduce
-from ccpo_jax.ccpo.rows import train_sweep
+from ccpo_jax.ccpo.rows import RowsRun, RunData, train_sweep
 from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.ccpo.sweep import sweep
 from ccpo_jax.errors import UserError
+from ccpo_jax.runtime.execution import QUIET
 from envs.generators import oracle
 from envs.replay.bound import BOUND_ROW
 from envs.replay.env import make_env_params
@@ -28,7 +30,7 @@ from conftest import run_cli
 @pytest.fixture(scope="module")
 def small_cache(tmp_path_factory) -> Path:
     """A 100-question SYNTHETIC cache in the fast format."""
-    from envs.cache.fast import save_fast
+    from envs.cache.schema.fast import save_fast
     from envs.generators.synthetic import generate
 
     path = tmp_path_factory.mktemp("cache") / "syn100"
@@ -167,8 +169,8 @@ def test_learners_follow_the_optimum_along_the_alpha_grid():
     splits = Splits(train=np.tile(perm[:n_train], (redraws, 1)), cal=draws[:, :n_cal], test=draws[:, n_cal:])
     alphas = (0.05, 0.1, 0.2)
     cfg = DEFAULT.replace(iterations=30)
-    got, _ = train_sweep(cfg, params, splits, jax.random.PRNGKey(0), alphas=alphas, lambdas=(0.0,), seeds=seeds,
-                         progress=False)
+    got, _ = train_sweep(RowsRun(cfg, (0.0,), seeds, alphas=alphas), RunData(cache, params, splits, jax.random.PRNGKey(0)),
+                         QUIET)
     optima = [oracle.best_observable(spec, a).cost_of(n_test) for a in alphas]
     assert optima[0] > optima[1] > optima[2]  # the grid is a real trade-off on this cache
     for a, opt in zip(alphas, optima):
@@ -185,8 +187,8 @@ def test_a_killed_sweep_resumes_to_the_same_frontier(tmp_path, small_cache, monk
     whole = sweep(out_dir=tmp_path / "whole", **kw)
     real = rows_mod.train_many
 
-    def killed(*a, **k):
-        real(*a, **dict(k, stop_after_chunks=1))
+    def killed(*a):
+        real(*a[:-1], dataclasses.replace(a[-1], stop_after_chunks=1))
         raise KeyboardInterrupt
 
     monkeypatch.setattr(rows_mod, "train_many", killed)
@@ -199,3 +201,21 @@ def test_a_killed_sweep_resumes_to_the_same_frontier(tmp_path, small_cache, monk
     done = sweep(resume=tmp_path / "run", echo=None)
     strip = lambda f: {k: v for k, v in f.items() if k not in ("timing", "environment")}  # noqa: E731
     assert strip(done.frontier) == strip(whole.frontier)
+
+
+def test_the_member_block_default_is_decided_once():
+    """ccpo.prepare.default_member_block: reproduce under recalibrate, one plain vmap (None); under
+    retrain, and a sweep under either protocol, one reproduce run's learned rows x seeds; a given
+    --member-block wins."""
+    from ccpo_jax.ccpo.prepare import default_member_block
+    from ccpo_jax.ccpo.rows import row_variants
+    from ccpo_jax.ccpo.run_config import ReproduceConfig, SweepConfig
+
+    r = ReproduceConfig(seeds=2)
+    n_rows = len(row_variants(r.lambdas, r.train_config()))
+    assert n_rows == 4  # CPO, CPO (calibrated), CCPO (lambda=0), CCPO (lambda=2e-4)
+    assert default_member_block(r) is None
+    assert default_member_block(ReproduceConfig(seeds=2, protocol="retrain")) == n_rows * 2
+    for protocol in ("recalibrate", "retrain"):  # the sweep's own lambdas do not change its block
+        assert default_member_block(SweepConfig(seeds=2, protocol=protocol, lambdas=(0.0,))) == n_rows * 2
+    assert default_member_block(ReproduceConfig(seeds=2, member_block=3)) == 3

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ccpo_jax.runtime.execution import Execution
 from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.ccpo.evaluation import eval_batch_calibrated, policy_tables
 from ccpo_jax.ccpo.members import train_many
@@ -31,7 +32,7 @@ def small():
 def uninterrupted(mechanics):
     """The uninterrupted 6-iteration run of the mechanics problem (conftest): (state, metrics)."""
     p = mechanics
-    state, metrics, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, progress=False)
+    state, metrics, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, Execution(progress=False))
     return state, metrics
 
 
@@ -45,8 +46,10 @@ def test_killed_run_resumes_to_identical_result(mechanics, uninterrupted, tmp_pa
     full_state, full_m = uninterrupted
     ckpt = tmp_path / "ckpt"
     # "kill" after the first chunk, then resume from the checkpoint.
-    train_many(p.config, p.params, p.variants, p.train_idx, p.key, ckpt_dir=ckpt, progress=False, stop_after_chunks=1)
-    res_state, res_m, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, ckpt_dir=ckpt, progress=False)
+    train_many(p.config, p.params, p.variants, p.train_idx, p.key,
+               Execution(ckpt_dir=ckpt, progress=False, stop_after_chunks=1))
+    res_state, res_m, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key,
+                                     Execution(ckpt_dir=ckpt, progress=False))
     assert _tree_equal(full_state, res_state)
     assert full_m.keys() == res_m.keys()
     for k in full_m:
@@ -62,14 +65,16 @@ def test_flipped_kernel_byte_in_a_killed_training_run_is_not_resumed(mechanics, 
     p = mechanics
     full_state, full_m = uninterrupted
     ckpt = tmp_path / "ckpt"
-    train_many(p.config, p.params, p.variants, p.train_idx, p.key, ckpt_dir=ckpt, progress=False, stop_after_chunks=2)
+    train_many(p.config, p.params, p.variants, p.train_idx, p.key,
+               Execution(ckpt_dir=ckpt, progress=False, stop_after_chunks=2))
     step2 = ckpt / "orbax" / "2"
     data_files = sorted(f for f in step2.rglob("*") if f.is_file() and "/d/" in f.as_posix())
     big = max(data_files, key=lambda f: f.stat().st_size)
     b = bytearray(big.read_bytes())
     b[len(b) // 2] ^= 0x40
     big.write_bytes(bytes(b))
-    res_state, res_m, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, ckpt_dir=ckpt, progress=False)
+    res_state, res_m, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key,
+                                     Execution(ckpt_dir=ckpt, progress=False))
     assert _tree_equal(full_state, res_state)
     for k in full_m:
         np.testing.assert_array_equal(full_m[k], res_m[k])
@@ -90,7 +95,7 @@ def test_another_call_on_the_same_env_reuses_its_programs(mechanics, uninterrupt
 
     monkeypatch.setattr(members, "_cached", spy)
     p = mechanics
-    state, metrics, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, progress=False)
+    state, metrics, _ = train_many(p.config, p.params, p.variants, p.train_idx, p.key, Execution(progress=False))
     assert built == []
     assert _tree_equal(state, uninterrupted[0])
     for k in metrics:
@@ -105,9 +110,10 @@ def test_resume_with_other_config_is_refused(mechanics, tmp_path):
 
     p = mechanics
     cfg = p.config.replace(iterations=2)
-    train_many(cfg, p.params, p.variants, p.train_idx, p.key, ckpt_dir=tmp_path, progress=False)
+    train_many(cfg, p.params, p.variants, p.train_idx, p.key, Execution(ckpt_dir=tmp_path, progress=False))
     with pytest.raises(UserError, match="different configuration"):
-        train_many(cfg.replace(iterations=4), p.params, p.variants, p.train_idx, p.key, ckpt_dir=tmp_path, progress=False)
+        train_many(cfg.replace(iterations=4), p.params, p.variants, p.train_idx, p.key,
+                   Execution(ckpt_dir=tmp_path, progress=False))
 
 
 def _one_right_action_cache(Q: int = 64) -> ResponseCache:
@@ -153,10 +159,10 @@ def test_cpo_and_ccpo_learn_the_obvious_optimum():
     """
     cache = _one_right_action_cache()
     params = make_env_params(cache)
-    cfg = TrainConfig(iterations=40, chunk=40, alpha=0.1)
+    cfg = TrainConfig(iterations=40, chunk=40)  # alpha: the variants' (0.1)
     variants = [Variant("CPO", False), Variant("CCPO (lambda=0)", True)]
     state, metrics, _ = train_many(cfg, params, variants, np.tile(np.arange(64)[None], (SEEDS, 1)),
-                                   jax.random.PRNGKey(0), progress=False)
+                                   jax.random.PRNGKey(0), Execution(progress=False))
     _, _, probs_fn = make_train(cfg, params)
     idx = jnp.arange(64)
 
@@ -219,7 +225,7 @@ def test_saved_policy_round_trip(mechanics, uninterrupted, tmp_path):
     pol, meta = load_policy(tmp_path / "ccpo-lambda-0")
     assert meta["row"] == "CCPO (lambda=0)" and meta["kappa"] == pytest.approx(0.3)
     assert _tree_equal(pol, jax.tree.map(lambda x: x[1, 0, 0], state.policy))
-    assert dataclasses.asdict(cfg)["alpha"] == meta["alpha"]
+    assert meta["alpha"] == variants[1].alpha == meta["train_config"]["alpha"]  # the policy's alpha: its variant's
     pol2, meta2 = load_policy(tmp_path / "ccpo-lambda-2e-4")
     assert meta2["kappa"] == pytest.approx(0.4) and _tree_equal(pol2, jax.tree.map(lambda x: x[2, 0, 0], state.policy))
 
@@ -235,7 +241,7 @@ def test_the_fisher_step_equals_the_kl_hessian_step(small, estimator):
     out = {}
     for hvp in ("fisher", "kl-hessian"):
         cfg = TrainConfig(iterations=1, chunk=1, estimator=estimator, hvp=hvp, exact_batch=32)
-        state, metrics, _ = train_many(cfg, params, variants, idx, jax.random.PRNGKey(4), progress=False)
+        state, metrics, _ = train_many(cfg, params, variants, idx, jax.random.PRNGKey(4), Execution(progress=False))
         out[hvp] = (state.policy, metrics["step_accepted"])
     moved = 0
     for a, b in zip(jax.tree.leaves(out["fisher"][0]), jax.tree.leaves(out["kl-hessian"][0])):
@@ -248,15 +254,19 @@ def test_the_fisher_step_equals_the_kl_hessian_step(small, estimator):
     np.testing.assert_array_equal(out["fisher"][1], out["kl-hessian"][1])
 
 
-def test_a_variants_alpha_is_the_configs_alpha(small):
-    """Variant.alpha (traced, what a sweep sets per member) trains exactly like TrainConfig.alpha."""
+def test_the_trainer_reads_the_variants_alpha(small):
+    """Variant.alpha (traced, what a sweep sets per member) is the alpha the trainer reads: the
+    trainer configuration has none (a run's alpha has one home), 0.25 changes the online kappa, and
+    the default is 0.1."""
     _, params = small
     idx = np.tile(np.arange(60)[None], (1, 1))
     cfg = TrainConfig(iterations=3, chunk=3, exact_batch=32)
-    a, _, _ = train_many(cfg.replace(alpha=0.25), params, [Variant("CCPO (lambda=0)", True)], idx,
-                         jax.random.PRNGKey(1), progress=False)
+    assert "alpha" not in {f.name for f in dataclasses.fields(TrainConfig)}
+    a, _, _ = train_many(cfg, params, [Variant("CCPO (lambda=0)", True, alpha=0.1)], idx, jax.random.PRNGKey(1),
+                         Execution(progress=False))
     b, _, _ = train_many(cfg, params, [Variant("CCPO (lambda=0)", True, alpha=0.25)], idx, jax.random.PRNGKey(1),
-                         progress=False)
-    c, _, _ = train_many(cfg, params, [Variant("CCPO (lambda=0)", True)], idx, jax.random.PRNGKey(1), progress=False)
-    assert _tree_equal(a.policy, b.policy) and np.array_equal(np.asarray(a.kappa), np.asarray(b.kappa))
-    assert not np.array_equal(np.asarray(a.kappa), np.asarray(c.kappa))  # alpha 0.25 vs 0.1 does change kappa
+                         Execution(progress=False))
+    c, _, _ = train_many(cfg, params, [Variant("CCPO (lambda=0)", True)], idx, jax.random.PRNGKey(1),
+                         Execution(progress=False))
+    assert _tree_equal(a.policy, c.policy) and np.array_equal(np.asarray(a.kappa), np.asarray(c.kappa))
+    assert not np.array_equal(np.asarray(a.kappa), np.asarray(b.kappa))  # alpha 0.25 vs 0.1 does change kappa

@@ -11,6 +11,7 @@ docs/calibration.md describes all of it.
 """
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -26,8 +27,21 @@ MONDRIAN = " [Mondrian]"
 
 # -- the vocabulary of reproduce, sweep, export and serving ----------------------------------
 
-#: ``--calibration``: one marginal threshold, or per question group as well (Mondrian).
-CALIBRATIONS = ("marginal", "mondrian")
+class Calibration(enum.StrEnum):
+    """``--calibration`` of ``reproduce`` and ``export``: one marginal threshold per row, or per
+    question group as well (Mondrian). A StrEnum: equal to its value, written as it in run.json."""
+
+    MARGINAL = "marginal"
+    MONDRIAN = "mondrian"
+
+    @classmethod
+    def of(cls, cfg: Any) -> "Calibration":
+        """The calibration of a run configuration (one without the option, e.g. a sweep's: marginal)."""
+        return cls(getattr(cfg, "calibration", None) or cls.MARGINAL)
+
+
+#: The choices of ``--calibration``, in the order the help lists them.
+CALIBRATIONS = tuple(c.value for c in Calibration)
 #: ``--guarantee``: GUARANTEES (:mod:`ccpo_jax.core.guarantee`); the default ``--delta`` of ``pac``:
 DELTA = 0.1
 
@@ -58,7 +72,7 @@ class GroupSpec(NamedTuple):
 def group_spec(cfg: Any, cache: ResponseCache) -> GroupSpec | None:
     """The cache's groups for ``--calibration mondrian`` (None for marginal); a cache without a
     ``group`` per question is refused."""
-    if cfg.calibration != "mondrian":
+    if Calibration.of(cfg) is not Calibration.MONDRIAN:
         return None
     g = cache_groups(cache.arrays)
     if g is None:

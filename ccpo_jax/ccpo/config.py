@@ -27,8 +27,6 @@ class TrainConfig:
     """Policy iterations (paper: 1,500-2,000; the default preset's replay-exact steps converge in far fewer)."""
     batch_size: int = 10
     """Training questions (episodes) per iteration (paper: 10)."""
-    alpha: float = 0.1
-    """Target miscoverage: coverage >= 1 - alpha."""
     delta: float = 0.01
     """KL trust-region radius on the softmasked policy (paper: 0.01)."""
     softmask_eps: float = 0.01
@@ -97,7 +95,6 @@ class TrainConfig:
         checks = [
             (self.iterations >= 1, f"iterations must be >= 1, got {self.iterations}"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
-            (0.0 < self.alpha < 1.0, f"alpha must be in (0, 1), got {self.alpha}"),
             (self.delta > 0, "delta must be > 0"),
             (self.softmask_eps > 0, "softmask_eps must be > 0"),
             (self.chunk >= 1, "chunk must be >= 1"),
@@ -138,24 +135,22 @@ class Variant:
     ``rows``: the table rows this variant's policy serves (None: its own name for CCPO,
     :data:`CPO_ROWS` for CPO). ``z``: its coverage margin in standard errors (None: the
     config's ``constraint_z`` for CCPO, ``pointwise_z`` for CPO; see :meth:`margin`).
-    ``alpha``: its target miscoverage (None: the config's ``alpha``; see :meth:`target_alpha`),
-    traced like ``lam``, so that a sweep over alpha trains in one program
-    (:mod:`ccpo_jax.ccpo.sweep`)."""
+    ``alpha``: its target miscoverage, the one the trainer and the calibration read (a run's alpha
+    has one home, ``ReproduceConfig.alpha`` / ``SweepConfig.alphas``, from which
+    ``ccpo_jax.ccpo.rows.row_variants`` sets it), traced like ``lam``, so that a sweep over alpha
+    trains in one program (:mod:`ccpo_jax.ccpo.sweep`)."""
 
     name: str
     conformal: bool
     lam: float = 0.0
     z: float | None = None
     rows: tuple[str, ...] | None = None
-    alpha: float | None = None
+    alpha: float = 0.1
 
     def table_rows(self) -> tuple[str, ...]:
         if self.rows is not None:
             return tuple(self.rows)
         return (self.name,) if self.conformal else CPO_ROWS
-
-    def target_alpha(self, config: TrainConfig) -> float:
-        return float(config.alpha if self.alpha is None else self.alpha)
 
     def margin(self, config: TrainConfig) -> float:
         if self.z is not None:

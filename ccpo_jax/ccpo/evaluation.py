@@ -198,7 +198,7 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
         kap = state.kappa[:, 0]
     N = kap.shape[1]
     keys = jax.random.split(key, N * S).reshape(N, S, -1)
-    alpha_list = [var.target_alpha(config) for var in variants]
+    alpha_list = [float(var.alpha) for var in variants]
     alphas = jnp.asarray(alpha_list, jnp.float32)  # each at its own alpha
     ranks = variant_ranks(guarantee, alpha_list, n_cal_all) if pac else np.zeros((len(variants), 1), np.int32)
     counts = np.asarray([guarantee.ltt_counts(n_cal_all, a) if ltt else (0, 0) for a in alpha_list], np.int32)
@@ -288,7 +288,7 @@ def evaluate_trained(config: TrainConfig, params: EnvParams, variants: list[Vari
 
     ``state`` leaves are [V, S_train, N, ...] (N seeds; S_train = 1 under ``recalibrate``,
     whose one policy per seed is recalibrated on every split); ``cal_idx``/``test_idx``
-    are [S, n]. Each variant is calibrated at its own alpha (``Variant.target_alpha``). Returns
+    are [S, n]. Each variant is calibrated at its own alpha (``Variant.alpha``). Returns
     ``{row: {metric: np.ndarray [N, S]}}`` and the calibrated kappas ``{row: np.ndarray [N, S]}``.
     """
     ev = evaluate_members(config, params, variants, state, cal_idx, test_idx, key, retrain)

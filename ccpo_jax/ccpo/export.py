@@ -40,7 +40,7 @@ from jax import export as jax_export
 from ccpo_jax.ccpo.blocked import in_blocks
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
 from ccpo_jax.core.conformal import conformal_set
-from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES, guarantee_manifest, mondrian_manifest
+from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES, Calibration, guarantee_manifest, mondrian_manifest
 from ccpo_jax.core.networks import masked_probs, policy_net
 from ccpo_jax.errors import UserError
 from ccpo_jax.serving import Router
@@ -266,10 +266,6 @@ def _why_degenerate(meta: dict) -> str:
     return f"{meta['row']!r}: " + ("; ".join(bits) if bits else "usable")
 
 
-#: ``calibration`` values of :func:`export_router` (the run's vocabulary, :mod:`ccpo_jax.ccpo.calibration`).
-EXPORT_CALIBRATIONS = CALIBRATIONS
-
-
 def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str | None = None,
                   force: bool = False, echo=None, calibration: str = "marginal", guarantee: str | None = None) -> Path:
     """Write the artefact of ``row`` of ``run_dir`` to ``out`` (must not exist).
@@ -294,8 +290,8 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
         raise UserError(f"out {out}: already exists; choose a new path (an artefact is never overwritten)", field="out")
     if guarantee is not None and guarantee not in GUARANTEES:
         raise UserError(f"guarantee: unknown guarantee {guarantee!r}; valid: {', '.join(GUARANTEES)}", field="guarantee")
-    if calibration not in EXPORT_CALIBRATIONS:
-        raise UserError(f"calibration: unknown calibration {calibration!r}; valid: {', '.join(EXPORT_CALIBRATIONS)}",
+    if calibration not in CALIBRATIONS:
+        raise UserError(f"calibration: unknown calibration {calibration!r}; valid: {', '.join(CALIBRATIONS)}",
                         field="calibration")
     policy_dir = find_policy(run_dir, row)
     try:
@@ -333,7 +329,7 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     info = {"platforms": list(exp.platforms), "calling_convention_version": int(exp.calling_convention_version)}
     manifest = build_manifest(meta, names, leaves, policy_dir, run_dir, info)
     manifest["guarantee"] = guarantee_manifest(meta, policy_dir, guarantee)
-    if calibration == "mondrian":
+    if Calibration(calibration) is Calibration.MONDRIAN:
         manifest["mondrian"] = mondrian_manifest(meta, policy_dir)
 
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,6 @@ loop :func:`ccpo_jax.runtime.loop.run_chunks` (progress, TensorBoard, checkpoint
 from __future__ import annotations
 
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -19,6 +18,7 @@ from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.ccpo.train import make_train, variant_arrays
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import loop, sharding
+from ccpo_jax.runtime.execution import Execution
 from envs.replay.env import EnvParams
 
 
@@ -100,35 +100,24 @@ def _cached(params: EnvParams, key: tuple, build):
     return value
 
 
-def train_many(
-    config: TrainConfig,
-    params: EnvParams,
-    variants: list[Variant],
-    train_idx: np.ndarray,
-    key: jax.Array,
-    *,
-    ckpt_dir: Path | None = None,
-    tensorboard: Any = None,
-    progress: bool = True,
-    stop_after_chunks: int | None = None,
-    mesh=None,
-    member_block: int | None = None,
-) -> Trained:
+def train_many(config: TrainConfig, params: EnvParams, variants: list[Variant], train_idx: np.ndarray, key: jax.Array,
+               execution: Execution = Execution()) -> Trained:
     """Train every variant on every row of ``train_idx`` [S, n_train] in one vmapped program.
 
-    ``key`` is one key (split into V * S member keys) or member keys [V, S, 2].
-    ``ckpt_dir`` enables checkpoints after every chunk and resumption from the latest one;
-    ``tensorboard`` (a ``ccpo_jax.runtime.scalars.ScalarWriter``) gets each variant's curves, the mean
-    over its members, after every chunk. ``stop_after_chunks`` simulates a kill (tests).
-    ``mesh`` (a 1-D ``ccpo_jax.runtime.sharding.make_mesh``) shards the flat V * S member axis over its
-    devices (padded to a multiple of the device count, padding stripped from results and
-    checkpoints). ``member_block`` computes the members that many at a time
-    (``sharding.blocked_vmap``); with a mesh every device then runs its own single-device
-    program (``sharding.PerDevice``; across hosts the results are all-gathered), and the run
-    is bit-identical to the one-device run with the same block, on any number of devices and
+    ``key`` is one key (split into V * S member keys) or member keys [V, S, 2]. ``execution``
+    (:class:`ccpo_jax.runtime.execution.Execution`) says where and how: its ``ckpt_dir`` enables
+    checkpoints after every chunk and resumption from the latest one; its ``tb_dir`` gets each
+    variant's curves, the mean over its members, after every chunk; its ``mesh`` (a 1-D
+    ``ccpo_jax.runtime.sharding.make_mesh``) shards the flat V * S member axis over its devices
+    (padded to a multiple of the device count, padding stripped from results and checkpoints);
+    its ``member_block`` computes the members that many at a time (``sharding.blocked_vmap``).
+    With a mesh and a block every device runs its own single-device program
+    (``sharding.PerDevice``; across hosts the results are all-gathered), and the run is
+    bit-identical to the one-device run with the same block, on any number of devices and
     hosts. Without a block a sharded run (one SPMD program) matches one device's only up to
-    rounding, which the CPO step amplifies over long runs.
+    rounding, which the CPO step amplifies over long runs (``sharding.MemberLayout``).
     """
+    member_block, mesh = execution.member_block, execution.mesh
     if member_block is not None and int(member_block) < 1:
         raise UserError(f"member_block={member_block}: must be >= 1")
     trainer = make_train(config, params)
@@ -143,39 +132,14 @@ def train_many(
     # jax 0.10.2 when this changed). One flat member axis.
     init = _cached(params, ("init", config), lambda: jax.jit(jax.vmap(trainer.init)))
     state = init(keys.reshape(V * S, -1))
-    block = 1 if member_block is None else int(member_block)
     n_members = V * S
-    padded = mesh is not None or n_members % block != 0
-    # member_block: one single-device program per device (sharding.PerDevice), so the run
-    # equals the one-device run bitwise; no block: one SPMD program (shard_map).
-    per_device = mesh is not None and member_block is not None
-    spmd = mesh is not None and not per_device
-
-    def place(tree):  # pad the member axis for the devices x block; shard it for SPMD
-        if spmd:
-            return sharding.shard_leading(tree, mesh, block)[0]
-        if padded:
-            return sharding.pad_leading(tree, sharding.padded_size(n_members, mesh, block))
-        return tree
-
-    def unplace(tree):
-        return sharding.unpad(tree, n_members) if padded else tree
-
-    flat_idx, flat_var = place((flat_idx, flat_var))
-
-    def build(n: int, placed_state):
-        fn = sharding.blocked_vmap(lambda s, idx, v: trainer.run_chunk(s, idx, v, n), member_block)
-        if per_device:
-            program = sharding.PerDevice(fn, mesh.devices.flat)
-            program.compile(placed_state, flat_idx, flat_var)
-            return program
-        return jax.jit(sharding.member_map(fn, mesh) if spmd else fn).lower(placed_state, flat_idx, flat_var).compile()
-
-    devices = None if mesh is None else (tuple(d.id for d in mesh.devices.flat), tuple(mesh.axis_names))
+    layout = sharding.MemberLayout(n_members, mesh, member_block)
+    flat_idx, flat_var = layout.place((flat_idx, flat_var))
 
     def compile_chunk(n: int, placed_state):
-        key = ("chunk", config, n, member_block, devices, _signature((placed_state, flat_idx, flat_var)))
-        program = _cached(params, key, lambda: build(n, placed_state))
+        key = ("chunk", config, n, member_block, layout.devices(), _signature((placed_state, flat_idx, flat_var)))
+        fn = sharding.blocked_vmap(lambda s, idx, v: trainer.run_chunk(s, idx, v, n), member_block)
+        program = _cached(params, key, lambda: layout.compile(fn, placed_state, flat_idx, flat_var))
 
         def step(s):
             s, m = program(s, flat_idx, flat_var)
@@ -184,12 +148,14 @@ def train_many(
         return step
 
     meta = {"config": repr(config), "variants": [repr(v) for v in variants], "S": S}
-    out = loop.run_chunks(
-        compile_chunk, state, iterations=config.iterations, chunk=config.chunk,
-        desc=f"train {V} variant(s) x {S} member(s) each", ckpt_dir=ckpt_dir, meta=meta, place=place,
-        unplace=unplace, tensorboard=tensorboard, scalars=variant_scalars(variants, S),
-        postfix=lambda m: progress_fields(m, variants, S), progress=progress, stop_after_chunks=stop_after_chunks,
-    )
+    with execution.scalar_writer() as writer:
+        out = loop.run_chunks(
+            compile_chunk, state, iterations=config.iterations, chunk=config.chunk,
+            desc=f"train {V} variant(s) x {S} member(s) each", ckpt_dir=execution.ckpt_dir, meta=meta,
+            place=layout.place, unplace=layout.unplace, tensorboard=writer, scalars=variant_scalars(variants, S),
+            postfix=lambda m: progress_fields(m, variants, S), progress=execution.progress,
+            stop_after_chunks=execution.stop_after_chunks,
+        )
     state = jax.tree.map(lambda x: x.reshape((V, S) + x.shape[1:]), out.state)
     metrics = {k: v.reshape(V, S, -1) for k, v in out.metrics.items()}
     return Trained(state=state, metrics=metrics, timing={"compile_s": out.compile_s, "train_s": out.train_s})

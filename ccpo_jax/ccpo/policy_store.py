@@ -70,7 +70,7 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
             "conformal_training": bool(var.conformal),
             "lambda": float(var.lam),
             "constraint_z": var.margin(cfg),
-            "alpha": float(cfg.alpha),
+            "alpha": float(var.alpha),
             "kappa": float(np.asarray(kappas[row])[0, 0]),
             "kappa_online": float(np.asarray(state.kappa[v, 0, 0])),
             "kappa_note": "kappa is the batch-calibrated threshold of seed 0 on split 0; kappa_online the online one",
@@ -83,13 +83,13 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
             "feature_names": list(feature_names(m.T)),
             "cache": {"name": m.name, "provenance": m.provenance, "checksum": m.checksum or cache.checksum()},
             "models": m.to_dict()["models"],  # a ladder: one entry per round
-            "train_config": dataclasses.asdict(cfg),
+            "train_config": dict(dataclasses.asdict(cfg), alpha=float(var.alpha)),  # the policy's alpha (Variant.alpha)
             "jax": jax.__version__,
         }
         if diagnostics and row in diagnostics:
             meta["calibration"] = diagnostics[row]
         if guarantee is not None:
-            meta["guarantee"] = guarantee.describe(cfg.alpha)
+            meta["guarantee"] = guarantee.describe(var.alpha)
         if mondrian and row in mondrian:
             meta["mondrian"] = mondrian[row]
         atomic_write_text(d / POLICY_META, json.dumps(meta, indent=2, default=str) + "\n")

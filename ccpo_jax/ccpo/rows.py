@@ -26,9 +26,9 @@ from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, policy_row, save_policies
 from ccpo_jax.ccpo.settings import lambda_row_name
 from ccpo_jax.ccpo.splits import Splits
-from ccpo_jax.core.guarantee import Guarantee
+from ccpo_jax.ccpo.calibration import group_spec, run_guarantee
 from ccpo_jax.errors import UserError
-from ccpo_jax.runtime.scalars import ScalarWriter
+from ccpo_jax.runtime.execution import Execution
 from envs.cache.schema import ResponseCache
 from envs.replay.env import EnvParams
 
@@ -56,32 +56,61 @@ class LearnedRows:
     for every calibrated row (:func:`ccpo_jax.ccpo.evaluation.variant_ltt`)."""
 
 
-class LearnedRowsFn(Protocol):
-    """The trainer the pipeline calls (:func:`learned_rows`, or a stand-in in tests)."""
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    """What the learned rows train and evaluate on: the cache, its replay env, the splits and the
+    training key (``ccpo_jax.ccpo.prepare.prepare`` makes it for ``reproduce`` and ``sweep``)."""
 
-    def __call__(self, *, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array,
-                 config: TrainConfig, lambdas: tuple[float, ...], protocol: str, seeds: int, ckpt_dir: Path,
-                 tb_dir: Path | None, progress: bool, mesh: Any, member_block: int | None,
-                 groups: GroupSpec | None = None, guarantee: Guarantee | None = None) -> LearnedRows: ...
+    cache: ResponseCache
+    params: EnvParams
+    splits: Splits
+    key: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsRun:
+    """The run configuration the learned rows read, for a caller without a command's configuration
+    (experiments, tests): the trainer configuration, the table's lambdas, seeds, protocol (and, for
+    :func:`train_sweep`, the alphas). A run of ``reproduce`` passes its ``ReproduceConfig`` instead."""
+
+    config: TrainConfig
+    lambdas: tuple[float, ...] = ()
+    seeds: int = 1
+    protocol: str = "recalibrate"
+    alpha: float = 0.1
+    alphas: tuple[float, ...] = ()
+
+    def train_config(self) -> TrainConfig:
+        return self.config
+
+
+class LearnedRowsFn(Protocol):
+    """The trainer the pipeline calls (:func:`learned_rows`, or a stand-in in tests): the run
+    configuration (``ccpo_jax.ccpo.run_config.ReproduceConfig``), the data and the execution."""
+
+    def __call__(self, run: Any, data: RunData, execution: Execution) -> LearnedRows: ...
 
 
 #: Name of the CPO variant that serves the calibrated CPO rows when the margins differ.
 CPO_CALIBRATED = "CPO (calibrated)"
 
 
-def row_variants(lambdas: tuple[float, ...], config: TrainConfig | None = None) -> list[Variant]:
-    """CPO (gives rows CPO, CPO batch, CPO online), CCPO (lambda=0) and CCPO (lambda=l) for each l.
+def row_variants(lambdas: tuple[float, ...], config: TrainConfig | None = None, alpha: float = 0.1) -> list[Variant]:
+    """CPO (gives rows CPO, CPO batch, CPO online), CCPO (lambda=0) and CCPO (lambda=l) for each l,
+    all at the run's ``alpha`` (``Variant.alpha``, what the trainer reads).
 
     When ``config.pointwise_z`` differs from ``config.constraint_z`` (the default preset), CPO
     trains twice: ``CPO`` at the pointwise margin serves the row CPO, ``CPO (calibrated)`` at the
     calibrated rows' margin serves CPO batch and CPO online."""
+    a = float(alpha)
     if config is None or config.pointwise_z == config.constraint_z:
-        out = [Variant("CPO", conformal=False, lam=0.0)]
+        out = [Variant("CPO", conformal=False, lam=0.0, alpha=a)]
     else:
-        out = [Variant("CPO", conformal=False, lam=0.0, rows=("CPO",)),
-               Variant(CPO_CALIBRATED, conformal=False, lam=0.0, z=config.constraint_z, rows=("CPO batch", "CPO online"))]
-    out += [Variant(lambda_row_name(0.0), conformal=True, lam=0.0)]
-    out += [Variant(lambda_row_name(lam), conformal=True, lam=float(lam)) for lam in lambdas if lam != 0.0]
+        out = [Variant("CPO", conformal=False, lam=0.0, rows=("CPO",), alpha=a),
+               Variant(CPO_CALIBRATED, conformal=False, lam=0.0, z=config.constraint_z, rows=("CPO batch", "CPO online"),
+                       alpha=a)]
+    out += [Variant(lambda_row_name(0.0), conformal=True, lam=0.0, alpha=a)]
+    out += [Variant(lambda_row_name(lam), conformal=True, lam=float(lam), alpha=a) for lam in lambdas if lam != 0.0]
     return out
 
 
@@ -91,19 +120,6 @@ def run_batch(n_variants: int, seeds: int) -> int:
     the CPO step amplifies, by the batch shape (``ccpo_jax.runtime.sharding.blocked_vmap``): a member
     computed in a batch of this size, alone or in blocks, runs the program of a reproduce run."""
     return int(n_variants) * int(seeds)
-
-
-def default_member_block(protocol: str, n_variants: int, seeds: int) -> int | None:
-    """The member block of a run that gives none (``--member-block``): ``retrain`` trains its
-    rows x splits x seeds members in blocks of :func:`run_batch` (one split's members), ``recalibrate``
-    in one plain vmap (None; its members are one such batch already).
-
-    Why retrain blocks: one vmap of all 400 members of ``--protocol retrain --seeds 1`` keeps a working
-    set of 400 members' activations, which outgrows the CPU caches; blocks of 4 members trained
-    1.3x the member-iterations per second on the 2-core CPU of docs/performance.md. And with
-    ``--devices N`` every device runs the one-device block program (``sharding.PerDevice``), so a
-    retrain run's numbers do not depend on the number of devices (or cores) it ran on."""
-    return run_batch(n_variants, seeds) if protocol == "retrain" else None
 
 
 @dataclasses.dataclass
@@ -138,64 +154,44 @@ def member_keys(key: jax.Array, names: list[str], n: int) -> jax.Array:
     return jax.numpy.stack([jax.random.split(jax.random.fold_in(key, zlib.crc32(nm.encode())), n) for nm in names])
 
 
-def _train_and_evaluate(config, params, splits, key, variants, key_names, *, seeds, protocol, ckpt_dir, tensorboard,
-                        progress, mesh, member_block, groups=None, guarantee=None):
-    """Train ``variants`` x training splits x ``seeds`` in one program and evaluate every member on
+def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execution: Execution,
+                        key_names: list[str], groups: GroupSpec | None = None):
+    """Train ``variants`` x training splits x ``run.seeds`` in one program and evaluate every member on
     every split: (state [V, S_train, N, ...], :class:`MemberEval`, curves, timing)."""
-    if int(seeds) < 1:
-        raise UserError(f"seeds={seeds}: must be >= 1")
-    N = int(seeds)
-    retrain = protocol == "retrain"
+    config, splits = run.train_config(), data.splits
+    N = int(run.seeds)
+    if N < 1:
+        raise UserError(f"seeds={run.seeds}: must be >= 1")
+    retrain = run.protocol == "retrain"
     train_idx = np.asarray(splits.train) if retrain else np.asarray(splits.train)[:1]
     S_t = train_idx.shape[0]
-    k_train, k_eval = jax.random.split(key)
-    state, metrics, timing = train_many(
-        config, params, variants, np.repeat(train_idx, N, axis=0), member_keys(k_train, key_names, S_t * N),
-        ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh, member_block=member_block,
-    )
+    k_train, k_eval = jax.random.split(data.key)
+    state, metrics, timing = train_many(config, data.params, variants, np.repeat(train_idx, N, axis=0),
+                                        member_keys(k_train, key_names, S_t * N), execution)
     state = jax.tree.map(lambda x: x.reshape((x.shape[0], S_t, N) + x.shape[2:]), state)
     t0 = time.perf_counter()
-    ev = evaluate_members(config, params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
-                          retrain, groups, guarantee)
+    ev = evaluate_members(config, data.params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
+                          retrain, groups, run_guarantee(run))
     timing = dict(timing, eval_s=time.perf_counter() - t0)
     curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
     return state, ev, curves, timing
 
 
-def train_seeds(
-    config: TrainConfig,
-    params: EnvParams,
-    splits: Splits,
-    key: jax.Array,
-    *,
-    lambdas: tuple[float, ...] = (),
-    seeds: int = 1,
-    protocol: str = "recalibrate",
-    ckpt_dir: Path | None = None,
-    tensorboard: Any = None,
-    progress: bool = True,
-    mesh=None,
-    member_block: int | None = None,
-    groups: GroupSpec | None = None,
-    guarantee: Guarantee | None = None,
-) -> TrainedRows:
-    """Train the learned rows (:func:`row_variants`) for ``seeds`` seeds and evaluate them on every split.
+def train_seeds(run: Any, data: RunData, execution: Execution) -> TrainedRows:
+    """Train the learned rows (:func:`row_variants`) for ``run.seeds`` seeds and evaluate them on every split.
 
-    All variants x training splits x seeds are members of one vmapped program; seed n of
-    every member starts from its own key (:func:`member_keys`). Under ``recalibrate`` each seed
-    trains once on ``splits.train[0]`` and is recalibrated on every split; under ``retrain`` every
-    (split, seed) pair trains its own policy. ``member_block`` None: :func:`default_member_block`.
-    With ``groups`` every calibrated row also gets its group-conditional (Mondrian) twin,
-    ``ROW [Mondrian]``, from the same trained policies. ``guarantee`` (default marginal): which
-    order statistic every calibrated threshold takes (:mod:`ccpo_jax.core.guarantee`).
+    ``run``: the run configuration (``ReproduceConfig``: ``train_config()``, ``lambdas``, ``seeds``,
+    ``protocol``, ``calibration``, the guarantee). All variants x training splits x seeds are members
+    of one vmapped program; seed n of every member starts from its own key (:func:`member_keys`).
+    Under ``recalibrate`` each seed trains once on ``splits.train[0]`` and is recalibrated on every
+    split; under ``retrain`` every (split, seed) pair trains its own policy. With ``--calibration
+    mondrian`` every calibrated row also gets its group-conditional (Mondrian) twin, ``ROW [Mondrian]``,
+    from the same trained policies. The guarantee (default marginal) chooses the order statistic
+    every calibrated threshold takes (:mod:`ccpo_jax.core.guarantee`).
     """
-    variants = row_variants(tuple(lambdas), config)
-    if member_block is None:
-        member_block = default_member_block(protocol, len(variants), seeds)
-    state, ev, curves, timing = _train_and_evaluate(
-        config, params, splits, key, variants, [v.name for v in variants], seeds=seeds, protocol=protocol,
-        ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh, member_block=member_block,
-        groups=groups, guarantee=guarantee)
+    variants = row_variants(tuple(run.lambdas), run.train_config(), run.alpha)
+    groups = group_spec(run, data.cache)
+    state, ev, curves, timing = _train_and_evaluate(run, variants, data, execution, [v.name for v in variants], groups)
     rows: dict = {}
     kappas: dict = {}
     per_group: dict = {}
@@ -217,67 +213,46 @@ def alpha_name(name: str, alpha: float) -> str:
     return f"{name} @ alpha={alpha:g}"
 
 
-def train_sweep(
-    config: TrainConfig,
-    params: EnvParams,
-    splits: Splits,
-    key: jax.Array,
-    *,
-    alphas: tuple[float, ...],
-    lambdas: tuple[float, ...],
-    seeds: int,
-    protocol: str = "recalibrate",
-    ckpt_dir: Path | None = None,
-    tensorboard: Any = None,
-    progress: bool = True,
-    mesh=None,
-    member_block: int | None = None,
-    guarantee: Guarantee | None = None,
-) -> tuple[dict[float, dict[str, dict[str, np.ndarray]]], dict[str, float]]:
+def train_sweep(run: Any, data: RunData, execution: Execution
+                ) -> tuple[dict[float, dict[str, dict[str, np.ndarray]]], dict[str, float]]:
     """Every learned row x alpha x seed (x training split under ``retrain``) as members of ONE
     vmapped program (alpha is traced data, ``Variant.alpha``), each member calibrated and
-    evaluated at its own alpha on every split. The row variant at alpha a has the keys of the
-    same row in ``train_seeds`` (:func:`member_keys`), so it equals a ``reproduce`` run at alpha a.
+    evaluated at its own alpha on every split. ``run``: the sweep's configuration (``SweepConfig``:
+    ``alphas``, ``lambdas``, ``seeds``, ``protocol``, the guarantee). The row variant at alpha a has
+    the keys of the same row in ``train_seeds`` (:func:`member_keys`), so it equals a ``reproduce``
+    run at alpha a.
 
     Returns ``{alpha: {row: {metric: [N seeds, S splits]}}}`` and the timing."""
+    lambdas, config = run.lambdas, run.train_config()
     base = row_variants(tuple(lam for lam in lambdas if lam != 0.0), config)
     if 0.0 not in [float(x) for x in lambdas]:  # CCPO (lambda=0) only when asked for
         base = [v for v in base if not (v.conformal and v.lam == 0.0)]
     variants = [dataclasses.replace(v, name=alpha_name(v.name, a), alpha=float(a), rows=v.table_rows())
-                for a in alphas for v in base]
-    state, ev, _, timing = _train_and_evaluate(
-        config, params, splits, key, variants, [v.name for a in alphas for v in base], seeds=seeds,
-        protocol=protocol, ckpt_dir=ckpt_dir, tensorboard=tensorboard, progress=progress, mesh=mesh,
-        member_block=member_block, guarantee=guarantee)
+                for a in run.alphas for v in base]
+    state, ev, _, timing = _train_and_evaluate(run, variants, data, execution,
+                                               [v.name for a in run.alphas for v in base])
     out: dict[float, dict[str, dict[str, np.ndarray]]] = {}
     for v, var in enumerate(variants):
         out.setdefault(float(var.alpha), {}).update(variant_rows(var, ev, v)[0])
     return out, timing
 
 
-def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key: jax.Array, config: TrainConfig,
-                 lambdas: tuple[float, ...], protocol: str, seeds: int, ckpt_dir: Path, tb_dir: Path | None,
-                 progress: bool, mesh: Any = None, member_block: int | None = None,
-                 groups: GroupSpec | None = None, guarantee: Guarantee | None = None) -> LearnedRows:
-    """Train and evaluate the learned rows; save seed 0's split-0 policies beside ``ckpt_dir``.
+def learned_rows(run: Any, data: RunData, execution: Execution) -> LearnedRows:
+    """Train and evaluate the learned rows; save seed 0's split-0 policies beside ``execution.ckpt_dir``.
 
-    ``splits.train`` is [S, n_train], ``splits.cal``/``splits.test`` [S, n]; ``lambdas`` are the
-    table's nonzero lambdas (CCPO (lambda=0) always trains). Checkpoints go to ``ckpt_dir``
-    (a run killed there resumes from them), live training curves to ``tb_dir``, the policies
-    to ``ckpt_dir/../policies``. Rows hold [N seeds, S splits] arrays. With ``groups`` (the
-    cache's groups, ``reproduce --calibration mondrian``) every calibrated row gets its Mondrian
-    twin and the per-group outcome (:attr:`LearnedRows.groups`); the saved policies carry their
-    per-group thresholds (seed 0, split 0) for ``ccpo-jax export``. ``guarantee`` (``--guarantee``;
-    None: marginal) chooses every calibrated threshold's order statistic and is saved with the policies.
+    ``run`` is the run configuration (:func:`train_seeds`), its ``lambdas`` the table's nonzero
+    lambdas (CCPO (lambda=0) always trains); ``data.splits.train`` is [S, n_train],
+    ``cal``/``test`` [S, n]. Checkpoints go to ``execution.ckpt_dir`` (a run killed there resumes
+    from them), live training curves to ``execution.tb_dir``, the policies to
+    ``ckpt_dir/../policies``. Rows hold [N seeds, S splits] arrays. With ``--calibration
+    mondrian`` every calibrated row gets its Mondrian twin and the per-group outcome
+    (:attr:`LearnedRows.groups`); the saved policies carry their per-group thresholds (seed 0,
+    split 0) for ``ccpo-jax export``. The run's guarantee chooses every calibrated threshold's
+    order statistic and is saved with the policies.
     """
-    writer = None if tb_dir is None else ScalarWriter(tb_dir, ".train")
-    try:
-        trained = train_seeds(config, params, splits, key, lambdas=tuple(lambdas), seeds=seeds, protocol=protocol,
-                              ckpt_dir=Path(ckpt_dir), tensorboard=writer, progress=progress, mesh=mesh,
-                              member_block=member_block, groups=groups, guarantee=guarantee)
-    finally:
-        if writer is not None:
-            writer.close()
+    trained = train_seeds(run, data, execution)
+    config, params, splits, cache, protocol = run.train_config(), data.params, data.splits, data.cache, run.protocol
+    groups, guarantee, ckpt_dir = group_spec(run, cache), run_guarantee(run), execution.ckpt_dir
     diagnostics = {}
     for v, var in enumerate(trained.variants):
         row = policy_row(var)
@@ -285,7 +260,7 @@ def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key
             continue
         pol = jax.tree.map(lambda x: x[v, 0, 0], trained.state.policy)
         d = calibration_diagnostics(pol, params, float(np.asarray(trained.kappas[row])[0, 0]),
-                                    np.asarray(splits.cal)[0], config.alpha, config.hidden)
+                                    np.asarray(splits.cal)[0], var.alpha, config.hidden)
         d["test_cost_cents_mean"] = _finite_mean(trained.rows[row]["cost_cents"])
         d["test_coverage_mean"] = _finite_mean(trained.rows[row]["coverage"])
         if row in trained.ltt:  # the saved threshold (seed 0, split 0) passed both tests, or not
@@ -293,7 +268,7 @@ def learned_rows(*, cache: ResponseCache, params: EnvParams, splits: Splits, key
         diagnostics[row] = d
     mondrian = None if groups is None else mondrian_thresholds(trained, groups)
     save_policies(Path(ckpt_dir).parent / POLICIES_DIR, config, trained.variants, trained.state, trained.kappas,
-                  cache, protocol, diagnostics, mondrian, guarantee or Guarantee())
+                  cache, protocol, diagnostics, mondrian, guarantee)
     group_out = None
     if groups is not None:
         group_out = {"names": list(groups.names), "group_min": groups.group_min, "n_cal": trained.ev.groups.n_cal,

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ccpo_jax.ccpo.calibration import CALIBRATIONS, DELTA, GUARANTEES  # the one vocabulary
+from ccpo_jax.ccpo.calibration import CALIBRATIONS, DELTA, GUARANTEES, Calibration  # the one vocabulary
 from ccpo_jax.ccpo.config import TrainConfig
 from ccpo_jax.ccpo.presets import apply_overrides, get_preset
 from ccpo_jax.ccpo.settings import DEFAULT_SETTING, PROTOCOLS, get_setting
@@ -128,10 +128,10 @@ def _setting_lambdas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
 GROUP_MIN = 20
 
 
-def _calibration(name: str, v: Any, cfg: Any) -> str:
+def _calibration(name: str, v: Any, cfg: Any) -> Calibration:
     if v not in CALIBRATIONS:
         raise UserError(f"calibration: unknown calibration {v!r}; valid: {', '.join(CALIBRATIONS)}", field=name)
-    return v
+    return Calibration(v)
 
 
 
@@ -185,7 +185,7 @@ def _cap_context(name: str, what: str, cfg: Any) -> None:
     if cfg.guarantee != "pac":
         raise UserError(f"{what}: a cap on a second risk needs --guarantee pac (Learn then Test holds all the "
                         "risks with probability 1 - delta)", field=name)
-    if getattr(cfg, "calibration", "marginal") != "marginal":
+    if Calibration.of(cfg) is not Calibration.MARGINAL:
         # Learn then Test per group would test every group's caps on its own few questions, with delta split
         # over groups x risks: not built (docs/calibration.md, "What is not done")
         raise UserError(f"{what}: not with --calibration mondrian: the caps are tested on one threshold per row, "
@@ -324,9 +324,10 @@ class RunOptions:
     def __post_init__(self) -> None:
         options.resolve(self)
 
-    def train_config(self, alpha: float) -> TrainConfig:
-        """The trainer configuration of this run: the preset, the overrides, ``alpha``, the iterations."""
-        cfg = apply_overrides(get_preset(self.preset), self.overrides).replace(alpha=float(alpha))
+    def train_config(self) -> TrainConfig:
+        """The trainer configuration of this run: the preset, the overrides, the iterations (alpha is
+        the run's, on every ``Variant``)."""
+        cfg = apply_overrides(get_preset(self.preset), self.overrides)
         return cfg if self.iterations is None else cfg.replace(iterations=int(self.iterations))
 
 
@@ -338,7 +339,7 @@ class ReproduceConfig(RunOptions):
                           default_doc="the setting's", check=_alpha)
     lambdas: tuple[float, ...] = option(None, help="the table's nonzero CCPO lambdas (CCPO (lambda=0) always "
                                         "runs)", derived=True, check=_setting_lambdas)
-    calibration: str = option("--calibration", help="marginal: one threshold for all questions; mondrian: also "
+    calibration: Calibration = option("--calibration", help="marginal: one threshold for all questions; mondrian: also "
                               "calibrate every calibrated row per question group (the cache's 'group'), reported as "
                               "'ROW [Mondrian]' beside it, with per-group coverage for both", choices=CALIBRATIONS,
                               default="marginal", check=_calibration, if_missing="marginal")
@@ -356,9 +357,6 @@ class ReproduceConfig(RunOptions):
                                     "at CENTS (Hoeffding-Bentkus test of a bounded loss); with --guide-cap too, "
                                     "delta is split over three risks", metavar="CENTS", type=float, check=_cost_cap,
                                     if_missing=None)
-
-    def train_config(self, alpha: float | None = None) -> TrainConfig:
-        return super().train_config(self.alpha if alpha is None else alpha)
 
 
 #: reproduce's fields -> its flags (error messages name the flag).
@@ -427,9 +425,49 @@ class SweepConfig(RunOptions):
     guarantee: str = _guarantee_option()
     delta: float | None = _delta_option()
 
-    def train_config(self, alpha: float | None = None) -> TrainConfig:
-        """The trainer configuration (its alpha is the setting's; every sweep member has its own)."""
-        return super().train_config(get_setting(self.setting).alpha if alpha is None else alpha)
-
 
 SWEEP_FLAGS = options.flag_names(SweepConfig)
+
+
+# -- ccpo-jax export ------------------------------------------------------------------------
+
+def _required_path(name: str, v: Any, cfg: Any) -> Path:
+    if v is None:
+        raise UserError(f"{name}: required", field=name)
+    return Path(v)
+
+
+def _export_guarantee(name: str, v: Any, cfg: Any) -> str | None:
+    if v is not None and v not in GUARANTEES:
+        raise UserError(f"guarantee: unknown guarantee {v!r}; valid: {', '.join(GUARANTEES)}", field=name)
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+    """``ccpo-jax export``: which row of a run becomes a router artefact, and where it goes
+    (:func:`ccpo_jax.ccpo.export.export_router` takes these fields as its arguments)."""
+
+    run_dir: Path = option("RUN_DIR", help="the --out of 'ccpo-jax reproduce' (or one policy folder)",
+                           check=_required_path)
+    row: str | None = option("--row", help="row name or slug, e.g. 'CPO batch'", metavar="ROW",
+                             default_doc="the cheapest calibrated row whose calibration coverage holds and whose "
+                             "router is not degenerate")
+    force: bool = option("--force", help="export a degenerate router anyway (kappa-hat 0, or every action in the set "
+                         "for >= 90%% of calibration questions)", switch=True, default=False)
+    calibration: Calibration = option("--calibration", help="mondrian: the router carries the row's per-group "
+                                      "thresholds (a run of 'reproduce --calibration mondrian') and takes a request's "
+                                      "'group'", choices=CALIBRATIONS, default="marginal",
+                                      default_doc="marginal, one threshold", check=_calibration)
+    guarantee: str | None = option("--guarantee", help="the guarantee the router must carry: the run's thresholds "
+                                   "were chosen by 'reproduce --guarantee', so another one is refused",
+                                   choices=GUARANTEES, default_doc="the run's; the manifest and every decision "
+                                   "state it with alpha and delta", check=_export_guarantee)
+    out: Path = option("--out", help="output directory (must not exist)", metavar="ARTIFACT", required=True,
+                       check=_required_path)
+
+    def __post_init__(self) -> None:
+        options.resolve(self)
+
+
+EXPORT_FLAGS = options.flag_names(ExportConfig)

@@ -57,7 +57,7 @@ class VariantArrays(struct.PyTreeNode):
     conformal: jax.Array  # bool []
     lam: jax.Array  # float []
     z: jax.Array  # float [], coverage margin in standard errors (Variant.margin)
-    alpha: jax.Array  # float [], target miscoverage (Variant.target_alpha)
+    alpha: jax.Array  # float [], target miscoverage (Variant.alpha)
 
 
 def variant_arrays(variants: list[Variant], config: TrainConfig) -> VariantArrays:
@@ -65,7 +65,7 @@ def variant_arrays(variants: list[Variant], config: TrainConfig) -> VariantArray
         conformal=jnp.asarray([v.conformal for v in variants]),
         lam=jnp.asarray([v.lam for v in variants], jnp.float32),
         z=jnp.asarray([v.margin(config) for v in variants], jnp.float32),
-        alpha=jnp.asarray([v.target_alpha(config) for v in variants], jnp.float32),
+        alpha=jnp.asarray([v.alpha for v in variants], jnp.float32),
     )
 
 

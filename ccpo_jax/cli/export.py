@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES
+from ccpo_jax.ccpo.run_config import ExportConfig
+from ccpo_jax.runtime.options import add_flags
 from envs.cache.atomic import atomic_write_text
 
 
@@ -16,20 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "export", help="write a trained policy of a run as a self-describing router artefact (jax.export)",
         description="Export the policy of one row of a 'ccpo-jax reproduce' run (RUN_DIR/policies/) as a directory "
         "with manifest.json, policy.jaxexport and params.npz, loadable by ccpo_jax.serving.Router.")
-    e.add_argument("run_dir", metavar="RUN_DIR", help="the --out of 'ccpo-jax reproduce' (or one policy folder)")
-    e.add_argument("--row", default=None, help="row name or slug, e.g. 'CPO batch' (default: the cheapest calibrated "
-                   "row whose calibration coverage holds and whose router is not degenerate)")
-    e.add_argument("--force", action="store_true",
-                   help="export a degenerate router anyway (kappa-hat 0, or every action in the set for >= 90%% of "
-                   "calibration questions)")
-    e.add_argument("--calibration", choices=CALIBRATIONS, default="marginal",
-                   help="mondrian: the router carries the row's per-group thresholds (a run of 'reproduce "
-                   "--calibration mondrian') and takes a request's 'group' (default: marginal, one threshold)")
-    e.add_argument("--guarantee", choices=GUARANTEES, default=None,
-                   help="the guarantee the router must carry: the run's thresholds were chosen by 'reproduce "
-                   "--guarantee', so another one is refused (default: the run's; the manifest and every decision "
-                   "state it with alpha and delta)")
-    e.add_argument("--out", required=True, metavar="ARTIFACT", help="output directory (must not exist)")
+    add_flags(e, ExportConfig)  # one flag per field of the typed options
     e.set_defaults(func=_export)
 
     r = sub.add_parser(
@@ -69,12 +57,15 @@ def _export(args) -> int:
 
     from ccpo_jax.errors import UserError
 
+    from ccpo_jax.ccpo.run_config import EXPORT_FLAGS
+    from ccpo_jax.runtime.options import given
+
     try:
-        out = export_router(args.run_dir, args.out, row=args.row, force=args.force, echo=print,
-                            calibration=args.calibration, guarantee=args.guarantee)
+        cfg = ExportConfig(**given(ExportConfig, args))
+        out = export_router(cfg.run_dir, cfg.out, row=cfg.row, force=cfg.force, echo=print,
+                            calibration=cfg.calibration, guarantee=cfg.guarantee)
     except UserError as e:  # the library names its arguments; say which flag that is
-        raise e.for_cli({"row": "--row", "out": "--out", "force": "--force", "calibration": "--calibration",
-                         "guarantee": "--guarantee"}) from None
+        raise e.for_cli(EXPORT_FLAGS) from None
     m = read_verified(out)[0]
     kind = m["cache"].get("provenance", {}).get("kind", "?")
     tag = " (trained on a SYNTHETIC cache)" if kind == "synthetic" else ""

@@ -47,7 +47,7 @@ UNSET: Any = _Unset()
 class Option:
     """How one field of a run configuration is set, checked, saved and documented."""
 
-    flag: str | None  # "--splits"; None: set from Python only (or derived: ``derived``)
+    flag: str | None  # "--splits", or "RUN_DIR" (a positional argument); None: set from Python only (or derived)
     help: str
     default_doc: str | None = None  # what the default is, in words (None: the field's default)
     metavar: str | None = None
@@ -62,6 +62,7 @@ class Option:
     load: Callable[[Any], Any] | None = None  # back from JSON (default: lists -> tuples)
     unset_means: Callable[[Any], Any] | None = None  # what a saved None stands for (resume checks)
     if_missing: Any = UNSET  # the value of a saved run.json that predates the field
+    required: bool = False  # the command line must give the flag
 
 
 def option(flag: str | None, *, help: str, default: Any = None, **kw: Any) -> Any:
@@ -99,7 +100,12 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     for f, opt in _options(cls):
         if opt.flag is None:
             continue
+        if not opt.flag.startswith("-"):  # a positional argument: its flag is its metavar
+            parser.add_argument(f.name, metavar=opt.flag, type=opt.type, help=_help(f, opt))
+            continue
         kw: dict[str, Any] = dict(dest=f.name, default=None, help=_help(f, opt))
+        if opt.required:
+            kw["required"] = True
         if opt.switch is not UNSET:
             kw.update(action="store_const", const=opt.switch)
         else:
@@ -180,9 +186,10 @@ def markdown(cls: type) -> str:
     for f, opt in _options(cls):
         if opt.flag is None:
             continue
-        value = "" if opt.switch is not UNSET else " " + (
+        value = "" if opt.switch is not UNSET or not opt.flag.startswith("-") else " " + (
             "|".join(opt.choices) if opt.choices else (opt.metavar or f.name.upper()))
-        lines.append(f"- `{opt.flag}{value}` (`{f.name}`){' (repeatable)' if opt.repeat else ''}: {_help(f, opt)}")
+        text = _help(f, opt).replace("%%", "%")  # argparse's escape of a percent sign
+        lines.append(f"- `{opt.flag}{value}` (`{f.name}`){' (repeatable)' if opt.repeat else ''}: {text}")
     return "\n".join(lines) + "\n"
 
 

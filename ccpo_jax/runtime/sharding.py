@@ -286,3 +286,46 @@ def to_host(tree: Any) -> Any:
         return np.asarray(x)
 
     return jax.tree.map(get, tree)
+
+
+class MemberLayout:
+    """How ``n`` members sit on the devices, and the one kind of program that computes them.
+
+    ``mesh`` None: one device; ``block`` members per block (:func:`blocked_vmap`; None: one vmap).
+    :meth:`place` pads the member axis to a multiple of devices x block (and, for the SPMD program,
+    shards it), :meth:`unplace` strips the padding, :meth:`compile` compiles a vmapped function for
+    the layout. Two program kinds stay, because they round differently: with a mesh and a block,
+    one single-device program per device (:class:`PerDevice`, bitwise a one-device run with that
+    block); with a mesh and no block, one SPMD program (:func:`member_map`), which matches a
+    one-device run only up to rounding. Without a mesh the single-device program is the plain jit.
+    """
+
+    def __init__(self, n: int, mesh: Mesh | None, block: int | None):
+        if block is not None and int(block) < 1:
+            raise ValueError(f"member block {block}: must be >= 1")
+        self.n, self.mesh, self.block = int(n), mesh, None if block is None else int(block)
+        self.per_device = mesh is not None and block is not None
+        self.spmd = mesh is not None and block is None
+        self.padded = mesh is not None or self.n % (self.block or 1) != 0
+
+    def place(self, tree: Any) -> Any:
+        if self.spmd:
+            return shard_leading(tree, self.mesh, 1)[0]
+        if self.padded:
+            return pad_leading(tree, padded_size(self.n, self.mesh, self.block or 1))
+        return tree
+
+    def unplace(self, tree: Any) -> Any:
+        return unpad(tree, self.n) if self.padded else tree
+
+    def compile(self, fn: Callable, *args) -> Callable:
+        """``fn`` (vmapped over the leading axis) compiled for this layout on ``args`` (placed)."""
+        if self.per_device:
+            program = PerDevice(fn, self.mesh.devices.flat)
+            program.compile(*args)
+            return program
+        return jax.jit(member_map(fn, self.mesh) if self.spmd else fn).lower(*args).compile()
+
+    def devices(self) -> tuple | None:
+        """What a compiled program depends on of the mesh (a cache key)."""
+        return None if self.mesh is None else (tuple(d.id for d in self.mesh.devices.flat), tuple(self.mesh.axis_names))

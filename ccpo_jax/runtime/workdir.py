@@ -1,16 +1,18 @@
-"""A run's output directory built in a hidden work directory, shared by ``reproduce`` and ``stackelberg``.
+"""A run's output directory built in a hidden work directory, shared by ``reproduce``, ``sweep`` and ``stackelberg``.
 
 A run writes into ``<parent>/.<name>.partial`` (:func:`work_dir`) and renames it to ``out`` only when
 complete, so ``out`` never holds a half-written run. A killed run leaves the work directory (with its
 checkpoints and the saved configuration, ``run_file``) behind, and ``--resume OUT`` continues it:
-:func:`interrupted_run` finds it. Errors are :class:`ccpo_jax.errors.UserError` naming the field.
+:func:`interrupted_run` finds it. :func:`committed` is the one place that creates the work directory,
+renames it when the run completes and decides what stays after an interrupt or a failure. Errors are :class:`ccpo_jax.errors.UserError` naming the field.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from ccpo_jax.errors import UserError, add_hint
 from ccpo_jax.runtime.checkpoints import completed_steps
@@ -103,3 +105,41 @@ def refuse_other_command(saved: Any, command: str, out: Path) -> None:
     if maker is not None and maker != command:
         raise UserError(f"resume: {out} was made by `ccpo-jax {maker}`, not `ccpo-jax {command}`; resume it with "
                         f"`ccpo-jax {maker} --resume {out}`", field="resume")
+
+
+@contextlib.contextmanager
+def committed(out: Path, *, resuming: bool, resume: str, save: Callable[[Path], Any] | None = None,
+              discard: bool = False, say: Callable[[str], Any] | None = None,
+              ckpt_dir: str = "checkpoints") -> Iterator[Path]:
+    """The work directory of ``out`` for the body of a run; renamed to ``out`` when the body completes.
+
+    A new run (not ``resuming``) creates the work directory and ``save`` writes its configuration
+    into it first. ``resume`` is how to continue the run (e.g. ``ccpo-jax reproduce --resume OUT``).
+    Interrupted (KeyboardInterrupt): once training started (``ckpt_dir`` exists) the directory stays
+    and ``say`` tells how to go on (unless ``discard``); before, a new run's is removed. Failed:
+    :func:`after_failure` (the checkpoints stay, the error says how to go on).
+    """
+    work = work_dir(out)
+    created = False
+    try:
+        if not resuming:
+            work.mkdir(parents=True)
+            created = True
+            if save is not None:
+                save(work)
+        yield work
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(work, out)
+    except KeyboardInterrupt:
+        if (work / ckpt_dir).exists() and not discard:
+            if say is not None:
+                say(f"interrupted; continue with: {resume}")
+        elif work.exists() and (created or discard):
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    except BaseException as e:
+        # A failure after training started (a full disk while writing outputs, a bug in the
+        # report) must not cost the training: the checkpoints stay, and the error says how to go on.
+        after_failure(e, work, created=created, discard=discard, ckpt_dir=ckpt_dir,
+                      resume_hint=f"after fixing the cause, continue with `{resume}`")
+        raise

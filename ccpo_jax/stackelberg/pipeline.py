@@ -99,16 +99,13 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
     else:
         out = Path(out_dir)
         workdir.check_new_out(out, field="out_dir")
-        work = workdir.work_dir(out)
-        work.mkdir(parents=True)
+
+    def save(work: Path) -> None:
         atomic_write_text(work / RUN_FILE, json.dumps({"config": saved}, indent=2) + "\n")
-    try:
+
+    with workdir.committed(out, resuming=resume, resume=f"ccpo-jax stackelberg --resume {out} (with the run's options)",
+                           save=save, say=log) as work:
         res = _run_in(cfg, work, progress, log)
-        os.replace(work, out)
-    except BaseException as e:
-        workdir.after_failure(e, work, created=not resume,
-                              resume_hint=f"continue with the same options and `--resume {out}`")
-        raise
     return res
 
 
