@@ -22,7 +22,7 @@ ROWS = ("CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=2e-4)
 
 @pytest.fixture(scope="module")
 def cache100(tmp_path_factory) -> Path:
-    from envs.cache.schema.fast import save_fast
+    from envs.cache.fast import save_fast
     from envs.generators.synthetic import generate
 
     return save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), tmp_path_factory.mktemp("c") / "c100")

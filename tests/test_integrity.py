@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.cache.schema.fast import load_fast, save_fast
+from envs.cache.fast import load_fast, save_fast
 from envs.cache.schema import CacheError, arrays_checksum
 from envs.cache.formats import load_cache
 from envs.cache.jsonl import read_jsonl, write_jsonl

@@ -72,7 +72,7 @@ class SeedTrainer:
 
 @pytest.fixture(scope="module")
 def small_cache(tmp_path_factory) -> Path:
-    from envs.cache.schema.fast import save_fast
+    from envs.cache.fast import save_fast
     from envs.generators.synthetic import generate
 
     path = tmp_path_factory.mktemp("cache") / "syn100"

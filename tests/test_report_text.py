@@ -64,7 +64,7 @@ def test_markdown_cells_and_code_spans_keep_the_table_whole(text):
 def odd_cache(tmp_path_factory) -> Path:
     """A synthetic cache whose name, base and EXIT / LLM-policy model names carry ESC, newline and '|',
     and whose groups carry '|'."""
-    from envs.cache.schema.fast import save_fast
+    from envs.cache.fast import save_fast
     from envs.cache.schema import ResponseCache
     from envs.generators.synthetic import generate
 

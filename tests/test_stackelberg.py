@@ -12,6 +12,7 @@ from envs.cache.schema import CacheError
 from envs.governance.grid import load_grid, read_grid_jsonl, save_grid
 from envs.governance.session import SessionConfig, SessionEnv, make_session_params, smooth_commitment
 from envs.governance.synthetic import PROBE_TARGETS, generate_grid, probes
+from ccpo_jax.stackelberg.acting import RolloutParams
 from ccpo_jax.stackelberg.config import LeaderPPOConfig, RepairConfig, SurrogateConfig
 from ccpo_jax.stackelberg.gail import Discriminator, discriminator_loss
 from ccpo_jax.stackelberg.ppo import gae, make_ppo
@@ -304,7 +305,7 @@ def test_evaluation_compiles_one_rollout_per_env_kind(monkeypatch, small_grid, s
         env = SessionEnv(dataclasses.replace(cfg.session, state=ekind, mode="replay", horizon=2), ctrls[ekind].env.n_models)
         ctrl = None if ckind is None else ctrls[ckind]._replace(env=env)
         act = strategies.make_act(ctrl, cfg, u_head, mode, static)
-        pp = {} if ctrl is None else {"leader": ctrl.leader_params, "fol": ctrl.follower_params}
+        pp = RolloutParams() if ctrl is None else RolloutParams(leader=ctrl.leader_params, fol=ctrl.follower_params)
         want = rollout(env, act, jax.random.fold_in(sizes[1][1], list(plan).index(name)), session_params, pp, 5)
         for k, v in want.items():
             np.testing.assert_allclose(large[name][k], np.asarray(v), rtol=1e-5, atol=1e-5, err_msg=f"{name} {k}")
@@ -341,10 +342,10 @@ def test_constant_oracle_finds_the_hand_derived_optimum(session_params):
     follower = lambda pp, obs, st: (jnp.array([0.2, 0.5, 0.2]), jnp.array([0.2, 0.5, 0.2]))
     cand = leader_candidates(3)  # q, alpha in {0, 0.5, 1}
     keys = jax.random.split(jax.random.PRNGKey(0), 50)
-    v = candidate_values(env, session_params, follower, {}, cand, keys, chunk=4)  # chunks of 4 with padding
+    v = candidate_values(env, session_params, follower, RolloutParams(), cand, keys, chunk=4)  # chunks of 4 with padding
     i1, i0 = 2, 0  # (q=0, alpha=1), (q=0, alpha=0)
     np.testing.assert_allclose(v["u_leader"][i0] - v["u_leader"][i1], 0.195, atol=1e-5)
-    res = oracle_search(env, session_params, follower, {}, cand, keys, jax.random.split(jax.random.PRNGKey(1), 50))
+    res = oracle_search(env, session_params, follower, RolloutParams(), cand, keys, jax.random.split(jax.random.PRNGKey(1), 50))
     assert res["constant"]["action"][1] == 0.0
     assert all(a[1] == 0.0 for row in res["table"]["actions"] for a in row)
 
@@ -522,7 +523,7 @@ def test_state_feedback_profile_table_beats_every_constant(session_params):
             _, a = expert_action(env, st, obs[-2:], session_params, acand, table, jax.random.PRNGKey(0), 0.0)
             return a, a
 
-        res = oracle_search(env, session_params, follower, {}, cand, sel, sco)
+        res = oracle_search(env, session_params, follower, RolloutParams(), cand, sel, sco)
         gaps[name] = paired_gap(res["table"]["per_session"], res["constant"]["per_session"])
         if name == "state-feedback":
             w_s = LEADER_PROFILES[name]["leader_w_s_task"]
@@ -554,7 +555,7 @@ def test_leader_learner_table(tmp_path, monkeypatch, session_params):
 
     monkeypatch.setitem(leaders.LEADER_LEARNERS, "mine", stand_in)
     cfg = dataclasses.replace(StackelbergConfig().quick(), leader_learner="mine")
-    monkeypatch.setattr(training, "_train_follower", lambda *a, **k: {"policy": None, "params": None})
+    monkeypatch.setattr(training, "_train_follower", lambda *a, **k: training.TrainedFollower(None, None, None, {}))
     with pytest.raises(RuntimeError, match="stand-in reached"):
         training.train_controller("scalar", cfg, session_params, jax.random.PRNGKey(0), tmp_path, None, False)
     assert calls == [cfg.leader]

@@ -30,7 +30,7 @@ from conftest import run_cli
 @pytest.fixture(scope="module")
 def small_cache(tmp_path_factory) -> Path:
     """A 100-question SYNTHETIC cache in the fast format."""
-    from envs.cache.schema.fast import save_fast
+    from envs.cache.fast import save_fast
     from envs.generators.synthetic import generate
 
     path = tmp_path_factory.mktemp("cache") / "syn100"

@@ -3,8 +3,9 @@ output through the output margin, the follower's action with projection or tool 
 ``act(pp, x, state) -> (ell, a_raw, a_exec)`` per strategy mode, which training, the leader oracles
 and evaluation all roll out.
 
-``pp`` holds the parameters a rollout vmaps over: ``leader`` and ``fol`` (network parameters), and
-for the strategy program ``mode``, ``static`` and ``table`` (:mod:`ccpo_jax.stackelberg.strategies`).
+``pp`` is a :class:`RolloutParams`, the parameters a rollout vmaps over: ``leader`` and ``fol``
+(network parameters), and for the strategy program ``mode``, ``static`` and ``table``
+(:mod:`ccpo_jax.stackelberg.strategies`).
 """
 from __future__ import annotations
 
@@ -21,6 +22,26 @@ from .repair import project_box, repair_action
 
 Params = Any
 """A flax parameter tree."""
+
+
+class RolloutParams(NamedTuple):
+    """What a rollout's ``act(pp, x, state)`` reads (a pytree; a field a mode does not use stays None)."""
+    leader: Params = None
+    """The leader policy's parameters."""
+    fol: Params = None
+    """The follower policy's parameters."""
+    mode: Any = None
+    """The strategy program's branch, an index into :data:`ccpo_jax.stackelberg.strategies.MODES` (int32)."""
+    static: Any = None
+    """A static strategy's action [3] (float32)."""
+    table: Any = None
+    """A leader table [K, M, 2]: raw l~ per task and model condition (the brute-force oracles)."""
+
+
+class EpisodeParams(NamedTuple):
+    """What the leader learner's episodes read: the session env's parameters and the follower's."""
+    env: Any
+    fol: Params
 
 
 class Controller(NamedTuple):
@@ -55,7 +76,7 @@ def make_follower(policy, cfg: StackelbergConfig, u_head, mode: str):
     """``follower(pp, obs, state) -> (a_raw, a_exec)``: the follower's mean action on ``obs`` = [x, l], then
     nothing ('raw'), the projection onto A_real ('proj') or the projection and tool repair ('repair')."""
     def follower(pp, obs, st):
-        a_raw = policy.mean(pp["fol"], obs)
+        a_raw = policy.mean(pp.fol, obs)
         if mode == "raw":
             return a_raw, a_raw
         if mode == "proj":
@@ -68,7 +89,7 @@ def make_follower(policy, cfg: StackelbergConfig, u_head, mode: str):
 def make_act(ctrl: Controller | None, cfg: StackelbergConfig, u_head, mode: str, static=None):
     """``act(pp, x, state) -> (ell, a_raw, a_exec)`` for a static action or a learned controller.
 
-    Mode 'table' plays the leader table ``pp["table"]`` [K, M, 2] (raw l~ per task and model
+    Mode 'table' plays the leader table ``pp.table`` [K, M, 2] (raw l~ per task and model
     condition: the brute-force oracles of :mod:`ccpo_jax.stackelberg.oracle`) instead of the
     learned leader, with the repaired follower."""
     ell0 = jnp.asarray(cfg.session.ell_init, jnp.float32)
@@ -79,7 +100,7 @@ def make_act(ctrl: Controller | None, cfg: StackelbergConfig, u_head, mode: str,
     follower = make_follower(policy, cfg, u_head, "repair" if mode == "table" else mode)
 
     def act(pp, x, st):
-        raw = pp["table"][st.task, st.model] if mode == "table" else leader_raw(cfg, leader.mean(pp["leader"], x))
+        raw = pp.table[st.task, st.model] if mode == "table" else leader_raw(cfg, leader.mean(pp.leader, x))
         ell = env.commit(st, raw)
         a_raw, a = follower(pp, jnp.concatenate([x, ell]), st)
         return ell, a_raw, a

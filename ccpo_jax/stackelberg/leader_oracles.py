@@ -12,7 +12,7 @@ import numpy as np
 
 from envs.governance.session import N_TASKS, SessionEnv
 
-from .acting import make_act, make_follower
+from .acting import RolloutParams, make_act, make_follower
 from .config import StackelbergConfig
 from .evaluate import rollout_episodes
 from .oracle import leader_candidates, oracle_search, paired_gap, score, session_summary
@@ -39,10 +39,10 @@ def leader_oracles(cfg: StackelbergConfig, params, ctrls: dict, u_head, key,
                 continue
             env = SessionEnv(dataclasses.replace(cfg.session, state=kind, mode=mode, horizon=horizon), c.env.n_models)
             follower = make_follower(c.policy, cfg, u_head, fmode)
-            fol_pp = {"fol": c.follower_params}
+            fol_pp = RolloutParams(fol=c.follower_params)
             res = oracle_search(env, params, follower, fol_pp, cand, sel_keys, score_keys)
             act = make_act(c._replace(env=env), cfg, u_head, fmode)
-            run = jax.jit(jax.vmap(lambda lp: rollout_episodes(env, act, score_keys, params, dict(fol_pp, leader=lp))))
+            run = jax.jit(jax.vmap(lambda lp: rollout_episodes(env, act, score_keys, params, fol_pp._replace(leader=lp))))
             both = jax.tree.map(lambda a, b: jnp.stack([a, b]), c.leader_params, c.leader_init_params)
             s2 = session_summary(jax.tree.map(np.asarray, run(both)))
             for i, name in enumerate(("learned", "untrained")):

@@ -27,6 +27,7 @@ import numpy as np
 
 from envs.governance.session import N_TASKS, SessionEnv, SessionParams
 
+from .acting import RolloutParams
 from .evaluate import rollout_episodes
 
 
@@ -43,16 +44,16 @@ def session_summary(runs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def table_act(env: SessionEnv, follower: Callable) -> Callable:
-    """``act(pp, x, st)`` of a table leader: l~ = ``pp["table"][task, model]``; ``follower(obs, st) -> (a_raw, a_exec)``."""
+    """``act(pp, x, st)`` of a table leader: l~ = ``pp.table[task, model]``; ``follower(pp, obs, st) -> (a_raw, a_exec)``."""
     def act(pp, x, st):
-        ell = env.commit(st, pp["table"][st.task, st.model])
+        ell = env.commit(st, pp.table[st.task, st.model])
         a_raw, a = follower(pp, jnp.concatenate([x, ell]), st)
         return ell, a_raw, a
 
     return act
 
 
-def candidate_values(env: SessionEnv, params: SessionParams, follower: Callable, fol_pp, cand: np.ndarray, keys,
+def candidate_values(env: SessionEnv, params: SessionParams, follower: Callable, fol_pp: RolloutParams, cand: np.ndarray, keys,
                      chunk: int = 64) -> dict[str, np.ndarray]:
     """Per-session summaries of every constant candidate ``cand`` [C, 2] on the sessions ``keys`` [N]:
     arrays ``[C, N]`` (task, model ``[N]``). Candidates are vmapped in chunks of ``chunk``."""
@@ -61,7 +62,7 @@ def candidate_values(env: SessionEnv, params: SessionParams, follower: Callable,
 
     @jax.jit
     def run(tables):
-        return jax.vmap(lambda t: rollout_episodes(env, act, keys, params, dict(fol_pp, table=t)))(tables)
+        return jax.vmap(lambda t: rollout_episodes(env, act, keys, params, fol_pp._replace(table=t)))(tables)
 
     cand = np.asarray(cand, np.float32)
     outs = []
@@ -107,7 +108,7 @@ def score(s: dict[str, np.ndarray]) -> dict[str, float]:
             "tokens_per_turn": float(np.mean(s["tokens"])), "quality": float(np.mean(s["quality"]))}
 
 
-def oracle_search(env: SessionEnv, params: SessionParams, follower: Callable, fol_pp, cand: np.ndarray,
+def oracle_search(env: SessionEnv, params: SessionParams, follower: Callable, fol_pp: RolloutParams, cand: np.ndarray,
                   select_keys, score_keys) -> dict:
     """Best constant and best (task, model) table chosen on ``select_keys`` and scored on ``score_keys``.
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from envs.governance.session import N_TASKS, SessionEnv
 
-from .acting import Controller, make_act
+from .acting import Controller, RolloutParams, make_act
 from .config import StackelbergConfig
 from .evaluate import rollout_episodes
 
@@ -54,12 +54,12 @@ def eval_plan(cfg: StackelbergConfig) -> dict[str, PlanEntry]:
 
 
 def make_strategy_act(ctrl: Controller, cfg: StackelbergConfig, u_head):
-    """One ``act`` for every strategy of an env kind: ``pp["mode"]`` (an index into :data:`MODES`) picks
-    the :func:`make_act` branch and ``pp["static"]`` is the static action; both are traced, so the
+    """One ``act`` for every strategy of an env kind: ``pp.mode`` (an index into :data:`MODES`) picks
+    the :func:`make_act` branch and ``pp.static`` is the static action; both are traced, so the
     strategies of a kind share one program (vmapped over them, the branches become a select)."""
     learned = [make_act(ctrl, cfg, u_head, m) for m in MODES[1:]]
-    branches = [lambda pp, x, st: make_act(None, cfg, u_head, "static", pp["static"])(pp, x, st), *learned]
-    return lambda pp, x, st: jax.lax.switch(pp["mode"], branches, pp, x, st)
+    branches = [lambda pp, x, st: make_act(None, cfg, u_head, "static", pp.static)(pp, x, st), *learned]
+    return lambda pp, x, st: jax.lax.switch(pp.mode, branches, pp, x, st)
 
 
 def _episode_keys(key, i: int, episodes: int):
@@ -85,13 +85,14 @@ def evaluate_sizes(cfg: StackelbergConfig, params, ctrls: dict, u_head, sizes: l
         no_table = jnp.zeros((N_TASKS, n_models, 2), jnp.float32)
         init = c.leader_params if c.leader_init_params is None else c.leader_init_params
         leaders = [init if n == "Untrained+R" else c.leader_params for n in names]
-        pp = {"leader": jax.tree.map(lambda *xs: jnp.stack(xs), *leaders), "fol": c.follower_params,
-              "mode": jnp.asarray([MODES.index(plan[n].mode) for n in names], jnp.int32),
-              "static": jnp.asarray([plan[n].static or (0.0, 0.0, 0.0) for n in names], jnp.float32),
-              "table": jnp.stack([jnp.asarray(tables[n], jnp.float32) if n in tables else no_table for n in names])}
+        pp = RolloutParams(
+            leader=jax.tree.map(lambda *xs: jnp.stack(xs), *leaders), fol=c.follower_params,
+            mode=jnp.asarray([MODES.index(plan[n].mode) for n in names], jnp.int32),
+            static=jnp.asarray([plan[n].static or (0.0, 0.0, 0.0) for n in names], jnp.float32),
+            table=jnp.stack([jnp.asarray(tables[n], jnp.float32) if n in tables else no_table for n in names]))
         keys = jnp.stack([jnp.concatenate([_episode_keys(k, index[n], e) for e, k in sizes]) for n in names])
         f = jax.jit(jax.vmap(lambda k, p, pp: rollout_episodes(env, make_strategy_act(ctrl, cfg, u_head), k, p, pp),
-                             in_axes=(0, None, {"leader": 0, "fol": None, "mode": 0, "static": 0, "table": 0})))
+                             in_axes=(0, None, RolloutParams(leader=0, fol=None, mode=0, static=0, table=0))))
         res = jax.tree.map(np.asarray, f(keys, params, pp))
         starts = np.cumsum([0] + [e for e, _ in sizes])
         for j, (e, _) in enumerate(sizes):

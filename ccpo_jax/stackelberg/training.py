@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,11 +17,12 @@ import numpy as np
 from ccpo_jax.runtime import loop
 from envs.governance.session import SessionEnv
 
-from .acting import Controller, leader_raw, make_act
+from .acting import Controller, EpisodeParams, Params, RolloutParams, leader_raw, make_act
 from .config import StackelbergConfig
 from .evaluate import rollout_episodes
 from .gail import expert_demos, imitation_error, make_bc, make_gail
 from .leaders import leader_learner
+from .nets import BoxPolicy
 from .repair import trap_audit
 
 
@@ -53,8 +54,17 @@ def _take(tree, i: int):
     return jax.tree.map(lambda x: x[i], tree)
 
 
+class TrainedFollower(NamedTuple):
+    """Phase 1's result: the follower's policy, the selected GAIL seed's parameters, the best BC
+    seed's (reported beside it) and the imitation report."""
+    policy: BoxPolicy
+    params: Params
+    bc_params: Params
+    report: dict
+
+
 def _train_follower(kind: str, env: SessionEnv, cfg: StackelbergConfig, params, key, ckpt_root: Path, writer,
-                    progress: bool, meta: dict) -> dict:
+                    progress: bool, meta: dict) -> TrainedFollower:
     """Phase 1: behaviour cloning and GAIL on the same demonstrations, all seeds at once. The follower is
     the GAIL seed with the lowest imitation error on held-out expert states (against the noise-free
     expert action); BC's errors are reported beside it."""
@@ -78,18 +88,17 @@ def _train_follower(kind: str, env: SessionEnv, cfg: StackelbergConfig, params, 
     gail_err, bc_err = np.asarray(err(g_state.actor)), np.asarray(err(bc_state[0]))
     best = int(np.argmin(gail_err))
     demo_a = np.asarray(demos.action)
-    return {"policy": policy, "params": _take(g_state.actor, best), "bc_params": _take(bc_state[0], int(np.argmin(bc_err))),
-            "report": {
-                "n_demos": int(demo_a.shape[0]), "demo_mean_action": [round(float(x), 4) for x in demo_a.mean(0)],
-                "demo_trap_rate": trap_audit(demo_a, cfg.repair.trap)["trap_rate"],
-                "demo_mean_t_ratio": float(np.asarray(demos.t_ratio).mean()),
-                "gail_final": {k: [float(x) for x in v[:, -1]] for k, v in g_metrics.items() if v.ndim == 2},
-                "imitation_error": {"gail": gail_err.tolist(), "bc": bc_err.tolist(),
-                                    "label_noise": float(np.abs(np.asarray(held.action - held.clean_action)).mean()),
-                                    "constant_mean_action": float(np.abs(np.asarray(held.clean_action)
-                                                                         - demo_a.mean(0)).mean()),
-                                    "n_held_out": int(held.obs.shape[0]), "bc_init": cfg.gail.bc_init},
-                "follower_seed": best}}
+    report = {
+        "n_demos": int(demo_a.shape[0]), "demo_mean_action": [round(float(x), 4) for x in demo_a.mean(0)],
+        "demo_trap_rate": trap_audit(demo_a, cfg.repair.trap)["trap_rate"],
+        "demo_mean_t_ratio": float(np.asarray(demos.t_ratio).mean()),
+        "gail_final": {k: [float(x) for x in v[:, -1]] for k, v in g_metrics.items() if v.ndim == 2},
+        "imitation_error": {"gail": gail_err.tolist(), "bc": bc_err.tolist(),
+                            "label_noise": float(np.abs(np.asarray(held.action - held.clean_action)).mean()),
+                            "constant_mean_action": float(np.abs(np.asarray(held.clean_action) - demo_a.mean(0)).mean()),
+                            "n_held_out": int(held.obs.shape[0]), "bc_init": cfg.gail.bc_init},
+        "follower_seed": best}
+    return TrainedFollower(policy, _take(g_state.actor, best), _take(bc_state[0], int(np.argmin(bc_err))), report)
 
 
 def train_controller(kind: str, cfg: StackelbergConfig, params, key, ckpt_root: Path, writer, progress: bool) -> Controller:
@@ -102,38 +111,38 @@ def train_controller(kind: str, cfg: StackelbergConfig, params, key, ckpt_root: 
     k_fol, k_lead, k_sel = jax.random.split(key, 3)
     meta = {"config": dataclasses.asdict(cfg), "state": kind}
     fol = _train_follower(kind, env, cfg, params, k_fol, ckpt_root, writer, progress, meta)
-    policy = fol["policy"]
+    policy = fol.policy
 
     def reset(k, ep):
-        return env.reset(k, ep["env"])
+        return env.reset(k, ep.env)
 
     def step(k, s, a_leader, ep):
         x = env.observe(s)
         ell = env.commit(s, leader_raw(cfg, a_leader))
         obs = jnp.concatenate([x, ell])
-        a = policy.mean(ep["fol"], obs) if cfg.leader.follower_deterministic else policy.sample(ep["fol"], obs, k)
-        return env.step(jax.random.fold_in(k, 1), s, ell, a, ep["env"])
+        a = policy.mean(ep.fol, obs) if cfg.leader.follower_deterministic else policy.sample(ep.fol, obs, k)
+        return env.step(jax.random.fold_in(k, 1), s, ell, a, ep.env)
 
     learner = leader_learner(cfg.leader_learner)
     leader, l_init, l_run = learner(reset, step, env.obs_dim, 2, scfg.horizon, cfg.leader, cfg.leader.policy)
-    ep = {"env": params, "fol": fol["params"]}
+    ep = EpisodeParams(env=params, fol=fol.params)
     l_keys = jax.random.split(k_lead, cfg.seeds)
-    l_state, l_metrics = _train_chunks(f"{kind}_leader_{cfg.leader_learner}", l_init, l_run, (ep,), ({"env": None, "fol": None},),
+    l_state, l_metrics = _train_chunks(f"{kind}_leader_{cfg.leader_learner}", l_init, l_run, (ep,), (EpisodeParams(env=None, fol=None),),
                                        l_keys, cfg.leader.iterations, cfg.chunks, ckpt_root, writer, progress, meta)
-    ctrl = Controller(env, policy, leader, leader_params=None, follower_params=fol["params"])
+    ctrl = Controller(env, policy, leader, leader_params=None, follower_params=fol.params)
     act = make_act(ctrl, cfg, None, "raw")
     sel_keys = jax.random.split(k_sel, cfg.oracle.select_sessions)
-    values = jax.jit(jax.vmap(lambda lp: rollout_episodes(env, act, sel_keys, params, {"leader": lp, "fol": fol["params"]})
+    values = jax.jit(jax.vmap(lambda lp: rollout_episodes(env, act, sel_keys, params, RolloutParams(leader=lp, fol=fol.params))
                               ["u_leader"].sum(-1).mean()))(l_state.actor)
     values = np.asarray(values)
     best = int(np.argmax(values))
     ret = l_metrics["episode_return"]  # [S, iters]
     tail = max(1, ret.shape[1] // 10)
     return ctrl._replace(
-        best_seed=best, bc_params=fol["bc_params"],
+        best_seed=best, bc_params=fol.bc_params,
         leader_params=_take(l_state.actor, best), leader_init_params=jax.jit(l_init)(l_keys[best]).actor,
         report={
-            "state_dim": env.obs_dim, **fol["report"],
+            "state_dim": env.obs_dim, **fol.report,
             "leader_return_per_seed": [float(x) for x in ret[:, -tail:].mean(1)],
             "leader_selection_value_per_seed": values.tolist(),
             "selected_seed": best,
