@@ -322,10 +322,10 @@ def test_csv_questions_and_pricing_file(server, tmp_path):
         load_questions(tmp_path / "dup.csv")
     pricing = tmp_path / "prices.yaml"
     pricing.write_text("big-guide: {price_in: 3, price_out: 12}\n")
-    args = argparse.Namespace(pricing=str(pricing), base_price="0,0", guide_price=None)
+    args = argparse.Namespace(pricing=str(pricing), base_price=["0,0"], guide_price=None)
     prices, sources = resolve_prices(args, {"base": BASE_MODEL, "guide": GUIDE_MODEL})
     assert prices == {"base": (0.0, 0.0), "guide": (3.0, 12.0)} and sources["guide"] == "--pricing prices.yaml"
-    args = argparse.Namespace(pricing=None, base_price="0,0", guide_price=None)
+    args = argparse.Namespace(pricing=None, base_price=["0,0"], guide_price=None)
     prices, sources = resolve_prices(args, {"base": BASE_MODEL, "guide": "gpt-4o"})
     assert prices["guide"] == (2.5, 10.0) and sources["guide"].startswith("envs/importers/pricing.py")
 

@@ -57,3 +57,26 @@ def test_collect_gets_the_designed_confidence_and_uncertainty(servers, tmp_path,
     err = capsys.readouterr().err
     assert err.startswith(f"error: the base endpoint {servers['base']}/chat/completions does not serve the model "
                           "'gpt-4o'; it lists: 'bigram-base'"), err
+
+
+def test_collect_a_ladder_against_two_real_servers(servers, tmp_path, monkeypatch):
+    """``--base`` once per round: round 1's base call goes to the base server, round 2's to the other one
+    (its loaded model names itself in every reply), each priced at its rung's prices."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796083200")
+    out = tmp_path / "ladder.jsonl"
+    q = _questions(tmp_path / "questions.jsonl", 4)
+    args = ["data", "collect", "--questions", str(q), "--rounds", "2",
+            "--base", f"{servers['base']},bigram-base", "--base-price", "1,2",
+            "--base", f"{servers['guide']},bigram-guide", "--base-price", "10,20",
+            "--guide", f"{servers['guide']},bigram-guide", "--guide-price", "0,0",
+            "--concurrency", "1", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    calls = [json.loads(x) for x in Path(str(out) + ".calls").read_text().splitlines()]
+    base = [c for c in calls if c.get("call") in ("r0.base", "r1.base") and "text" in c]
+    assert {c["call"] for c in base} == {"r0.base", "r1.base"}
+    for c in base:
+        want, (p_in, p_out) = (("bigram-base", (1, 2)) if c["call"] == "r0.base" else ("bigram-guide", (10, 20)))
+        assert c["model"] == want and want in str(c["served_model"])
+        assert c["cost_usd"] == pytest.approx((c["tokens_in"] * p_in + c["tokens_out"] * p_out) / 1e6)
+    man = json.loads(out.read_text().splitlines()[0])["manifest"]
+    assert [m["name"] for m in man["models"]["base"]] == ["bigram-base", "bigram-guide"]

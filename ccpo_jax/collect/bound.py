@@ -4,13 +4,13 @@ from __future__ import annotations
 from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.caller import PROMPT_TOKENS_PER_CHAR, estimate_tokens
 from ccpo_jax.collect.questions import Question
-from ccpo_jax.collect.settings import ROLES, Settings
+from ccpo_jax.collect.settings import Settings
 
 
 def cost_bound(s: Settings, questions: list[Question]) -> dict[str, dict[str, float]]:
     """Per role: calls and the worst-case tokens and USD of collecting ``questions`` (every
     completion at max_tokens, prompts at :data:`PROMPT_TOKENS_PER_CHAR`; no replays counted)."""
-    out = {r: {"calls": 0, "tokens_in": 0, "tokens_out": 0, "usd": 0.0} for r in ROLES}
+    out = {r: {"calls": 0, "tokens_in": 0, "tokens_out": 0, "usd": 0.0} for r in s.roles()}
 
     def add(role, prompt_text_chars, n_msgs, extra_tokens, max_out):
         o = out[role]
@@ -26,7 +26,7 @@ def cost_bound(s: Settings, questions: list[Question]) -> dict[str, dict[str, fl
         qc = len(q.question)
         base0 = len(P.BASE_PROMPT) + qc
         for t in range(s.T):
-            add("base", base0 + t * len(P.BASE_RETRY), 1 + 2 * t, t * (B + G), B)
+            add(s.base_role(t), base0 + t * len(P.BASE_RETRY), 1 + 2 * t, t * (B + G), B)
             add("guide", len(P.GUIDE_PROMPT) + qc, 1, B, G)
         for role in dict.fromkeys(s.exit_roles):
             for t in range(s.T):
@@ -46,7 +46,7 @@ def format_bound(s: Settings, bound: dict, n: int, cap: float | None, paid: floa
     lines = [f"cost bound for {n} question(s), T={s.T} (every completion at max_tokens, prompts at "
              f"{PROMPT_TOKENS_PER_CHAR:g} token per character; a real run costs less):"]
     total = 0.0
-    for r in ROLES:
+    for r in s.roles():
         b = bound[r]
         p_in, p_out = s.prices[r]
         src = s.price_sources[r].split(":")[0]

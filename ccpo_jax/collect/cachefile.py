@@ -20,7 +20,7 @@ from typing import Any
 
 from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.calllog import truncate_partial_line
-from ccpo_jax.collect.settings import COLLECTOR_VERSION, ROLES, CollectError, Settings
+from ccpo_jax.collect.settings import COLLECTOR_VERSION, CollectError, Settings
 from envs.cache.atomic import atomic_write_text
 
 
@@ -39,7 +39,11 @@ def collector_version() -> str:
 
 
 def make_manifest(s: Settings, started: str) -> dict[str, Any]:
-    models = {r: {"name": s.endpoint(r).model, "price_in": s.prices[r][0], "price_out": s.prices[r][1]} for r in ROLES}
+    def model(r: str) -> dict[str, Any]:
+        return {"name": s.endpoint(r).model, "price_in": s.prices[r][0], "price_out": s.prices[r][1]}
+
+    # a ladder: round t's base model (docs/caches.md#model-ladders)
+    models = {"base": [model(s.base_role(t)) for t in range(s.T)] if s.ladder else model("base"), "guide": model("guide")}
     rule = "normalised exact match against any gold alias"
     if s.f1_threshold is not None:
         rule += f", or token F1 >= {s.f1_threshold:g}"
@@ -58,7 +62,7 @@ def make_manifest(s: Settings, started: str) -> dict[str, Any]:
             "collected": {"started": started},
             "questions": {"file": s.questions_file, "sha256": s.questions_sha256},
             "endpoints": s.endpoints(),
-            "prices": {r: s.price_sources[r] for r in ROLES},
+            "prices": {r: s.price_sources[r] for r in s.roles()},
             "prompts_sha256": P.prompt_hashes(),
             "requests": {
                 "base_temperature": list(s.base_temperature),

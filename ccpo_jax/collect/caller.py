@@ -137,7 +137,7 @@ class Caller:
             return a
         first, first_invalid = self.meter.logprobs_seen(role, a.logprobs is not None, a.logprobs_invalid is not None)
         ep = self.s.endpoint(role)
-        what = "base confidence" if role == "base" else "guide uncertainty"
+        what = "base confidence" if role.startswith("base") else "guide uncertainty"
         if first_invalid:
             self.warn(f"warning: the {role} endpoint ({ep.model} at {ep.public_url}) returned invalid log-probs "
                       f"for question {qid} (call {name}): {a.logprobs_invalid}; {what} will be missing wherever "

@@ -49,7 +49,7 @@ from ccpo_jax.collect.client import ChatClient, EndpointError, Stopped
 from ccpo_jax.collect.meter import BudgetStop, Meter
 from ccpo_jax.collect.questions import Question
 from ccpo_jax.collect.rounds import collect_question
-from ccpo_jax.collect.settings import ROLES, Execution, Settings
+from ccpo_jax.collect.settings import Execution, Settings
 from ccpo_jax.collect.summary import Outcome, Progress
 from ccpo_jax.errors import UserError
 
@@ -125,7 +125,7 @@ def check_models(s: Settings, ex: Execution, echo: Callable[[str], Any]) -> None
     """Before the first paid call: each endpoint must list its model (``GET /models``); an unlisted
     model, or an endpoint that lists none, is an error (a note with ``allow_unlisted_model``)."""
     listed: dict[tuple, list[str] | str] = {}
-    for r in ROLES:
+    for r in s.roles():
         ep = s.endpoint(r)
         where = (ep.completions_url, ep.key_env)
         if where not in listed:
@@ -171,7 +171,7 @@ def _check_out(out: Path, log_path: Path, ex: Execution) -> None:
 
 def _check_keys(s: Settings, ex: Execution, echo: Callable[[str], Any]) -> None:
     """A missing key variable is an error before anything is written (a note in a dry run)."""
-    for r in ROLES:
+    for r in s.roles():
         try:
             s.endpoint(r).api_key()
         except UserError as e:
@@ -226,7 +226,7 @@ def _run(todo: list[Question], s: Settings, ex: Execution, log: CallLog, meter: 
     and waits for the calls in flight (:func:`_wait_in_flight`); a second stops waiting."""
     stop = StopSignal()
     clients = {r: ChatClient(s.endpoint(r), ex.retry, max_connections=ex.concurrency, stop=stop,
-                             seed=i, sleep=sleep) for i, r in enumerate(ROLES)}
+                             seed=i, sleep=sleep) for i, r in enumerate(s.roles())}
     warned: set[str] = set()
     warn_lock = threading.Lock()
 

@@ -14,8 +14,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     g = c.add_argument_group("what to collect")
     g.add_argument("--questions", required=True, metavar="FILE",
                    help="questions: .jsonl (id, question, gold: a string or an array of aliases) or .csv (id,question,gold)")
-    g.add_argument("--base", required=True, metavar="URL,MODEL",
-                   help="base model: chat-completions API base URL and model, e.g. http://127.0.0.1:8000/v1,meta-llama/Llama-3.2-3B-Instruct")
+    g.add_argument("--base", required=True, metavar="URL,MODEL", action="append",
+                   help="base model: chat-completions API base URL and model, e.g. http://127.0.0.1:8000/v1,meta-llama/Llama-3.2-3B-Instruct; "
+                        "give it once per round (--rounds times) for a ladder: round t's base model is the t-th")
     g.add_argument("--guide", required=True, metavar="URL,MODEL", help="guide model, e.g. https://api.openai.com/v1,gpt-4o")
     g.add_argument("--out", required=True, metavar="CACHE.jsonl", help="output cache (human JSONL format); its call log is CACHE.jsonl.calls")
     g.add_argument("--rounds", type=int, default=4, metavar="T", help="base-guide rounds per question (default: 4, the paper's)")
@@ -34,7 +35,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     k = c.add_argument_group("keys and prices (USD per million tokens)")
     k.add_argument("--base-key-env", default=None, metavar="VAR", help="environment variable holding the base endpoint's API key (default: send none)")
     k.add_argument("--guide-key-env", default=None, metavar="VAR", help="environment variable holding the guide endpoint's API key, e.g. OPENAI_API_KEY (default: send none)")
-    k.add_argument("--base-price", default=None, metavar="IN,OUT", help="base model price, e.g. 0,0 for a local server")
+    k.add_argument("--base-price", default=None, metavar="IN,OUT", action="append",
+                   help="base model price, e.g. 0,0 for a local server; for a ladder once per round, or none (--pricing or the list prices)")
     k.add_argument("--guide-price", default=None, metavar="IN,OUT", help="guide model price, e.g. 2.5,10 for gpt-4o")
     k.add_argument("--pricing", default=None, metavar="FILE",
                    help="JSON or YAML file {model: {price_in, price_out}}; flags win; else the list prices in envs/importers/pricing.py")
@@ -112,15 +114,30 @@ def _pricing_file(path: str) -> dict[str, tuple[float, float]]:
     return out
 
 
+def _base_prices(args, roles: list[str]) -> dict[str, str | None]:
+    """The --base-price given for each base role: once for one base model, once per rung or not at
+    all for a ladder."""
+    given = args.base_price or []
+    if not given:
+        return {r: None for r in roles}
+    if len(given) != len(roles):
+        want = "once" if len(roles) == 1 else f"once per rung of the ladder ({len(roles)} times) or not at all"
+        raise UserError(f"--base-price: given {len(given)} times; give it {want}")
+    return dict(zip(roles, given))
+
+
 def resolve_prices(args, models: dict[str, str]) -> tuple[dict, dict]:
-    """role -> (price_in, price_out) and role -> where it came from."""
+    """role -> (price_in, price_out) and role -> where it came from (roles: ``base`` or a ladder's
+    ``base@t``, and ``guide``)."""
     from envs.importers.pricing import PRICES
 
     table = _pricing_file(args.pricing) if args.pricing else {}
     prices, sources = {}, {}
-    for role, flag in (("base", "--base-price"), ("guide", "--guide-price")):
+    base_given = _base_prices(args, [r for r in models if r != "guide"])
+    for role in models:
+        flag = "--guide-price" if role == "guide" else "--base-price"
         m = models[role]
-        given = getattr(args, f"{role}_price")
+        given = args.guide_price if role == "guide" else base_given[role]
         if given is not None:
             prices[role] = _pair(given, flag)
             sources[role] = f"{flag} {given}"
@@ -177,18 +194,28 @@ def settings_from_args(args):
             seed = int(args.seed)
         except ValueError:
             raise UserError(f"--seed {args.seed!r}: expected an integer or 'none'") from None
-    base = parse_endpoint(args.base, "--base", args.base_key_env)
+    bases = [parse_endpoint(b, "--base", args.base_key_env) for b in args.base]
+    if len(bases) not in (1, args.rounds):
+        raise UserError(f"--base: given {len(bases)} times; give it once (one base model) or once per round "
+                        f"(a ladder of --rounds {args.rounds} models)")
+    ladder = tuple(bases) if len(bases) > 1 else ()
     guide = parse_endpoint(args.guide, "--guide", args.guide_key_env)
+    exit_roles = _roles(args.exit_baselines, "--exit-baselines")
+    policy_roles = _roles(args.policy_baselines, "--policy-baselines")
+    for flag, roles in (("--exit-baselines", exit_roles), ("--policy-baselines", policy_roles)):
+        if ladder and "base" in roles:
+            raise UserError(f"{flag}: base: a ladder has one base model per round, so there is no one base model "
+                            "to run this baseline with; give guide or nothing")
     questions, sha = load_questions(args.questions)
-    prices, sources = resolve_prices(args, {"base": base.model, "guide": guide.model})
+    models = {(f"base@{t + 1}" if ladder else "base"): b.model for t, b in enumerate(bases)}
+    prices, sources = resolve_prices(args, {**models, "guide": guide.model})
     s = Settings(
-        T=args.rounds, base=base, guide=guide, prices=prices, price_sources=sources,
+        T=args.rounds, base=bases[0], guide=guide, prices=prices, price_sources=sources, ladder=ladder,
         questions_file=Path(args.questions).name, questions_sha256=sha,
         base_max_tokens=args.base_max_tokens, guide_max_tokens=args.guide_max_tokens,
         decision_max_tokens=args.decision_max_tokens, base_temperature=(temps[0], temps[1]),
         guide_temperature=args.guide_temperature, seed=seed, logprobs=not args.no_logprobs,
-        f1_threshold=args.f1, exit_roles=_roles(args.exit_baselines, "--exit-baselines"),
-        policy_roles=_roles(args.policy_baselines, "--policy-baselines"), policy_coverage=args.policy_coverage,
+        f1_threshold=args.f1, exit_roles=exit_roles, policy_roles=policy_roles, policy_coverage=args.policy_coverage,
         name=args.name or Path(args.out).stem, task=args.task, license=args.license,
     )
     return s, questions

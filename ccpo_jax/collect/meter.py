@@ -1,10 +1,10 @@
 """Dollars spent and reserved against ``--max-cost-usd``, and the run's counters, shared by the workers."""
 from __future__ import annotations
 
+import collections
 import threading
 
 from ccpo_jax.collect.client import CallStats, Reply
-from ccpo_jax.collect.settings import ROLES
 
 
 #: Kinds of call whose cut replies are counted apart: each has its own max_tokens flag.
@@ -29,7 +29,7 @@ class Meter:
         self.failed = 0
         self.retries: dict[str, int] = {}
         self.waited_s = 0.0
-        self.tokens = {r: [0, 0] for r in ROLES}
+        self.tokens: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])  # role -> [in, out]
         self.latencies: list[float] = []
         self.unreadable = {"guide verdict": 0, "base answer": 0, "EXIT decision": 0, "policy reply": 0}
         self.estimated_usage = 0
@@ -38,7 +38,7 @@ class Meter:
         # [how many, how many of them could not be read]
         self.cut = {k: [0, 0] for k in CUT_KINDS}
         # role -> [replies with log-probs, replies, replies whose log-probs were sent but invalid]
-        self.logprobs = {r: [0, 0, 0] for r in ROLES}
+        self.logprobs: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
         # per round collected in this run: [rounds with the signal, rounds]
         self.signals = {"confidence": [0, 0], "uncertainty": [0, 0]}
 

@@ -29,7 +29,7 @@ def collect_question(q: Question, s: Settings, c: Caller) -> dict:
     seen: list[dict] = []  # what the LLM-as-policy is shown, per round
     for t in range(s.T):
         temp = s.base_temperature[0] if t == 0 else s.base_temperature[1]
-        b = c.call(q.id, f"r{t}.base", "base", P.base_messages(q.question, history), s.base_max_tokens, temp)
+        b = c.call(q.id, f"r{t}.base", s.base_role(t), P.base_messages(q.question, history), s.base_max_tokens, temp)
         br = P.read_base(b.text, b.logprobs)
         c.meter.cut_reply("base answer", b.finish_reason, not br.parsed)
         ans = br.answer

@@ -49,8 +49,21 @@ class Settings:
     name: str = "collected"
     task: str = "unknown"
     license: str = "unknown"
+    #: A base ladder (docs/collect.md#model-ladders): round t's base model is ``ladder[t]`` (T entries,
+    #: ``ladder[0]`` is ``base``), priced as role ``base@<t+1>``; empty: ``base`` every round.
+    ladder: tuple[Endpoint, ...] = ()
+
+    def roles(self) -> tuple[str, ...]:
+        """The priced roles: ``base`` (or ``base@1`` ... ``base@T`` on a ladder) and ``guide``."""
+        return (tuple(f"base@{t + 1}" for t in range(self.T)) if self.ladder else ("base",)) + ("guide",)
+
+    def base_role(self, t: int) -> str:
+        """The role of round t's (0-based) base call."""
+        return f"base@{t + 1}" if self.ladder else "base"
 
     def endpoint(self, role: str) -> Endpoint:
+        if role.startswith("base@"):
+            return self.ladder[int(role[5:]) - 1]
         return self.base if role == "base" else self.guide
 
     @property
@@ -63,14 +76,14 @@ class Settings:
 
     def endpoints(self) -> dict[str, dict[str, str]]:
         """role -> {url, model}: endpoints by public URL (no key variables)."""
-        return {r: {"url": self.endpoint(r).public_url, "model": self.endpoint(r).model} for r in ROLES}
+        return {r: {"url": self.endpoint(r).public_url, "model": self.endpoint(r).model} for r in self.roles()}
 
     def hashed(self) -> dict[str, Any]:
         """The settings as JSON (endpoints by public URL and model; key variables not included)."""
         return {
             "T": self.T,
             "endpoints": self.endpoints(),
-            "prices": {r: list(self.prices[r]) for r in ROLES},
+            "prices": {r: list(self.prices[r]) for r in self.roles()},
             "questions_sha256": self.questions_sha256,
             "max_tokens": self.max_tokens(),
             "base_temperature": list(self.base_temperature),

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ccpo_jax.collect.meter import Meter
-from ccpo_jax.collect.settings import ROLES, Settings
+from ccpo_jax.collect.settings import Settings
 
 
 @dataclasses.dataclass
@@ -89,10 +89,10 @@ def signal_lines(m: Meter, s: Settings) -> list[str]:
         return ["log-probs: not asked for (--no-logprobs): no base confidence, no guide uncertainty stored"]
     out = [f"log-probs: base confidence given for {_share(c, nc)} of the rounds collected in this run, "
            f"guide uncertainty for {_share(u, nu)}"]
-    for r in ROLES:
+    for r in s.roles():
         has, n, bad = m.logprobs[r]
         if n and has < n:
-            what = "base confidence" if r == "base" else "guide uncertainty"
+            what = "base confidence" if r.startswith("base") else "guide uncertainty"
             ep = s.endpoint(r)
             counts = " and ".join(x for x in (f"no log-probs in {n - has - bad}" if n - has - bad else "",
                                               f"invalid log-probs (NaN, infinite, positive...; the call log's "
@@ -132,7 +132,7 @@ def summary(o: Outcome, s: Settings) -> str:
     lines.append(f"calls: {m.sent} sent, {m.replayed} answered from the call log (the same request already "
                  f"paid), {m.failed} failed; "
                  f"retries: {retries}{' (' + rdesc + ')' if rdesc else ''}, waited {m.waited_s:.1f} s")
-    for r in ROLES:
+    for r in s.roles():
         t_in, t_out = m.tokens[r]
         lines.append(f"tokens {r} ({s.endpoint(r).model}): {t_in:,} in, {t_out:,} out")
     cost = f"cost: ${m.spent:.6f} this run, ${m.total_usd:.6f} in total"
