@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -107,11 +108,11 @@ def test_fast_format_refuses_guide_values_in_a_cascade(tmp_path, field, value, w
     a[field][3, 1] = value
     bad = ResponseCache(c.manifest, a).with_checksum()
     qid = str(a["question_ids"][3])
-    with pytest.raises(CacheError, match=rf"fast \(not written\): question '{qid}': {re_escape(where)}: {NO_GUIDE_MSG}"):
+    with pytest.raises(CacheError, match=rf"fast \(not written\): question '{qid}': {re.escape(where)}: {NO_GUIDE_MSG}"):
         save_fast(bad, tmp_path / "fast")
     assert not (tmp_path / "fast").exists()
     write_fast_dir(tmp_path / "old", bad.manifest.to_dict(), bad.arrays)  # written without the check
-    with pytest.raises(CacheError, match=rf"arrays\.npz: question '{qid}': {re_escape(where)}: {NO_GUIDE_MSG}"):
+    with pytest.raises(CacheError, match=rf"arrays\.npz: question '{qid}': {re.escape(where)}: {NO_GUIDE_MSG}"):
         load_cache(tmp_path / "old")
 
 
@@ -345,9 +346,3 @@ def test_gateway_refuses_a_cascade_router_clearly():
     cfg = GatewayConfig(base=Endpoint("http://127.0.0.1:9/v1", "b"), guide=Endpoint("http://127.0.0.1:9/v1", "g"))
     with pytest.raises(UserError, match="guide-less cascade"):
         Gateway(router, cfg)
-
-
-def re_escape(s: str) -> str:
-    import re
-
-    return re.escape(s)

@@ -37,7 +37,7 @@ from ccpo_jax.serving.artifact import RouterInputError
 from envs.cache.schema import round_cost_cents_of
 from envs.replay.features import available_actions, build_features
 from envs.cache.jsonl import json_type_name
-from envs.cache.values import CASCADE_NO_GUIDE, NO_GUIDE
+from envs.cache.values import CASCADE_NO_GUIDE, NO_GUIDE_ROUND
 from envs.cache.normalise import normalise_answer
 
 #: Largest token count accepted for one call (the JSONL reader's bound).
@@ -103,10 +103,9 @@ def parse_request(rounds: Any, can_continue: Any, T: int, ctx: str,
         if not has_guide:
             if "guide" in rnd:
                 raise RouterInputError(f"{rctx}.guide: {CASCADE_NO_GUIDE} (the router's cache)")
-            for k, v in NO_GUIDE.items():
-                if k not in ("guide_correct",):
+            for k, v in NO_GUIDE_ROUND.items():
+                if k != "guide_correct":  # a label: the featuriser never reads it
                     vals[k].append(v)
-            vals["guide_uncertainty"].append(math.nan)
         for role in ("base", "guide") if has_guide else ("base",):
             r = _object(rnd, role, rctx)
             c = f"{rctx}.{role}"

@@ -40,8 +40,7 @@ with ``FILE:LINE: FIELD: problem`` (round indices are 0-based, as in JSON).
   the last is 0 or 1, and there are at most as many as the question's rounds.
 * ``baselines.exit.<model>.rounds`` is an integer in [1, T].
 * A guide-less cascade (``models.guide: null``): rounds have no ``guide`` object (one is an
-  error, ``rounds[t].guide``); the guide arrays hold their "no call" values
-  (:data:`envs.cache.values.NO_GUIDE`, uncertainty NaN).
+  error, ``rounds[t].guide``); the guide arrays hold :data:`envs.cache.values.NO_GUIDE_ROUND`.
 * Extra fields anywhere are allowed and ignored.
 * A gateway journal (a manifest with ``provenance.journal``, docs/gateway.md):
   a line with no ``gold`` and no ``correct`` on any answer is a request that
@@ -75,8 +74,8 @@ from envs.cache.schema import (
 from envs.cache.journal import as_labelled as _as_labelled, is_journal, unlabelled as _unlabelled
 from envs.cache.normalise import NORMALISATION, normalise_answer
 from envs.cache.values import (  # noqa: F401  (MAX_* and json_type_name are re-exported for older callers)
-    CASCADE_NO_GUIDE, MAX_CENTS, MAX_T, MAX_TOKENS, NO_GUIDE, actions_problem, cents_problem, exit_rounds_problem, json_type_name,
-    lone_surrogate, model_names_problem, number_problem, show, tokens_problem, unit_problem,
+    CASCADE_NO_GUIDE, MAX_CENTS, MAX_T, MAX_TOKENS, NO_GUIDE_ROUND, actions_problem, cents_problem, exit_rounds_problem,
+    json_type_name, lone_surrogate, model_names_problem, number_problem, show, tokens_problem, unit_problem,
 )
 
 # The value rules and their bounds are envs.cache.values (shared with the fast format and the writers).
@@ -318,8 +317,7 @@ def _read(path: Path, lines: Iterator[tuple[int, dict]]) -> ResponseCache:
     T_limit = mdict.get("T") if mdict is not None else None
     if not (isinstance(T_limit, int) and not isinstance(T_limit, bool)):
         T_limit = None  # a bad or missing T is reported by the manifest check below
-    models = mdict.get("models") if mdict is not None else None
-    has_guide = not (isinstance(models, dict) and "guide" in models and models["guide"] is None)
+    has_guide = mdict is None or mdict["models"]["guide"] is not None  # (the manifest was checked above)
 
     questions = []
     first_line: dict[str, int] = {}
@@ -385,10 +383,6 @@ _ROUND_KEYS = ("guide_verdict", "base_answer", "base_correct", "base_tokens_in",
                "guide_answer", "guide_correct", "guide_tokens_in", "guide_tokens_out", "guide_uncertainty")
 
 
-#: A guide-less cascade's round: the guide fields hold their "no call" values (envs.cache.values.NO_GUIDE).
-_NO_GUIDE_REC = {**NO_GUIDE, "guide_uncertainty": float("nan")}
-
-
 def _read_question(L: _Line, obj: dict, T_limit: int | None, has_guide: bool = True) -> dict:
     qid = L.get(obj, "id", "")
     if isinstance(qid, int) and not isinstance(qid, bool):
@@ -419,7 +413,7 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None, has_guide: bool = T
         ctx = f"rounds[{t}]"
         if not isinstance(rnd, dict):
             raise L.fail(ctx, f"expected an object, got {json_type_name(rnd)}")
-        rec = dict(_NO_GUIDE_REC)
+        rec = dict(NO_GUIDE_ROUND)  # a cascade's guide values; a guide's are read below
         if not has_guide and "guide" in rnd:
             raise L.fail(f"{ctx}.guide", CASCADE_NO_GUIDE)
         for role in ("base", "guide") if has_guide else ("base",):

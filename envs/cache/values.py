@@ -363,6 +363,8 @@ def cache_problem(T: int, prices: dict[str, tuple[float, float]], exit_models: S
 #: values, i.e. no call, no tokens, no answer (id -1), no verdict, no uncertainty (NaN).
 NO_GUIDE = {"guide_verdict": False, "guide_answer": -1, "guide_correct": False, "guide_tokens_in": 0.0,
             "guide_tokens_out": 0.0}
+#: ... and with the uncertainty: one round's guide values.
+NO_GUIDE_ROUND = {**NO_GUIDE, "guide_uncertainty": math.nan}
 CASCADE_NO_GUIDE = "the manifest's models.guide is null: a cascade has no guide"
 
 
