@@ -281,53 +281,69 @@ def test_baselines_leave_out_uala_and_random_never_takes_the_guide(rcache, param
     assert "guide-less cascade" in left_out_rows(rcache, idx[60:])["UALA"]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """``ccpo-jax reproduce`` (small) on a 3-rung guide-less cascade in the fast format."""
-    d = tmp_path_factory.mktemp("cascade")
+@pytest.mark.slow
+def test_reproduce_runs_end_to_end_and_its_router_never_takes_the_guide(tmp_path):
+    """``ccpo-jax reproduce`` (small) on a 3-rung guide-less cascade, then ``export``: the learned row's
+    router never puts "guide" in a set on any round of any question."""
+    from ccpo_jax.ccpo.export import export_router
+    from ccpo_jax.serving import Router
+
     c = generate("hotpotqa-llama2", 100, 0)
-    save_fast(as_cascade(c, _rungs(c.T)), d / "k")
-    r = run_cli(["reproduce", "--cache", str(d / "k"), "--splits", "2", "--split-sizes", "60,20,20",
-                 "--iterations", "4", "--seeds", "2", "--member-block", "1", "--no-progress", "--out", str(d / "run")],
-                cwd=d)
+    save_fast(as_cascade(c, _rungs(c.T)), tmp_path / "k")
+    r = run_cli(["reproduce", "--cache", str(tmp_path / "k"), "--splits", "2", "--split-sizes", "60,20,20",
+                 "--iterations", "4", "--seeds", "2", "--member-block", "1", "--no-progress", "--out",
+                 str(tmp_path / "run")], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    return d
-
-
-def test_reproduce_runs_end_to_end(run_dir):
-    res = json.loads((run_dir / "run" / "results.json").read_text())
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
     assert {"Random", "CPO batch", "CCPO (lambda=0)"} <= set(res["policies"])
     assert "UALA" not in res["policies"] and "guide-less cascade" in res["left_out"]["UALA"]
-    assert (run_dir / "run" / "boxplot_cost.png").is_file() and "| Policy |" in (run_dir / "run" / "table.md").read_text()
+    assert (tmp_path / "run" / "boxplot_cost.png").is_file() and "| Policy |" in (tmp_path / "run" / "table.md").read_text()
+    router = Router.load(export_router(tmp_path / "run", tmp_path / "art"))
+    reqs = _every_round(load_cache(tmp_path / "k"))[0]
+    decisions = router.decide_many(reqs)
+    assert all("guide" not in d["action_set"] and d["probs"]["guide"] == 0.0 for d in decisions)
+    assert any("base" in d["action_set"] for d in decisions)
 
 
-def test_exported_router_routes_rounds_without_guide(run_dir, tmp_path):
-    """The learned row never collects a guide answer; the featuriser equals the env bit for bit; a guide
-    object is refused naming the place."""
-    from ccpo_jax.ccpo.export import export_router
-    from ccpo_jax.serving import Router, RouterInputError
-
-    router = Router.load(export_router(run_dir / "run", tmp_path / "art"))
-    assert router.manifest["models"]["guide"] is None and not router.has_guide
-    c = load_cache(run_dir / "k")
-    env = make_env_params(c)
+def _every_round(c: ResponseCache) -> tuple[list[dict], list[tuple[int, int]]]:
     reqs, where = [], []
     for q, rec in enumerate(cache_to_records(c)):
         for t in range(len(rec["rounds"])):
             reqs.append({"rounds": rec["rounds"][: t + 1], "can_continue": t + 1 < len(rec["rounds"])})
             where.append((q, t))
+    return reqs, where
+
+
+def test_exported_router_routes_rounds_without_guide(tmp_path):
+    """Export of a cascade policy: the featuriser equals the env bit for bit, "guide" is never available
+    nor in a set, and a guide object is refused naming the place (decide and ``ccpo-jax route``)."""
+    import types
+
+    from ccpo_jax.ccpo.config import TrainConfig, Variant
+    from ccpo_jax.ccpo.export import export_router
+    from ccpo_jax.ccpo.policy_store import save_policies
+    from ccpo_jax.core.networks import policy_net
+    from ccpo_jax.serving import Router, RouterInputError
+    from envs.replay.features import n_features
+
+    c = _cascade(60, 3)
+    p = policy_net().init(jax.random.PRNGKey(5), jnp.zeros((n_features(c.T),), jnp.float32))
+    state = types.SimpleNamespace(policy=jax.tree.map(lambda x: np.asarray(x)[None, None, None], p),
+                                  kappa=np.array([[[0.2]]], np.float32))
+    save_policies(tmp_path / "run" / "policies", TrainConfig(), [Variant("CCPO (lambda=0)", True, 0.0)], state,
+                  {"CCPO (lambda=0)": np.array([[0.2]], np.float32)}, c, "recalibrate")
+    router = Router.load(export_router(tmp_path / "run", tmp_path / "art", force=True))
+    assert router.manifest["models"]["guide"] is None and not router.has_guide
+    env = make_env_params(c)
+    reqs, where = _every_round(c)
     obs, avail, _ = router.featurise(reqs)
     q, t = np.array(where).T
     assert np.array_equal(obs, np.asarray(env.obs)[q, t]) and np.array_equal(avail, np.asarray(env.available)[q, t])
     decisions = router.decide_many(reqs)
-    assert all("guide" not in d["action_set"] and d["probs"]["guide"] == 0.0 for d in decisions)
-    assert any("base" in d["action_set"] for d in decisions)
-    one = router.decide(reqs[0]["rounds"], True)
-    assert "guide" not in one["available"]
+    assert all("guide" not in d["action_set"] and "guide" not in d["available"] for d in decisions)
     bad = [dict(reqs[0]["rounds"][0], guide={"verdict": True, "answer": "a", "tokens_in": 1, "tokens_out": 1})]
     with pytest.raises(RouterInputError, match=rf"rounds\[0\]\.guide: {NO_GUIDE_MSG}"):
         router.decide(bad)
-    # route: one error line naming FILE:LINE and the round
     f = tmp_path / "req.jsonl"
     f.write_text(json.dumps({"rounds": reqs[0]["rounds"]}) + "\n" + json.dumps({"rounds": bad}) + "\n")
     r = run_cli(["route", str(tmp_path / "art"), "--input", str(f)])
