@@ -9,7 +9,8 @@ Readings where the paper is silent ([ours]):
 
 * **Random** picks uniformly among the *available* actions: (base, guide,
   next) w.p. 1/3 each, and (base, guide) w.p. 1/2 each at a question's last
-  round, where "next" does not exist.
+  round, where "next" does not exist. In a guide-less cascade "guide" is never
+  available, so Random picks among base and next.
 * **<model> EXIT** replays the cached LLM-EXIT runs: cost = cached cost,
   covered = correct or unsolvable (the paper's "matched coverage", footnote of
   1.12; taken as an OR so a question that is both is counted once),
@@ -32,7 +33,12 @@ Readings where the paper is silent ([ours]):
   so this search is exact), the cheapest one whose empirical calibration
   coverage is >= 1 - alpha (ties: the largest theta); if none reaches it,
   theta = -inf (always go to the last round, the highest coverage). Absent
-  when the cache has no uncertainty.
+  when the cache has no uncertainty, and in a guide-less cascade (no guide
+  answer to collect; ``left_out`` says so).
+
+A guide-less cascade (``models.guide: null``) keeps Random, the EXIT rows (runs of
+other systems, priced in the cache) and the LLM-policy rows (the cache refuses an
+action 1 there, envs.cache.values).
 """
 from __future__ import annotations
 
@@ -158,8 +164,9 @@ def uala(params: EnvParams, cal_idx: jax.Array, test_idx: jax.Array, alpha: Any)
 
 
 def has_uncertainty(cache: ResponseCache) -> bool:
+    """A guide uncertainty on some round (never in a guide-less cascade: no guide)."""
     a = cache.arrays
-    return bool(np.isfinite(a["guide_uncertainty"][a["round_mask"]]).any())
+    return cache.manifest.has_guide and bool(np.isfinite(a["guide_uncertainty"][a["round_mask"]]).any())
 
 
 @functools.lru_cache(maxsize=32)
@@ -227,7 +234,9 @@ def left_out_rows(cache: ResponseCache, test_idx: Any) -> dict[str, str]:
         if not (a["llm_policy_actions"][used, i] >= 0).any():
             out[llm_policy_row_name(m)] = (f"no test question has readable actions of {m} (every reply "
                                            "unreadable or none cached)")
-    if not has_uncertainty(cache):
+    if not man.has_guide:
+        out["UALA"] = "a guide-less cascade (models.guide: null): UALA collects the guide's answers"
+    elif not has_uncertainty(cache):
         out["UALA"] = "no round of the cache has a guide uncertainty (UALA thresholds it)"
     return out
 

@@ -130,7 +130,7 @@ def _route(args) -> int:
     for r in reqs:
         if "rounds" not in r:
             raise RouterInputError(f"{r['_where']}: missing field 'rounds'")
-        feats.parse_request(r["rounds"], r.get("can_continue"), router.T, r["_where"])
+        feats.parse_request(r["rounds"], r.get("can_continue"), router.T, r["_where"], router.has_guide)
         router.kappa_for(r.get("group"), r["_where"])  # a group that is not a string: named by its line
     decisions = router.decide_many([{k: v for k, v in r.items() if k != "_where"} for r in reqs]) if reqs else []
     text = "".join(json.dumps({**e, **d}) + "\n" for e, d in zip(echo, decisions))

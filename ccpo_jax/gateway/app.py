@@ -150,6 +150,9 @@ class Gateway:
         if any(isinstance(m[r], list) for r in ("base", "guide")):
             raise UserError("the artefact's cache is a model ladder (one model per round); the gateway calls one base "
                             "and one guide endpoint, so it serves routers of one base and one guide model only")
+        if m["guide"] is None:
+            raise UserError("the artefact's cache is a guide-less cascade (models.guide: null); the gateway calls a "
+                            "guide endpoint every round, so it serves routers of one base and one guide model only")
         self.prices = {r: (float(m[r]["price_in"]), float(m[r]["price_out"])) for r in ("base", "guide")}
         self.endpoints = {"base": cfg.base, "guide": cfg.guide}
         self.coverage = CoverageState(router.alpha, float(router.kappa), cfg.online_eta, cfg.window, cfg.alarm_p)

@@ -18,6 +18,11 @@ of per-round dicts into the ``[B, T]`` raw arrays that function reads:
   cache's ``round_mask`` does for a question whose chain ends there.
 
 Fields that only training reads (``correct``, ``gold``) are ignored if present.
+
+A guide-less cascade's router (``models.guide: null``): rounds have no ``guide``
+object (one is an error naming ``rounds[t].guide``); the guide values are the
+cache's "no call" values (envs.cache.values.NO_GUIDE, uncertainty NaN) and
+"guide" is never available.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from ccpo_jax.serving.artifact import RouterInputError
 from envs.cache.schema import round_cost_cents_of
 from envs.replay.features import available_actions, build_features
 from envs.cache.jsonl import json_type_name
+from envs.cache.values import CASCADE_NO_GUIDE, NO_GUIDE_ROUND
 from envs.cache.normalise import normalise_answer
 
 #: Largest token count accepted for one call (the JSONL reader's bound).
@@ -68,10 +74,12 @@ def _object(obj: Mapping, key: str, ctx: str) -> Mapping:
     return v
 
 
-def parse_request(rounds: Any, can_continue: Any, T: int, ctx: str) -> tuple[dict[str, list], list[dict], bool]:
+def parse_request(rounds: Any, can_continue: Any, T: int, ctx: str,
+                  has_guide: bool = True) -> tuple[dict[str, list], list[dict], bool]:
     """Validate one request's rounds: ``(per-round raw values, answer texts per round, can_continue)``.
 
-    ``ctx`` prefixes every error message (e.g. ``rounds.jsonl:3`` or ``batch[2]``).
+    ``ctx`` prefixes every error message (e.g. ``rounds.jsonl:3`` or ``batch[2]``). ``has_guide``
+    False: a cascade's rounds, with no ``guide`` object.
     """
     if not isinstance(rounds, list):
         raise RouterInputError(f"{ctx}.rounds: expected an array of rounds, got {_type(rounds)}")
@@ -92,7 +100,13 @@ def parse_request(rounds: Any, can_continue: Any, T: int, ctx: str) -> tuple[dic
         if not isinstance(rnd, Mapping):
             raise RouterInputError(f"{rctx}: expected an object, got {_type(rnd)}")
         shown = {}
-        for role in ("base", "guide"):
+        if not has_guide:
+            if "guide" in rnd:
+                raise RouterInputError(f"{rctx}.guide: {CASCADE_NO_GUIDE} (the router's cache)")
+            for k, v in NO_GUIDE_ROUND.items():
+                if k != "guide_correct":  # a label: the featuriser never reads it
+                    vals[k].append(v)
+        for role in ("base", "guide") if has_guide else ("base",):
             r = _object(rnd, role, rctx)
             c = f"{rctx}.{role}"
             ans = r.get("answer")
@@ -147,14 +161,14 @@ def raw_arrays(parsed: Sequence[tuple[dict[str, list], list, bool]], T: int,
     return a, last
 
 
-def _obs_at(raw: dict, last: jax.Array, T: int):
+def _obs_at(raw: dict, last: jax.Array, T: int, has_guide: bool):
     obs = build_features(raw, T)  # [B, T, F]
-    avail = available_actions(raw["round_mask"])  # [B, T, 3]
+    avail = available_actions(raw["round_mask"], has_guide)  # [B, T, 3]
     rows = jnp.arange(last.shape[0])
     return obs[rows, last], avail[rows, last]
 
 
-_obs_at_jit = jax.jit(_obs_at, static_argnums=2)
+_obs_at_jit = jax.jit(_obs_at, static_argnums=(2, 3))
 
 
 def bucket(n: int) -> int:
@@ -162,10 +176,12 @@ def bucket(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
 
 
-def observe(raw: dict[str, np.ndarray], last: np.ndarray, T: int) -> tuple[np.ndarray, np.ndarray]:
-    """(obs ``[B, F]`` float32, available ``[B, 3]`` bool) at each request's last round."""
+def observe(raw: dict[str, np.ndarray], last: np.ndarray, T: int,
+            has_guide: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(obs ``[B, F]`` float32, available ``[B, 3]`` bool) at each request's last round (``has_guide``
+    False: a cascade, "guide" never available)."""
     B = last.shape[0]
     P = bucket(B)
     pad = {k: np.concatenate([v, np.zeros((P - B, T), v.dtype)]) for k, v in raw.items()}
-    obs, avail = _obs_at_jit(pad, np.concatenate([last, np.zeros(P - B, np.int32)]), T)
+    obs, avail = _obs_at_jit(pad, np.concatenate([last, np.zeros(P - B, np.int32)]), T, bool(has_guide))
     return np.asarray(obs)[:B], np.asarray(avail)[:B]

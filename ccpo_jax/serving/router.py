@@ -37,12 +37,17 @@ SCREEN_MARGIN = 1e-4
 
 
 def _rungs(manifest: Mapping, role: str) -> list[tuple[str, Mapping]]:
-    """(``"[t]"`` or ``""``, model dict) of ``role``: each rung of a ladder, or the one model."""
+    """(``"[t]"`` or ``""``, model dict) of ``role``: each rung of a ladder, or the one model (none: the
+    guide of a guide-less cascade)."""
     m = manifest["models"][role]
+    if m is None and role == "guide":
+        return []
     return [(f"[{t}]", x) for t, x in enumerate(m)] if isinstance(m, list) else [("", m)]
 
 
-def _models(manifest: Mapping, role: str) -> ModelInfo | tuple[ModelInfo, ...]:
+def _models(manifest: Mapping, role: str) -> ModelInfo | tuple[ModelInfo, ...] | None:
+    if manifest["models"][role] is None:  # the guide of a cascade
+        return None
     infos = [ModelInfo(str(m["name"]), float(m["price_in"]), float(m["price_out"])) for _, m in _rungs(manifest, role)]
     return tuple(infos) if isinstance(manifest["models"][role], list) else infos[0]
 
@@ -147,6 +152,8 @@ class Router:
         m = manifest["models"]
         # one model per role, or a ladder (round t's model; docs/caches.md)
         self._base, self._guide = (_models(manifest, r) for r in ("base", "guide"))
+        #: False for a guide-less cascade's router: rounds have no guide object and "guide" is never in a set.
+        self.has_guide = self._guide is not None
 
     # -- loading ----------------------------------------------------------
     @classmethod
@@ -289,11 +296,11 @@ class Router:
                 raise RouterInputError(f"{ctx}: expected an object with 'rounds', got {feats._type(req)}")
             if "rounds" not in req:
                 raise RouterInputError(f"{ctx}.rounds: missing")
-            parsed.append(feats.parse_request(req["rounds"], req.get("can_continue"), self.T, ctx))
+            parsed.append(feats.parse_request(req["rounds"], req.get("can_continue"), self.T, ctx, self.has_guide))
         if not parsed:
             return np.zeros((0, self.F), np.float32), np.zeros((0, N_ACTIONS), bool), parsed
         raw, last = feats.raw_arrays(parsed, self.T, self._base, self._guide)
-        obs, avail = feats.observe(raw, last, self.T)
+        obs, avail = feats.observe(raw, last, self.T, self.has_guide)
         return obs, avail, parsed
 
     def kappa_for(self, group: Any, where: str = "request") -> tuple[np.float32, str]:

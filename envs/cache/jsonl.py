@@ -39,6 +39,8 @@ with ``FILE:LINE: FIELD: problem`` (round indices are 0-based, as in JSON).
   (0 base, 1 guide, 2 next) until it answers: every action but the last is 2,
   the last is 0 or 1, and there are at most as many as the question's rounds.
 * ``baselines.exit.<model>.rounds`` is an integer in [1, T].
+* A guide-less cascade (``models.guide: null``): rounds have no ``guide`` object (one is an
+  error, ``rounds[t].guide``); the guide arrays hold :data:`envs.cache.values.NO_GUIDE_ROUND`.
 * Extra fields anywhere are allowed and ignored.
 * A gateway journal (a manifest with ``provenance.journal``, docs/gateway.md):
   a line with no ``gold`` and no ``correct`` on any answer is a request that
@@ -72,8 +74,8 @@ from envs.cache.schema import (
 from envs.cache.journal import as_labelled as _as_labelled, is_journal, unlabelled as _unlabelled
 from envs.cache.normalise import NORMALISATION, normalise_answer
 from envs.cache.values import (  # noqa: F401  (MAX_* and json_type_name are re-exported for older callers)
-    MAX_CENTS, MAX_T, MAX_TOKENS, actions_problem, cents_problem, exit_rounds_problem, json_type_name,
-    lone_surrogate, model_names_problem, number_problem, show, tokens_problem, unit_problem,
+    CASCADE_NO_GUIDE, MAX_CENTS, MAX_T, MAX_TOKENS, NO_GUIDE_ROUND, actions_problem, cents_problem, exit_rounds_problem,
+    json_type_name, lone_surrogate, model_names_problem, number_problem, show, tokens_problem, unit_problem,
 )
 
 # The value rules and their bounds are envs.cache.values (shared with the fast format and the writers).
@@ -315,6 +317,7 @@ def _read(path: Path, lines: Iterator[tuple[int, dict]]) -> ResponseCache:
     T_limit = mdict.get("T") if mdict is not None else None
     if not (isinstance(T_limit, int) and not isinstance(T_limit, bool)):
         T_limit = None  # a bad or missing T is reported by the manifest check below
+    has_guide = mdict is None or mdict["models"]["guide"] is not None  # (the manifest was checked above)
 
     questions = []
     first_line: dict[str, int] = {}
@@ -328,12 +331,12 @@ def _read(path: Path, lines: Iterator[tuple[int, dict]]) -> ResponseCache:
             raise L.fail("manifest", "the manifest must be on the first line")
         if journal and _unlabelled(obj):
             # a gateway request awaiting feedback: checked as a question, then skipped (no outcome to learn from)
-            q = _read_question(L, _as_labelled(obj), T_limit)
+            q = _read_question(L, _as_labelled(obj), T_limit, has_guide)
             if q["id"] in first_line:
                 raise L.fail("id", f"duplicate question id {q['id']!r} (labelled on line {first_line[q['id']]})")
             awaiting[q["id"]] = line_no
             continue
-        q = _read_question(L, obj, T_limit)
+        q = _read_question(L, obj, T_limit, has_guide)
         awaiting.pop(q["id"], None)  # a journal's feedback line supersedes the request's unlabelled line
         if q["id"] in first_line:
             raise L.fail("id", f"duplicate question id {q['id']!r} (first on line {first_line[q['id']]})")
@@ -380,7 +383,7 @@ _ROUND_KEYS = ("guide_verdict", "base_answer", "base_correct", "base_tokens_in",
                "guide_answer", "guide_correct", "guide_tokens_in", "guide_tokens_out", "guide_uncertainty")
 
 
-def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
+def _read_question(L: _Line, obj: dict, T_limit: int | None, has_guide: bool = True) -> dict:
     qid = L.get(obj, "id", "")
     if isinstance(qid, int) and not isinstance(qid, bool):
         qid = str(qid)
@@ -410,8 +413,10 @@ def _read_question(L: _Line, obj: dict, T_limit: int | None) -> dict:
         ctx = f"rounds[{t}]"
         if not isinstance(rnd, dict):
             raise L.fail(ctx, f"expected an object, got {json_type_name(rnd)}")
-        rec = {}
-        for role in ("base", "guide"):
+        rec = dict(NO_GUIDE_ROUND)  # a cascade's guide values; a guide's are read below
+        if not has_guide and "guide" in rnd:
+            raise L.fail(f"{ctx}.guide", CASCADE_NO_GUIDE)
+        for role in ("base", "guide") if has_guide else ("base",):
             rctx = f"{ctx}.{role}"
             r = L.obj(rnd, role, ctx)
             if role == "guide":
@@ -529,6 +534,9 @@ def cache_to_records(cache: ResponseCache) -> list[dict]:
             }
             if not np.isnan(a["base_confidence"][i, t]):
                 base["confidence"] = _num(a["base_confidence"][i, t])
+            if not man.has_guide:  # a cascade: no guide object
+                rounds.append({"base": base})
+                continue
             guide = {
                 "verdict": bool(a["guide_verdict"][i, t]),
                 "answer": str(texts[a["guide_answer"][i, t]]),

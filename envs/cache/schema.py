@@ -122,14 +122,13 @@ def price_of(models: Any, key: str) -> Any:
 
 def round_cost_cents_of(arrays: Mapping[str, np.ndarray], base: Any, guide: Any) -> np.ndarray:
     """[Q, T] API cost of round t in cents (base + guide call; 0 on padding rounds), at round t's
-    prices: ``base`` and ``guide`` are a :class:`ModelInfo` or a ladder of T of them."""
+    prices: ``base`` and ``guide`` are a :class:`ModelInfo` or a ladder of T of them; ``guide`` None
+    is a guide-less cascade (the base call alone)."""
     a = arrays
-    usd = (
-        a["base_tokens_in"] * price_of(base, "price_in")
-        + a["base_tokens_out"] * price_of(base, "price_out")
-        + a["guide_tokens_in"] * price_of(guide, "price_in")
-        + a["guide_tokens_out"] * price_of(guide, "price_out")
-    ) / 1e6
+    usd = a["base_tokens_in"] * price_of(base, "price_in") + a["base_tokens_out"] * price_of(base, "price_out")
+    if guide is not None:
+        usd = usd + a["guide_tokens_in"] * price_of(guide, "price_in") + a["guide_tokens_out"] * price_of(guide, "price_out")
+    usd = usd / 1e6
     return np.where(a["round_mask"], usd * 100.0, 0.0).astype(np.float32)
 
 
@@ -141,7 +140,8 @@ class Manifest:
     task: str
     T: int
     base: ModelInfo
-    guide: ModelInfo
+    #: None: a guide-less cascade (``models.guide: null``; docs/caches.md): no guide call, no 'guide' action.
+    guide: ModelInfo | None
     provenance: dict[str, Any]
     normalisation: str = "lower-strip-punct-articles"
     exit_models: tuple[str, ...] = ()
@@ -162,17 +162,25 @@ class Manifest:
         return self.provenance.get("kind") == "synthetic"
 
     @property
+    def has_guide(self) -> bool:
+        """False for a guide-less cascade (``models.guide: null``)."""
+        return self.guide is not None
+
+    @property
     def is_ladder(self) -> bool:
         return bool(self.base_ladder or self.guide_ladder)
 
     def models_of(self, role: str) -> Any:
-        """``role``'s model (a :class:`ModelInfo`), or its ladder (a tuple of T)."""
+        """``role``'s model (a :class:`ModelInfo`), or its ladder (a tuple of T); None for the guide
+        of a cascade."""
         lad = self.base_ladder if role == "base" else self.guide_ladder
         return lad or (self.base if role == "base" else self.guide)
 
     def rungs(self, role: str) -> tuple[ModelInfo, ...]:
-        """``role``'s model of each round, T entries."""
+        """``role``'s model of each round, T entries (none for the guide of a cascade)."""
         m = self.models_of(role)
+        if m is None:
+            return ()
         return (m,) * self.T if isinstance(m, ModelInfo) else m
 
     def hashed_fields(self) -> dict[str, Any]:
@@ -186,7 +194,7 @@ class Manifest:
             "name": self.name,
             "task": self.task,
             "T": self.T,
-            "models": {r: [m.to_dict() for m in lad] if lad else one.to_dict()
+            "models": {r: [m.to_dict() for m in lad] if lad else None if one is None else one.to_dict()
                        for r, one, lad in (("base", self.base, self.base_ladder), ("guide", self.guide, self.guide_ladder))},
             "provenance": dict(self.provenance),
             "normalisation": self.normalisation,
@@ -238,10 +246,9 @@ class Manifest:
             if role not in models:
                 raise CacheError(f"{where}.models: missing field '{role}'")
             m = models[role]
-            if m is None and role == "guide":
-                raise CacheError(f"{ctx}: null (a cascade without a guide) is not supported by this build; "
-                                 "give the guide model")
-            if isinstance(m, list):  # a ladder: round t's model is entry t
+            if m is None and role == "guide":  # a guide-less cascade
+                infos[role] = None
+            elif isinstance(m, list):  # a ladder: round t's model is entry t
                 if len(m) != T:
                     raise CacheError(f"{ctx}: a ladder lists one model per round: expected T = {T} entries, got {len(m)}")
                 ladders[role] = tuple(model(x, f"{ctx}[{t}]", True) for t, x in enumerate(m))
@@ -487,10 +494,10 @@ def values_problem(manifest: Manifest, arrays: dict[str, np.ndarray]):
     """The first value rule (:mod:`envs.cache.values`) that ``arrays`` under ``manifest`` break, or None."""
     from envs.cache.normalise import normalise_answer
 
-    prices = {"base": (manifest.base.price_in, manifest.base.price_out),
-              "guide": (manifest.guide.price_in, manifest.guide.price_out)}
+    prices = {r: (m.price_in, m.price_out) for r, m in (("base", manifest.base), ("guide", manifest.guide))
+              if m is not None}
     return cache_problem(manifest.T, prices, manifest.exit_models, manifest.llm_policy_models, arrays,
-                         normalise=normalise_answer)
+                         normalise=normalise_answer, has_guide=manifest.has_guide)
 
 
 def problem_text(problem, where: str, arrays: dict[str, np.ndarray]) -> str:

@@ -279,11 +279,12 @@ def _first(bad: np.ndarray) -> tuple[int, ...] | None:
 
 def cache_problem(T: int, prices: dict[str, tuple[float, float]], exit_models: Sequence[str],
                   llm_policy_models: Sequence[str], arrays: dict[str, np.ndarray],
-                  normalise=None) -> Problem | None:
+                  normalise=None, has_guide: bool = True) -> Problem | None:
     """The first value rule a cache breaks (shapes and dtypes are checked before), or ``None``.
 
     ``normalise`` is the answer normalisation (for "an answer equal to gold must be correct");
-    without it that rule is skipped.
+    without it that rule is skipped. ``has_guide`` False (a guide-less cascade): every guide
+    array must hold its "no call" value (:data:`NO_GUIDE`) on every round.
     """
     p = manifest_problem(prices, list(exit_models), list(llm_policy_models))
     if p:
@@ -297,7 +298,11 @@ def cache_problem(T: int, prices: dict[str, tuple[float, float]], exit_models: S
     empty = np.char.str_len(a["question_ids"]) == 0
     if empty.any():
         return Problem(int(np.argmax(empty)), "id", 'expected a non-empty string, got ""')
-    for role in ROLES:
+    if not has_guide:
+        p = _guide_present(a, llm_policy_models)
+        if p:
+            return p
+    for role in ROLES if has_guide else ROLES[:1]:
         for key in TOKEN_KEYS:
             v = a[f"{role}_{key}"]
             hit = _first(~np.isfinite(v) | (v < 0) | (v > MAX_TOKENS))
@@ -354,6 +359,32 @@ def cache_problem(T: int, prices: dict[str, tuple[float, float]], exit_models: S
     return None
 
 
+#: What a guide-less cascade's guide arrays hold (docs/caches.md "Guide-less cascades"): the padding
+#: values, i.e. no call, no tokens, no answer (id -1), no verdict, no uncertainty (NaN).
+NO_GUIDE = {"guide_verdict": False, "guide_answer": -1, "guide_correct": False, "guide_tokens_in": 0.0,
+            "guide_tokens_out": 0.0}
+#: ... and with the uncertainty: one round's guide values.
+NO_GUIDE_ROUND = {**NO_GUIDE, "guide_uncertainty": math.nan}
+CASCADE_NO_GUIDE = "the manifest's models.guide is null: a cascade has no guide"
+
+
+def _guide_present(a: dict[str, np.ndarray], llm_policy_models: Sequence[str]) -> Problem | None:
+    """The first round of a guide-less cascade whose guide arrays are not :data:`NO_GUIDE`, or a
+    cached LLM policy that takes the guide's answer (action 1)."""
+    bad = ~np.isnan(a["guide_uncertainty"])
+    for k, v in NO_GUIDE.items():
+        bad = bad | (a[k] != v)
+    hit = _first(bad)
+    if hit:
+        q, t = hit
+        return Problem(q, f"rounds[{t}].guide", CASCADE_NO_GUIDE)
+    hit = _first(a["llm_policy_actions"] == 1)
+    if hit:
+        q, j, t = hit
+        return Problem(q, f"baselines.llm_policy.{llm_policy_models[j]}[{t}]", f"action 1 (guide): {CASCADE_NO_GUIDE}")
+    return None
+
+
 def _text_arrays_problem(v: np.ndarray, key: str) -> Problem | None:
     try:
         np.char.encode(v, "utf-8")
@@ -373,7 +404,7 @@ def _contradiction(a: dict[str, np.ndarray], T: int, normalise) -> Problem | Non
     flagged incorrect. Slots in reading order: round 0 base, round 0 guide, round 1 base, ..."""
     ids = np.stack([a["base_answer"], a["guide_answer"]], axis=2).reshape(len(a["base_answer"]), 2 * T)
     ok = np.stack([a["base_correct"], a["guide_correct"]], axis=2).reshape(ids.shape)
-    live = np.repeat(a["round_mask"], 2, axis=1)
+    live = np.repeat(a["round_mask"], 2, axis=1) & (ids >= 0)  # a cascade's guide slots hold -1: no answer
     conflict = np.zeros(len(ids), bool)
     for k in range(2 * T):
         here = live & (ids == k)

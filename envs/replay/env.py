@@ -16,8 +16,9 @@ Semantics (the paper's orchestration protocol; choices where the paper is silent
 * Reward of the step taken at round t is ``-J_t`` (paper Eq. 4 with
   lambda = 0): the first observation's cost ``J_1`` is charged on the first
   step, so an episode's return is minus the cost of all rounds reached.
-* [ours] An unavailable action ("next" at the question's last round, or any
-  action id outside {0, 1, 2}) ends the episode with *no answer*: correct is
+* [ours] An unavailable action ("next" at the question's last round, "guide"
+  in a guide-less cascade (``models.guide: null``: round t's cost is the base
+  call alone), or any action id outside {0, 1, 2}) ends the episode with *no answer*: correct is
   False and the constraint is 1 only if the question is unsolvable. This
   matches :func:`evaluate_sets` on an empty set. Policies mask "next" there
   (``params.available``), so a masked policy never hits this case.
@@ -87,7 +88,7 @@ def make_env_params(cache: ResponseCache) -> EnvParams:
     raw = raw_rounds(cache)
     return EnvParams(
         obs=_build_features_jit(raw, T),
-        available=available_actions(a["round_mask"]),
+        available=available_actions(a["round_mask"], cache.manifest.has_guide),
         cost=jnp.asarray(raw["round_cost_cents"], jnp.float32),
         base_answer=jnp.asarray(a["base_answer"], jnp.int32),
         guide_answer=jnp.asarray(a["guide_answer"], jnp.int32),

@@ -31,6 +31,12 @@ name                       value at round t (0 on padding rounds)
 ``cum_base_tokens_out``    log1p(sum of base completion tokens / 100)
 ``cum_cost_cents``         log1p(10 * API cost of rounds 1..t in cents)
 =========================  ==========================================================
+
+A guide-less cascade (``models.guide: null``) has no guide call: its guide arrays hold the
+"no call" values (answer id -1, verdict False, tokens 0, uncertainty NaN), so the guide
+features take their missing values: verdict 0, uncertainty 0.5 with ``has_guide_uncertainty`` 0
+(the "not given" convention), agree 0, repeats 0 (id -1 is no answer, never a repeat),
+``distinct_answers`` counts base answers only, guide token sums 0.
 """
 from __future__ import annotations
 
@@ -103,10 +109,11 @@ def _prev_equal(ids: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def distinct_so_far(base_answer: jax.Array, guide_answer: jax.Array, mask: jax.Array) -> jax.Array:
-    """[..., T] int32: distinct answer ids among base and guide answers of rounds 1..t."""
+    """[..., T] int32: distinct answer ids among base and guide answers of rounds 1..t (a cascade's
+    guide slots hold id -1, no answer, and do not count)."""
     T = mask.shape[-1]
     ids = jnp.stack([base_answer, guide_answer], axis=-1).reshape(mask.shape[:-1] + (2 * T,))
-    valid = jnp.repeat(mask, 2, axis=-1)
+    valid = jnp.repeat(mask, 2, axis=-1) & (ids >= 0)
     same = (ids[..., :, None] == ids[..., None, :]) & valid[..., None, :]
     earlier = jnp.tril(jnp.ones((2 * T, 2 * T), bool), k=-1)  # [k, j]: j < k
     new = valid & ~jnp.any(same & earlier, axis=-1)
@@ -150,7 +157,7 @@ def build_features(raw: Mapping[str, Any], T: int) -> jax.Array:
         has_conf.astype(f32),
         (base_id == guide_id).astype(f32),
         _prev_equal(base_id, mask).astype(f32),
-        _prev_equal(guide_id, mask).astype(f32),
+        _prev_equal(guide_id, mask & (guide_id >= 0)).astype(f32),  # a cascade's -1 (no answer) never repeats
         distinct_so_far(base_id, guide_id, mask).astype(f32) / (2 * T),
         jnp.log1p(jnp.cumsum(get("guide_tokens_in"), -1) / SCALES["cum_guide_tokens_in"]),
         jnp.log1p(jnp.cumsum(get("guide_tokens_out"), -1) / SCALES["cum_guide_tokens_out"]),
@@ -162,12 +169,13 @@ def build_features(raw: Mapping[str, Any], T: int) -> jax.Array:
     return feats * m[..., None]
 
 
-def available_actions(round_mask: Any) -> jax.Array:
+def available_actions(round_mask: Any, has_guide: bool = True) -> jax.Array:
     """bool ``[..., T, 3]``: (base, guide, next) allowed at round t.
 
     base and guide on every existing round; "next" only where round t+1 exists
     (so it is masked at a question's last round; our choice). Padding rounds:
-    nothing is available (an episode never reaches them).
+    nothing is available (an episode never reaches them). A guide-less cascade
+    (``has_guide`` False): "guide" never.
     """
     mask = jnp.asarray(round_mask, bool)
-    return jnp.stack([mask, mask, mask & _next_exists(mask)], axis=-1)
+    return jnp.stack([mask, mask & has_guide, mask & _next_exists(mask)], axis=-1)

@@ -35,7 +35,7 @@ def reference_features(cache: ResponseCache, q: int) -> list[list[float]]:
             continue
         b, g = int(a["base_answer"][q, t]), int(a["guide_answer"][q, t])
         for x in (b, g):
-            if x not in seen:
+            if x >= 0 and x not in seen:  # a cascade's guide id -1: no answer
                 seen.append(x)
         cum["gi"] += _f(a["guide_tokens_in"][q, t])
         cum["go"] += _f(a["guide_tokens_out"][q, t])
@@ -54,7 +54,7 @@ def reference_features(cache: ResponseCache, q: int) -> list[list[float]]:
             0.0 if math.isnan(c) else 1.0,
             1.0 if b == g else 0.0,
             1.0 if t > 0 and b == int(a["base_answer"][q, t - 1]) else 0.0,
-            1.0 if t > 0 and g == int(a["guide_answer"][q, t - 1]) else 0.0,
+            1.0 if t > 0 and g >= 0 and g == int(a["guide_answer"][q, t - 1]) else 0.0,
             len(seen) / (2 * T),
             math.log1p(cum["gi"] / 1000.0),
             math.log1p(cum["go"] / 100.0),
@@ -99,7 +99,7 @@ class ReferenceEnv:
             self.done = True
             if action == BASE:
                 correct, answer = bool(a["base_correct"][q, t]), int(a["base_answer"][q, t])
-            elif action == GUIDE:
+            elif action == GUIDE and self.cache.manifest.has_guide:  # a cascade: no guide, no answer
                 correct, answer = bool(a["guide_correct"][q, t]), int(a["guide_answer"][q, t])
             # anything else (next at the last round, bad ids): no answer
         constraint = 1.0 if self.done and (correct or self.unsolvable[q]) else 0.0
@@ -125,7 +125,7 @@ def reference_evaluate_set(cache: ResponseCache, q: int, in_set: Sequence[Sequen
         if in_set[t][BASE]:
             answers.add(int(a["base_answer"][q, t]))
             correct_any[0] |= bool(a["base_correct"][q, t])
-        if in_set[t][GUIDE]:
+        if in_set[t][GUIDE] and cache.manifest.has_guide:
             answers.add(int(a["guide_answer"][q, t]))
             correct_any[0] |= bool(a["guide_correct"][q, t])
         if in_set[t][NEXT] and t + 1 < n:

@@ -31,11 +31,13 @@ def cache_stats(cache: ResponseCache) -> dict[str, Any]:
     per_round = lambda x: [_mean(x[:, t][mask[:, t]]) for t in range(T)]  # noqa: E731
     def cents(role: str) -> np.ndarray:  # [Q, T] cents of each call, at its round's prices
         m = man.models_of(role)
+        if m is None:  # a guide-less cascade: no guide call
+            return np.zeros(mask.shape, np.float32)
         return (a[f"{role}_tokens_in"] * price_of(m, "price_in") + a[f"{role}_tokens_out"] * price_of(m, "price_out")) / 1e4
 
     guide_cents, base_cents = cents("guide"), cents("base")
     verdict_ok = a["guide_verdict"] == a["base_correct"]
-    n_answers = np.array([len(set(row[m].tolist()) | set(g[m].tolist()))
+    n_answers = np.array([len(set(row[m].tolist()) | set(g[m & (g >= 0)].tolist()))  # a cascade's -1: no answer
                           for row, g, m in zip(a["base_answer"], a["guide_answer"], mask)])
     stats: dict[str, Any] = {
         "questions": cache.n_questions,
@@ -61,6 +63,7 @@ def cache_stats(cache: ResponseCache) -> dict[str, Any]:
         "all_rounds_cents": float(cache.round_cost_cents().astype(np.float64).sum()),
         "confidence_given": _mean(~np.isnan(a["base_confidence"][mask])),
         "uncertainty_given": _mean(~np.isnan(a["guide_uncertainty"][mask])),
+        "has_guide": man.has_guide,
         "exit": {},
         "llm_policy": {},
     }
@@ -118,7 +121,7 @@ def _signal_warnings(s: dict, prov: dict) -> list[str]:
     asked = ("; the collection asked for log-probs (provenance.requests.logprobs) and the endpoint returned "
              "none (docs/collect.md)") if req.get("logprobs") is True else ""
     out = []
-    if s["uncertainty_given"] == 0:
+    if s["uncertainty_given"] == 0 and s["has_guide"]:
         out.append("warning: no round has a guide uncertainty: reproduce leaves out the UALA row (it thresholds "
                    "the uncertainty) and the policies see has_guide_uncertainty = 0" + asked)
     if s["confidence_given"] == 0:
@@ -140,6 +143,9 @@ def _model_lines(man: Any, s: dict) -> list[str]:
     """The base and guide model lines; for a ladder, each model with its rounds, accuracy and cost."""
     lines = []
     for role, label in (("base", "base model: "), ("guide", "guide model:")):
+        if role == "guide" and not man.has_guide:
+            lines.append(f"{label} none (a cascade: models.guide is null, no guide call, no 'guide' action)")
+            continue
         if "ladder" not in s or not (man.base_ladder if role == "base" else man.guide_ladder):
             m = man.base if role == "base" else man.guide
             lines.append(f"{label} {P(m.name)}  (${m.price_in:g} in / ${m.price_out:g} out per 1M tokens)")
@@ -150,6 +156,14 @@ def _model_lines(man: Any, s: dict) -> list[str]:
                          f"${r['price_out']:g} out per 1M tokens): {r['calls']} calls, accuracy {_f(r['accuracy'])}, "
                          f"{_f(r['cents_per_call'], '.4f')} cents per call")
     return lines
+
+
+def _guide_rows(s: dict) -> list[str]:
+    """The per-round guide and verdict accuracy rows (none in a guide-less cascade)."""
+    if not s["has_guide"]:
+        return []
+    return ["guide accuracy     " + "".join(f"{_f(x):>8s}" for x in s["guide_acc"]) + f"{_f(s['guide_acc_all']):>8s}",
+            "verdict accuracy   " + "".join(f"{_f(x):>8s}" for x in s["verdict_acc"]) + f"{_f(s['verdict_acc_all']):>8s}"]
 
 
 def describe(cache: ResponseCache, source: str) -> str:
@@ -179,11 +193,10 @@ def describe(cache: ResponseCache, source: str) -> str:
         "round              " + "".join(f"{t + 1:>8d}" for t in range(T)) + "     all",
         "questions          " + "".join(f"{n:>8d}" for n in s["questions_per_round"]) + f"{sum(s['questions_per_round']):>8d}",
         "base accuracy      " + "".join(f"{_f(x):>8s}" for x in s["base_acc"]) + f"{_f(s['base_acc_all']):>8s}",
-        "guide accuracy     " + "".join(f"{_f(x):>8s}" for x in s["guide_acc"]) + f"{_f(s['guide_acc_all']):>8s}",
-        "verdict accuracy   " + "".join(f"{_f(x):>8s}" for x in s["verdict_acc"]) + f"{_f(s['verdict_acc_all']):>8s}",
+        *_guide_rows(s),
         "",
         f"unsolvable share (no correct answer in any round): {_f(s['unsolvable_share'])}",
-        f"guide verdict 'base is correct' rate: {_f(s['verdict_says_correct'])}",
+        *([f"guide verdict 'base is correct' rate: {_f(s['verdict_says_correct'])}"] if s["has_guide"] else []),
         f"distinct normalised answers per question (mean): {_f(s['distinct_answers_mean'], '.2f')}",
         f"guide tokens per call (mean): in {_f(s['guide_tokens_in_mean'], '.1f')}, out {_f(s['guide_tokens_out_mean'], '.1f')}",
         f"base tokens per call (mean):  in {_f(s['base_tokens_in_mean'], '.1f')}, out {_f(s['base_tokens_out_mean'], '.1f')}",
