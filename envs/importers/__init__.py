@@ -15,7 +15,9 @@ Formats (``ccpo-jax data import --format NAME SRC --out PATH``):
 - ``uala-hotpotqa``: UALA HotpotQA runs (Llama-2-70B base,
   gpt-3.5-turbo-instruct guide), T = 2 (``envs.importers.uala``);
 - ``omnisbench``: OmnisBench results (gpt-5-nano base, claude-opus-5 guide),
-  T = 1 (``envs.importers.omnisbench``).
+  T = 1 (``envs.importers.omnisbench``); ``omnisbench-ladder``: the same runs as a two-rung ladder;
+- ``routerarena``: RouterArena's cached_results, a ladder of its models (``envs.importers.routerarena``);
+- ``per-model``: anyone's per-model result files, a ladder (``envs.importers.ladder``).
 
 :mod:`envs.importers.pricing` holds the list prices that price their token
 estimates (``ccpo_jax.collect`` uses them too).
@@ -96,6 +98,22 @@ IMPORTERS: dict[str, Importer] = {
             "omnisbench",
             "OmnisBench results JSON (or its folder, every results*.json); gpt-5-nano base, claude-opus-5 guide, T=1",
             "envs.importers.omnisbench:load",
+        ),
+        Importer(
+            "omnisbench-ladder",
+            "OmnisBench as a two-rung ladder, no guide: gpt-5-nano, then claude-opus-5 (their own answers), T=2",
+            "envs.importers.omnisbench:load_ladder",
+        ),
+        Importer(
+            "routerarena",
+            "RouterArena cached_results (folder of <model>.jsonl or one file): a ladder of the models by price, no guide",
+            "envs.importers.routerarena:load",
+        ),
+        Importer(
+            "per-model",
+            "a folder of per-model JSONL files (id, answer, correct, tokens_in, tokens_out, confidence?) and an "
+            "optional ladder.json with prices and order: a ladder, no guide",
+            "envs.importers.ladder:load_per_model",
         ),
     )
 }

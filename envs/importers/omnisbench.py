@@ -214,3 +214,11 @@ def load(src: Path) -> ResponseCache:
         T=1,
         groups=groups,
     )
+
+
+def load_ladder(src: Path) -> ResponseCache:
+    """Format ``omnisbench-ladder``: :func:`load`'s runs as a two-rung ladder without a guide (round 1 the
+    cheap model's answer, round 2 the big model's own answer; ``envs.importers.ladder.pair_to_ladder``)."""
+    from envs.importers.ladder import pair_to_ladder
+
+    return pair_to_ladder(load(src), str(src))

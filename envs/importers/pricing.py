@@ -39,6 +39,15 @@ PRICES: dict[str, Price] = {
     "gpt-3.5-turbo-instruct": Price(
         1.50, 2.00, "OpenAI list price of gpt-3.5-turbo-instruct as stated in the project brief; not re-read online"
     ),
+    # RouterArena's models: these list prices reproduce every record's recorded inference_cost
+    # (tokens x price; the routerarena importer checks it and stores the largest deviation).
+    "gemini-2.0-flash-001": Price(
+        0.10, 0.40, "Google list price of gemini-2.0-flash-001; reproduces RouterArena's cached inference_cost (checked at import)"
+    ),
+    "claude-3-haiku-20240307": Price(
+        0.25, 1.25, "Anthropic list price of claude-3-haiku-20240307; reproduces RouterArena's cached inference_cost (checked at import)"
+    ),
+    "gpt-4o-mini": Price(0.15, 0.60, "OpenAI list price of gpt-4o-mini; not re-read online"),
     "meta-llama/Llama-2-70b-hf": Price(
         0.64, 0.80, "DeepInfra model page meta-llama/Llama-2-70b-chat-hf (hosted list price of the chat variant; stored copy, page undated), read 2026-11-29"
     ),

@@ -1,0 +1,220 @@
+"""Multi-model result tables -> a guide-less ladder cache (docs/caches.md "Model ladders").
+
+A ladder cache from runs of k models on the same questions: round t is rung t's run, the rungs
+ordered by price (``price_in + price_out``, then name) unless an order is given, and no guide
+(``models.guide: null``): a pure cascade, in which a router's only choices are to stop at a rung
+or to go on to the next. Round t's cost is rung t's tokens at rung t's prices.
+
+* :func:`build_ladder`: per question, one :class:`~envs.importers.Side` per rung -> the cache;
+* :func:`pair_to_ladder`: a one-round (base, guide) import (``routellm-*``, ``omnisbench``) as the
+  two-rung ladder (base model, then guide model): the guide's answer is that model's own run;
+* :func:`load_per_model` (format ``per-model``): a folder with one JSONL file per model, lines
+  ``{"id", "answer", "correct", "tokens_in", "tokens_out", "confidence"?, "gold"?, "group"?}``, and an
+  optional ``ladder.json`` ``{"models": [{"name", "price_in", "price_out", "file"?}], "name"?, "task"?,
+  "license"?, "source"?}`` giving the prices and the order (without it: the file stems are the model
+  names, priced by :data:`envs.importers.pricing.PRICES`, ordered by price).
+
+Questions are those present in every model's file (in the first rung's file order); how many were
+left out is in the provenance (``questions_dropped``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from envs.cache.schema import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays, group_problem
+from envs.importers import AnswerVocab, Side
+
+#: The protocol string of a ladder import.
+LADDER_PROTOCOL = "a ladder of independent runs (round t = rung t's own answer), no guide; not the CCPO protocol"
+
+
+def order_rungs(models: Sequence[ModelInfo]) -> list[int]:
+    """Indices of ``models`` from the cheapest (``price_in + price_out``, then name) to the dearest."""
+    return sorted(range(len(models)), key=lambda i: (models[i].price_in + models[i].price_out, models[i].name))
+
+
+def build_ladder(*, name: str, task: str, rungs: Sequence[ModelInfo], provenance: dict, question_ids: Sequence[str],
+                 gold: Sequence[str], answers: Sequence[Sequence[Side]], groups: Sequence[str] | None = None
+                 ) -> ResponseCache:
+    """The cascade cache: ``answers[q][t]`` is rung t's answer to question q (every question has every rung;
+    a Side's ``score`` is the base confidence). Answer ids per question in order of first appearance."""
+    from envs.cache.normalise import NORMALISATION, normalise_answer
+
+    T, Q = len(rungs), len(question_ids)
+    if T < 1:
+        raise CacheError(f"{name}: a ladder needs at least one model")
+    a = empty_arrays(Q, T)  # the guide arrays stay at their "no call" values
+    texts = []
+    for q, sides in enumerate(answers):
+        vocab = AnswerVocab()
+        for t, b in enumerate(sides):
+            a["round_mask"][q, t] = True
+            a["base_answer"][q, t] = vocab(normalise_answer(b.key))
+            a["base_correct"][q, t] = b.correct
+            a["base_tokens_in"][q, t], a["base_tokens_out"][q, t] = b.tokens_in, b.tokens_out
+            a["base_confidence"][q, t] = b.score
+        texts.append(vocab.texts(2 * T))
+    if Q:
+        a["question_ids"] = np.array(list(question_ids), dtype=str)
+        a["gold"] = np.array(list(gold), dtype=str)
+        a["answer_text"] = np.array(texts, dtype=str).reshape(Q, 2 * T)
+    if groups is not None and Q:
+        for qid, g in zip(question_ids, groups):
+            problem = group_problem(g)
+            if problem:
+                raise CacheError(f"{name}: question {qid!r}: group: {problem}")
+        a["group"] = np.array(list(groups), dtype=str)
+    manifest = Manifest(name=name, task=task, T=T, base=rungs[0], guide=None, provenance=provenance,
+                        normalisation=NORMALISATION, base_ladder=tuple(rungs) if T > 1 else ())
+    return ResponseCache(manifest, a).with_checksum()
+
+
+def pair_to_ladder(cache: ResponseCache, source: str) -> ResponseCache:
+    """A one-round (base, guide) cache as the two-rung ladder: round 1 the base model's answer, round 2 the
+    guide model's own answer, each at its model's prices; no guide. Its confidences are dropped where the
+    pair had the guide's uncertainty (a judge's measure, not the model's confidence in its answer)."""
+    if cache.T != 1 or not cache.manifest.has_guide:
+        raise CacheError(f"{source}: a two-rung ladder is made from a one-round import with a guide (T = 1)")
+    a, man = cache.arrays, cache.manifest
+    texts = a["answer_text"]
+    answers = []
+    for q in range(cache.n_questions):
+        sides = []
+        for role, conf in (("base", float(a["base_confidence"][q, 0])), ("guide", math.nan)):
+            aid = int(a[f"{role}_answer"][q, 0])
+            sides.append(Side(str(texts[q, aid]) if aid >= 0 else "", bool(a[f"{role}_correct"][q, 0]),
+                              float(a[f"{role}_tokens_in"][q, 0]), float(a[f"{role}_tokens_out"][q, 0]), conf))
+        answers.append(sides)
+    prov = {**man.provenance, "protocol": LADDER_PROTOCOL,
+            "ladder": f"rung 1 = {man.base.name} (the import's base), rung 2 = {man.guide.name} (the import's guide, "
+                      "its own answer)"}
+    groups = [str(g) for g in a["group"]] if "group" in a else None
+    return build_ladder(name=f"{man.name}-ladder", task=man.task, rungs=[man.base, man.guide], provenance=prov,
+                        question_ids=[str(x) for x in a["question_ids"]], gold=[str(x) for x in a["gold"]],
+                        answers=answers, groups=groups)
+
+
+# -- the generic per-model JSONL format ---------------------------------------------------------
+
+_REQUIRED = {"id": str, "answer": str, "correct": bool, "tokens_in": (int, float), "tokens_out": (int, float)}
+
+
+def _row(path: Path, line_no: int, obj: Any) -> dict:
+    where = f"{path}:{line_no}"
+    if not isinstance(obj, dict):
+        raise CacheError(f"{where}: expected a JSON object")
+    for k, typ in _REQUIRED.items():
+        if k not in obj:
+            raise CacheError(f"{where}: {k}: missing")
+        v = obj[k]
+        if not isinstance(v, typ) or (typ is not bool and isinstance(v, bool)):
+            want = {str: "a string", bool: "true or false"}.get(typ, "a number")
+            raise CacheError(f"{where}: {k}: expected {want}, got {v!r}")
+    for k in ("tokens_in", "tokens_out"):
+        if not (math.isfinite(obj[k]) and obj[k] >= 0):
+            raise CacheError(f"{where}: {k}: expected a finite number >= 0, got {obj[k]!r}")
+    c = obj.get("confidence")
+    if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c <= 1.0):
+        raise CacheError(f"{where}: confidence: expected a number in [0, 1] or null, got {c!r}")
+    for k in ("gold", "group"):
+        if k in obj and not isinstance(obj[k], str):
+            raise CacheError(f"{where}: {k}: expected a string, got {obj[k]!r}")
+    return obj
+
+
+def _read_rows(path: Path) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CacheError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CacheError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        r = _row(path, i, obj)
+        if r["id"] in rows:
+            raise CacheError(f"{path}:{i}: id: {r['id']!r} is given twice")
+        rows[r["id"]] = r
+    if not rows:
+        raise CacheError(f"{path}: no lines")
+    return rows
+
+
+def _ladder_spec(src: Path) -> tuple[list[tuple[ModelInfo, Path]], dict]:
+    """(model, file) per rung in ladder order, and the ladder.json fields (or none)."""
+    from envs.importers.pricing import PRICES
+
+    spec_path = src / "ladder.json"
+    if spec_path.is_file():
+        try:
+            spec = json.loads(spec_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CacheError(f"{spec_path}: not valid JSON ({e})") from None
+        ms = spec.get("models") if isinstance(spec, dict) else None
+        if not isinstance(ms, list) or not ms:
+            raise CacheError(f"{spec_path}: models: expected a non-empty list of {{name, price_in, price_out}}")
+        out = []
+        for i, m in enumerate(ms):
+            ctx = f"{spec_path}: models[{i}]"
+            if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+                raise CacheError(f"{ctx}: name: expected a string")
+            for k in ("price_in", "price_out"):
+                v = m.get(k)
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+                    raise CacheError(f"{ctx}: {k}: expected a finite number >= 0 (USD per million tokens), got {v!r}")
+            f = src / str(m.get("file", f"{m['name']}.jsonl"))
+            if not f.is_file():
+                raise CacheError(f"{ctx}: file {f.name!r} not found in {src}")
+            out.append((ModelInfo(m["name"], float(m["price_in"]), float(m["price_out"])), f))
+        if spec.get("order", "given") == "price":
+            out = [out[i] for i in order_rungs([m for m, _ in out])]
+        return out, spec
+    files = sorted(p for p in src.glob("*.jsonl") if p.is_file())
+    if not files:
+        raise CacheError(f"{src}: no *.jsonl files (one per model) and no ladder.json")
+    out = []
+    for f in files:
+        if f.stem not in PRICES:
+            raise CacheError(f"{f}: no list price for the model {f.stem!r}: give the prices in {src / 'ladder.json'} "
+                             "(docs/caches.md, the per-model format)")
+        p = PRICES[f.stem]
+        out.append((ModelInfo(f.stem, p.price_in, p.price_out), f))
+    return [out[i] for i in order_rungs([m for m, _ in out])], {}
+
+
+def load_per_model(src: Path) -> ResponseCache:
+    """Format ``per-model``: see the module docstring."""
+    if not src.is_dir():
+        raise CacheError(f"{src}: expected a folder of per-model JSONL files")
+    rungs, spec = _ladder_spec(src)
+    tables = [_read_rows(f) for _, f in rungs]
+    first = tables[0]
+    ids = [i for i in first if all(i in t for t in tables[1:])]
+    if not ids:
+        raise CacheError(f"{src}: no question id is in every model's file")
+    answers, gold, groups = [], [], []
+    for qid in ids:
+        answers.append([Side(r[qid]["answer"], r[qid]["correct"], float(r[qid]["tokens_in"]), float(r[qid]["tokens_out"]),
+                             math.nan if r[qid].get("confidence") is None else float(r[qid]["confidence"]))
+                        for r in tables])
+        gold.append(next((r[qid]["gold"] for r in tables if "gold" in r[qid]), ""))
+        groups.append(next((r[qid]["group"] for r in tables if "group" in r[qid]), None))
+    n_all = len(set().union(*tables))
+    prov = {"kind": "real", "source": str(spec.get("source", f"per-model JSONL files in {src.name}")),
+            "license": str(spec.get("license", "unknown")), "protocol": LADDER_PROTOCOL,
+            "ladder": ", ".join(f"rung {t + 1} = {m.name} ({f.name})" for t, (m, f) in enumerate(rungs)),
+            "prices": "ladder.json" if spec else "envs/importers/pricing.py list prices",
+            "questions_dropped": n_all - len(ids)}
+    has_groups = all(g is not None for g in groups)
+    return build_ladder(name=str(spec.get("name", src.name)), task=str(spec.get("task", "unknown")),
+                        rungs=[m for m, _ in rungs], provenance=prov, question_ids=ids, gold=gold, answers=answers,
+                        groups=groups if has_groups else None)

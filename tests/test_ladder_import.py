@@ -1,0 +1,134 @@
+"""Multi-model result tables imported as guide-less ladders (docs/caches.md "Model ladders"):
+``per-model`` (anyone's per-model JSONL files), ``routerarena`` and ``omnisbench-ladder``. Oracles: the
+source lines themselves (read here with json, not with the importer), the sources' recorded costs,
+and the one-round pair import the ladder is built from."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURE_DATA, run_cli
+from envs.cache.jsonl import read_jsonl, write_jsonl
+from envs.cache.schema import CacheError
+from envs.importers import import_cache
+
+RA = FIXTURE_DATA / "routerarena"
+
+
+def _write(folder, name, rows):
+    (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _rows(model_correct, n=5, conf=True, skip=()):
+    return [{"id": f"q{i}", "answer": "A" if c else f"wrong {i}", "correct": bool(c), "tokens_in": 10 + i,
+             "tokens_out": 2 + i, **({"confidence": 0.1 * (i + 1)} if conf else {}), "gold": "A", "group": f"g{i % 2}"}
+            for i, c in enumerate(model_correct[:n]) if f"q{i}" not in skip]
+
+
+def test_per_model_folder_is_a_ladder_ordered_by_price(tmp_path):
+    _write(tmp_path, "big", _rows([1, 1, 1, 1, 1]))
+    _write(tmp_path, "small", _rows([1, 0, 0, 1, 0], conf=False))
+    _write(tmp_path, "mid", _rows([1, 1, 0, 1, 0], skip={"q3"}))  # q3 only in two files: left out
+    (tmp_path / "ladder.json").write_text(json.dumps({"name": "mine", "task": "qa", "order": "price", "models": [
+        {"name": "big", "price_in": 5, "price_out": 15}, {"name": "small", "price_in": 0.1, "price_out": 0.2},
+        {"name": "mid", "price_in": 1, "price_out": 2}]}))
+    c = import_cache("per-model", tmp_path)
+    m, a = c.manifest, c.arrays
+    assert [r.name for r in m.base_ladder] == ["small", "mid", "big"] and not m.has_guide and c.T == 3
+    assert list(a["question_ids"]) == ["q0", "q1", "q2", "q4"] and m.provenance["questions_dropped"] == 1
+    want = {"small": [1, 0, 0, 0], "mid": [1, 1, 0, 0], "big": [1, 1, 1, 1]}
+    for t, name in enumerate(("small", "mid", "big")):
+        assert a["base_correct"][:, t].astype(int).tolist() == want[name]
+    assert np.isnan(a["base_confidence"][:, 0]).all()  # the small model gave no confidence
+    assert a["base_confidence"][:, 1].tolist() == pytest.approx([0.1, 0.2, 0.3, 0.5])
+    assert (a["guide_answer"] == -1).all() and not a["guide_correct"].any()
+    # cost: round t = the rung's tokens at the rung's prices (tokens 10 + i in, 2 + i out)
+    i = np.array([0, 1, 2, 4])
+    for t, (pin, pout) in enumerate(((0.1, 0.2), (1, 2), (5, 15))):
+        assert c.round_cost_cents()[:, t] == pytest.approx(((10 + i) * pin + (2 + i) * pout) / 1e4, rel=1e-6)
+    assert list(a["group"]) == ["g0", "g1", "g0", "g0"]
+    back = read_jsonl(write_jsonl(c, tmp_path / "out.jsonl"))
+    assert back.checksum() == c.checksum()
+
+
+def test_per_model_without_ladder_json_uses_the_list_prices(tmp_path):
+    _write(tmp_path, "gpt-4o", _rows([1, 1, 1]))
+    _write(tmp_path, "gpt-4o-mini", _rows([1, 0, 1]))
+    c = import_cache("per-model", tmp_path)
+    assert [r.name for r in c.manifest.base_ladder] == ["gpt-4o-mini", "gpt-4o"]
+    assert (c.manifest.base_ladder[1].price_in, c.manifest.base_ladder[1].price_out) == (2.5, 10.0)
+    _write(tmp_path, "my-model", _rows([1]))
+    with pytest.raises(CacheError, match=r"my-model\.jsonl: no list price for the model 'my-model'"):
+        import_cache("per-model", tmp_path)
+
+
+@pytest.mark.parametrize("line, match", [
+    ({"id": "q0", "answer": "A", "tokens_in": 1, "tokens_out": 1}, r"m\.jsonl:2: correct: missing"),
+    ({"id": "q0", "answer": "A", "correct": "yes", "tokens_in": 1, "tokens_out": 1}, r"m\.jsonl:2: correct: expected true or false"),
+    ({"id": "q0", "answer": "A", "correct": True, "tokens_in": -1, "tokens_out": 1}, r"m\.jsonl:2: tokens_in: expected a finite number >= 0"),
+    ({"id": "q0", "answer": "A", "correct": True, "tokens_in": 1, "tokens_out": 1, "confidence": 1.5},
+     r"m\.jsonl:2: confidence: expected a number in \[0, 1\]"),
+    ({"id": "q1", "answer": "A", "correct": True, "tokens_in": 1, "tokens_out": 1}, r"m\.jsonl:2: id: 'q1' is given twice"),
+])
+def test_bad_per_model_lines_name_file_line_and_field(tmp_path, line, match):
+    (tmp_path / "m.jsonl").write_text(json.dumps({"id": "q1", "answer": "A", "correct": True, "tokens_in": 1,
+                                                  "tokens_out": 1}) + "\n" + json.dumps(line) + "\n")
+    (tmp_path / "ladder.json").write_text(json.dumps({"models": [{"name": "m", "price_in": 1, "price_out": 1}]}))
+    with pytest.raises(CacheError, match=match):
+        import_cache("per-model", tmp_path)
+
+
+def test_per_model_import_command_and_data_check(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    _write(src, "gpt-4o", _rows([1, 1, 1]))
+    _write(src, "gpt-4o-mini", _rows([1, 0, 1]))
+    r = run_cli(["data", "import", "--format", "per-model", str(src), "--out", str(tmp_path / "c.jsonl")])
+    assert r.returncode == 0, r.stderr
+    shown = run_cli(["data", "check", str(tmp_path / "c.jsonl")]).stdout
+    assert "rounds 1: gpt-4o-mini" in shown and "rounds 2: gpt-4o" in shown and "guide model: none" in shown
+    (src / "gpt-4o.jsonl").write_text("{not json\n")
+    r = run_cli(["data", "import", "--format", "per-model", str(src), "--out", str(tmp_path / "d.jsonl")])
+    assert r.returncode == 2 and "gpt-4o.jsonl:1: not valid JSON" in r.stderr and not (tmp_path / "d.jsonl").exists()
+
+
+def test_routerarena_fixture_against_its_own_lines():
+    c = import_cache("routerarena", RA)
+    m, a = c.manifest, c.arrays
+    assert [r.name for r in m.base_ladder] == ["gemini-2.0-flash-001", "claude-3-haiku-20240307"]  # by price
+    assert not m.has_guide and m.provenance["license"] == "Apache-2.0"
+    raw = {}
+    for t, f in enumerate(("gemini-2.0-flash-001", "claude-3-haiku-20240307")):
+        for line in (RA / f"{f}.jsonl").read_text().splitlines():
+            d = json.loads(line)
+            raw[(d["global_index"], t)] = d
+    qids = list(a["question_ids"])
+    assert len(qids) == 60 and m.provenance["questions_dropped"] == 0
+    cost = c.round_cost_cents()
+    for q, qid in enumerate(qids):
+        for t in range(2):
+            d = raw[(qid, t)]
+            ev = d["evaluation_result"]
+            assert bool(a["base_correct"][q, t]) == (float(ev["score"]) >= 0.5)
+            assert a["base_tokens_in"][q, t] == d["token_usage"]["input_tokens"]
+            # tokens x list prices reproduce the recorded inference cost (USD -> cents)
+            assert cost[q, t] == pytest.approx(100 * float(ev["inference_cost"]), abs=1e-4)
+        assert a["group"][q] == qid.rsplit("_", 1)[0]
+
+
+def test_omnisbench_ladder_is_the_pair_import_as_two_rungs():
+    pair = import_cache("omnisbench", FIXTURE_DATA / "omnisbench")
+    lad = import_cache("omnisbench-ladder", FIXTURE_DATA / "omnisbench")
+    assert lad.T == 2 and not lad.manifest.has_guide
+    assert [r.name for r in lad.manifest.base_ladder] == [pair.manifest.base.name, pair.manifest.guide.name]
+    p, l = pair.arrays, lad.arrays
+    assert list(l["question_ids"]) == list(p["question_ids"])
+    assert np.array_equal(l["base_correct"][:, 0], p["base_correct"][:, 0])
+    assert np.array_equal(l["base_correct"][:, 1], p["guide_correct"][:, 0])
+    assert np.array_equal(l["base_tokens_out"][:, 1], p["guide_tokens_out"][:, 0])
+    # the ladder's cost of both rounds is the pair's one round (same calls, same prices)
+    assert lad.round_cost_cents().sum(axis=1) == pytest.approx(pair.round_cost_cents()[:, 0], rel=1e-5)
+    assert math.isclose(float(lad.round_cost_cents().sum()), float(pair.round_cost_cents().sum()), rel_tol=1e-5)
