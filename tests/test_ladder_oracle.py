@@ -159,3 +159,27 @@ def test_cascade_on_a_one_model_cache_is_a_confidence_stopping_rule():
     tot, cov = lr.cascade_metrics(*args, taus[None])
     assert cov[0] >= 1 - ALPHA - 1e-6
     assert tot[0] / 20_000 == pytest.approx(oracle.best_observable(spec, ALPHA).cost_per_question, rel=0.03)
+
+
+def test_reproduce_and_sweep_write_the_ladder_rows(tmp_path):
+    """reproduce's results.json / table.md and sweep's frontier carry the ladder rows like the
+    other baselines (cost / bound, cost / best observable); the same rows as ladder_rows."""
+    import json
+
+    from ccpo_jax.ccpo import frontier as fr
+    from ccpo_jax.ccpo.reproduce import reproduce
+    from ccpo_jax.ccpo.sweep import sweep
+
+    cache = oracle.build(SPEC, 200, seed=7)
+    reproduce(cache=cache, n_splits=2, split_sizes="100,50,50", out_dir=tmp_path / "run", train=False, echo=None)
+    pol = json.loads((tmp_path / "run" / "results.json").read_text())["policies"]
+    names = ["Always rung 1 (rung 1)", "Always rung 2 (rung 2)", "Always rung 3 (rung 3)", lr.CASCADE_ROW]
+    table = (tmp_path / "run" / "table.md").read_text()
+    for name in names:
+        assert "cost_vs_bound" in pol[name] and "cost_over_best_observable" in pol[name], pol[name].keys()
+        assert name in table
+    assert pol["Always rung 1 (rung 1)"]["per_split"]["avg_len"] == pytest.approx([1, 1])
+    sweep(cache=cache, n_splits=2, split_sizes="100,50,50", alphas=(0.1, 0.2), out_dir=tmp_path / "sw",
+          train=False, echo=None)
+    rows = json.loads((tmp_path / "sw" / fr.FRONTIER_JSON).read_text())["rows"]
+    assert all(name in rows for name in names)
