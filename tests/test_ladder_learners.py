@@ -2,7 +2,7 @@
 CCPO (lambda=0) within 10 % of the best observable cost and CPO batch within 25 %, on at least 9 of
 10 seeds, at the target coverage within 0.03. The same machinery as tests/test_oracle.py: the
 default preset's learned rows for 30 iterations, 300 training questions, 10 redraws of the 300
-held-out ones into 150 calibration + 150 test."""
+held-out ones into 150 calibration + 150 test. 30 s here (2 cores), so not in the slow tier."""
 from __future__ import annotations
 
 import jax
@@ -17,8 +17,6 @@ from ccpo_jax.ccpo.rows import row_variants
 from ccpo_jax.runtime.execution import Execution
 from envs.generators import oracle
 from envs.replay.env import make_env_params
-
-pytestmark = pytest.mark.slow
 
 ALPHA, SEEDS, REDRAWS = 0.1, 10, 10
 SIZES = (300, 150, 150)
