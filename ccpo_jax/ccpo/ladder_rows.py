@@ -162,7 +162,9 @@ def cascade_sets(conf: np.ndarray, n_rounds: np.ndarray, taus: np.ndarray) -> np
 
 @functools.lru_cache(maxsize=4)
 def _evaluate_program():
-    one = lambda sets, params, idx: summarise(evaluate_sets(sets, params, idx))  # noqa: E731
+    def one(sets, params, idx):
+        return summarise(evaluate_sets(sets, params, idx))
+
     return jax.jit(jax.vmap(one, in_axes=(0, None, 0)))
 
 
