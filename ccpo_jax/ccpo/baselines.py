@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from ccpo_jax.ccpo.ladder_rows import ladder_rows, left_out_ladder_rows
 from ccpo_jax.ccpo.settings import exit_row_name, llm_policy_row_name
 from envs.cache.schema import A_NEXT, ResponseCache
 from envs.replay.env import EnvParams, SetMetrics, evaluate_actions, evaluate_sets, summarise
@@ -194,13 +195,16 @@ def non_learned_rows(
     cal_idx: Any,
     test_idx: Any,
     alpha: float,
+    train_idx: Any = None,
 ) -> dict[str, dict[str, np.ndarray]]:
     """Every non-learned row for S splits in one jitted, vmapped call.
 
     ``cal_idx``, ``test_idx``: int [S, n]. Returns
     ``{row name: {"cost_cents", "coverage", "avg_len", "set_size": np.ndarray [S]}}``
     with the paper's row names ("<model> EXIT", "Random", "LLM policy (<model>)",
-    "UALA"), in the paper's order; rows the cache cannot support are absent.
+    "UALA"), in the paper's order, then the ladder rows (``ccpo_jax.ccpo.ladder_rows``: "Always
+    rung k" on a base ladder; the threshold cascade, fitted on ``train_idx`` [S, n_train], when
+    given); rows the cache cannot support are absent.
     """
     cal_idx = np.asarray(cal_idx, np.int32)
     test_idx = np.asarray(test_idx, np.int32)
@@ -216,7 +220,9 @@ def non_learned_rows(
     out = run(params, data, keys, cal_idx, test_idx, jnp.float32(alpha))
     order = [exit_row_name(m) for _, m in exit_ms] + ["Random"] + [llm_policy_row_name(m) for _, m in llm_ms]
     order += ["UALA"] if with_uala else []
-    return {r: {k: np.asarray(v) for k, v in out[r].items()} for r in order}
+    rows = {r: {k: np.asarray(v) for k, v in out[r].items()} for r in order}
+    rows.update(ladder_rows(cache, params, train_idx, test_idx, alpha)[0])
+    return rows
 
 
 def left_out_rows(cache: ResponseCache, test_idx: Any) -> dict[str, str]:
@@ -238,5 +244,6 @@ def left_out_rows(cache: ResponseCache, test_idx: Any) -> dict[str, str]:
         out["UALA"] = "a guide-less cascade (models.guide: null): UALA collects the guide's answers"
     elif not has_uncertainty(cache):
         out["UALA"] = "no round of the cache has a guide uncertainty (UALA thresholds it)"
+    out.update(left_out_ladder_rows(cache))
     return out
 

@@ -188,7 +188,8 @@ def reproduce(
         pooling = None if groups is None else describe_pooling(groups, splits.cal, say, cfg.group_min)
         # 2. the non-learned rows: all splits in one vmapped call
         t0 = time.perf_counter()
-        base = non_learned_rows(cache_obj, params, run.k_base, splits.cal, splits.test, cfg.alpha)
+        base = non_learned_rows(cache_obj, params, run.k_base, splits.cal, splits.test, cfg.alpha,
+                                train_idx=splits.train)
         rows = as_rows(jax.device_get(base), cfg.n_splits, "baselines.non_learned_rows")
         rows[BOUND_ROW] = bound_row(params, splits.test, cfg.alpha)  # not a policy: what none can beat
         rows[BEST_OBS_ROW], best_obs = best_observable_row(params, splits.test, cfg.alpha)  # nor this: no answers

@@ -68,7 +68,8 @@ def _grid(run: Prepared) -> tuple[dict[float, dict[str, dict]], dict, float]:
     scores, fit = fit_scores(d.params)  # the best observable reference's model: once, for every alpha
     ref_s = fit["fit_s"]
     for a in cfg.alphas:
-        rows = as_rows(jax.device_get(non_learned_rows(d.cache, d.params, run.k_base, d.splits.cal, d.splits.test, a)),
+        rows = as_rows(jax.device_get(non_learned_rows(d.cache, d.params, run.k_base, d.splits.cal, d.splits.test, a,
+                                                        train_idx=d.splits.train)),
                        cfg.n_splits, "baselines.non_learned_rows")
         rows[BOUND_ROW] = bound_row(d.params, d.splits.test, a)
         rows[BEST_OBS_ROW], got = best_observable_row(d.params, d.splits.test, a, scores, fit)

@@ -86,11 +86,22 @@ class OracleSpec:
     types: tuple[QType, ...]
     description: str = ""
     signal: str | None = None  # a key of SIGNALS: the field the types' signal ranges draw into
+    #: A base ladder: rung t's (price in, price out) USD per million tokens, T entries; empty =
+    #: one free base model every round.
+    base_prices: tuple[tuple[float, float], ...] = ()
+    #: Every answer gets a new id (no two rounds' answers are "the same answer", right or wrong),
+    #: so the answer-agreement features show nothing and only the signal tells types apart.
+    fresh_ids: bool = False
 
     def round_cost_cents(self, t: int) -> float:
-        """Guide call of round t (1-based): 80 t prompt tokens, 4 completion tokens."""
+        """Round t (1-based): the guide's call (80 t prompt tokens, 4 completion tokens) plus, on a
+        ladder, rung t's base call (200 prompt tokens, 30 completion tokens)."""
         p_in, p_out = GUIDE_PRICE
-        return (80.0 * t * p_in + 4.0 * p_out) / 1e6 * 100.0
+        base = 0.0
+        if self.base_prices:
+            b_in, b_out = self.base_prices[t - 1]
+            base = 200.0 * b_in + 30.0 * b_out
+        return (80.0 * t * p_in + 4.0 * p_out + base) / 1e6 * 100.0
 
 
 def build(spec: OracleSpec, n_questions: int = 1000, seed: int = 0) -> ResponseCache:
@@ -120,13 +131,13 @@ def build(spec: OracleSpec, n_questions: int = 1000, seed: int = 0) -> ResponseC
             if o.agree and bc != gc:
                 raise ValueError(f"type {qt.name} round {t + 1}: agreeing answers must be both right or both wrong")
             # The gold answer has id 0; every wrong answer is a new id (agreeing answers share one).
-            b_id = 0 if bc else next_id
-            next_id += 0 if bc else 1
+            b_id = 0 if bc and not spec.fresh_ids else next_id
+            next_id += 0 if bc and not spec.fresh_ids else 1
             if o.agree:
                 g_id = b_id
             else:
-                g_id = 0 if gc else next_id
-                next_id += 0 if gc else 1
+                g_id = 0 if gc and not spec.fresh_ids else next_id
+                next_id += 0 if gc and not spec.fresh_ids else 1
             a["round_mask"][i, t] = True
             a["base_answer"][i, t], a["guide_answer"][i, t] = b_id, g_id
             a["base_correct"][i, t], a["guide_correct"][i, t] = bc, gc
@@ -144,8 +155,9 @@ def build(spec: OracleSpec, n_questions: int = 1000, seed: int = 0) -> ResponseC
             a["base_tokens_out"][i, t] = 30.0
     a["question_ids"] = np.array([f"{spec.types[k].name}@{c}-{i}" for i, (k, c) in enumerate(zip(kinds, drawn))])
     _check_classes(spec, a, kinds, np.array(drawn))
+    ladder = tuple(ModelInfo(f"rung {k + 1}", *p) for k, p in enumerate(spec.base_prices))
     man = Manifest(
-        name=f"oracle-{spec.name}", task="oracle", T=T, base=ModelInfo("base (free)"),
+        name=f"oracle-{spec.name}", task="oracle", T=T, base=ModelInfo("base (free)"), base_ladder=ladder,
         guide=ModelInfo("guide", *GUIDE_PRICE),
         provenance={"kind": "synthetic", "generator": f"envs.oracle/{spec.name}", "seed": int(seed),
                     "note": "hand-designed cache with a brute-force optimum"},
@@ -516,3 +528,40 @@ def partial() -> dict[str, OracleSpec]:
         ),
     )
     return {s.name: s for s in (unc, conf, two, noisy)}
+
+
+def ladder() -> dict[str, OracleSpec]:
+    """A base ladder of three rungs of growing price (issue 37) whose best observable policy stops
+    at different rungs for different question types, told apart only by the base confidence,
+    which overlaps between types (answers carry no agreement signal: ``fresh_ids``; the guide is
+    always wrong, so only the ladder's answers count).
+
+    Types (confidence ranges at rungs 1, 2; uniform): easy 50 % (right at every rung; U(0.4, 1),
+    U(0.5, 1)), mid 30 % (right from rung 2; U(0, 0.6), U(0.5, 1)), hard 15 % (right only at
+    rung 3; U(0, 0.6), U(0, 0.7)), unsolvable 5 % (U(0, 0.6), U(0, 0.7)). Prices: rung 1
+    $0.1 / $0.4, rung 2 $1 / $4, rung 3 $10 / $40 per million tokens (200 in, 30 out), plus the
+    guide's call: J = (0.0272, 0.076, 0.384) cents.
+
+    Best observable policy at alpha = 0.1 (by hand; ``tests/test_ladder_oracle.py``): go on at
+    rung 1 iff confidence <= 0.6 and at rung 2 iff confidence <= 0.7 / 3. Unsolvable is covered
+    free, so 0.10 of the 0.15 hard may go uncovered. Coverage bought at rung 2 costs
+    J3 x (hard + unsolvable) / hard = 0.512 cents a unit; at rung 1's margin (confidence near 0.6,
+    easy and the rest equally dense) (5/3 J2 + 1/9 J3) / (0.5 + 0.25 / 3) = 0.29. So rung 1
+    takes every non-easy question on (theta 0.6: every mid covered; easy above 0.6, two thirds of
+    them, stop at rung 1) and rung 2 takes a third of the hard ones on (theta 0.7 / 3; easy and
+    mid, confidence >= 0.5, stop at rung 2). Cost J1 + 2/3 J2 + 0.2 / 3 J3 = 0.1035 cents,
+    coverage 0.9; covering everything (rung 2's theta 0.7) costs 2.2x."""
+    q = (Obs(False, None, 0.5),) * 3
+    spec = OracleSpec(
+        name="ladder", T=3, signal="confidence", fresh_ids=True,
+        base_prices=((0.1, 0.4), (1.0, 4.0), (10.0, 40.0)),
+        description="three base rungs of growing price; the base confidence (overlapping) says where to stop",
+        classes={"q": q},
+        types=(
+            QType("easy", "q", 0.50, (_R, _R, _R), signal=((0.4, 1.0), (0.5, 1.0), None)),
+            QType("mid", "q", 0.30, (_W, _R, _R), signal=((0.0, 0.6), (0.5, 1.0), None)),
+            QType("hard", "q", 0.15, (_W, _W, _R), signal=((0.0, 0.6), (0.0, 0.7), None)),
+            QType("unsolvable", "q", 0.05, (_W, _W, _W), signal=((0.0, 0.6), (0.0, 0.7), None)),
+        ),
+    )
+    return {spec.name: spec}
