@@ -292,7 +292,9 @@ def _metrics(params, idx, reach) -> dict[str, np.ndarray]:
     covered = (reach & right).any(-1) | np.asarray(params.unsolvable)[idx]
     ids = np.stack([np.asarray(params.base_answer)[idx], np.asarray(params.guide_answer)[idx]], -1)
     took = np.repeat(reach, 2, axis=-1)
-    ids = np.sort(np.where(took, ids.reshape(took.shape).astype(np.int64), np.iinfo(np.int64).max), -1)
+    ids = ids.reshape(took.shape).astype(np.int64)
+    took &= ids >= 0  # a guide-less cascade's guide slot holds no answer (-1)
+    ids = np.sort(np.where(took, ids, np.iinfo(np.int64).max), -1)
     new = np.concatenate([took[..., :1].any(-1, keepdims=True), ids[..., 1:] != ids[..., :-1]], -1)
     size = (new & (ids != np.iinfo(np.int64).max)).sum(-1)
     return {"cost_cents": cost.sum(-1), "coverage": covered.mean(-1), "avg_len": reach.sum(-1).mean(-1),
