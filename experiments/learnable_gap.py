@@ -112,6 +112,40 @@ def run_case(label: str, a: argparse.Namespace, out: Path) -> dict:
             "timing": fr["timing"], "points": points}
 
 
+def train_fit_reference(label: str, a: argparse.Namespace) -> dict[float, dict]:
+    """The reference's policy family with thresholds chosen on each split's *training* questions
+    (in-sample there, at coverage >= 1 - alpha), applied to the split's test questions: what a
+    learner that found the best thresholds of this family on its training data would get out of
+    sample, before any calibration. Same splits as the sweep (``prepare`` draws them from the seed);
+    ``in_sample_cents`` recomputes the sweep's reference on them as a check."""
+    import numpy as np
+
+    from ccpo_jax.ccpo import observable as ob
+    from ccpo_jax.ccpo.prepare import prepare
+    from ccpo_jax.ccpo.run_config import SweepConfig
+
+    kw = {k: v for k, v in _kwargs(label, a).items() if k != "seeds"}
+    run = prepare(dict(kw, alphas=ALPHAS, lambdas=(0.0,), out_dir=Path(a.out) / f"{label}-unused"), SweepConfig,
+                  command="sweep", trains=False)  # nothing is written before run.committed()
+    p, sp = run.data.params, run.data.splits
+    scores, info = ob.fit_scores(p)
+    keys = ob.order_keys(scores, p.obs)
+    keys = np.where(np.isfinite(keys), keys, np.inf)
+    cost = np.where(np.asarray(p.round_mask), np.asarray(p.cost, np.float64), 0.0)
+    nxt, cov = np.asarray(p.available)[..., 2], ob.covered_by(p)
+    train, test = np.asarray(sp.train), np.asarray(sp.test)
+    got = {}
+    for alpha in ALPHAS:
+        tau = ob.choose_thresholds(keys[train], cost[train], cov[train], nxt[train], alpha)
+        on_train = ob._metrics(p, train, ob._reach(keys[train], tau, nxt[train]))
+        m = ob._metrics(p, test, ob._reach(keys[test], tau, nxt[test]))
+        ins, _ = ob.best_observable_row(p, test, alpha, scores, info)
+        got[alpha] = {"test_cents": float(m["cost_cents"].mean()), "test_coverage": float(m["coverage"].mean()),
+                      "train_coverage": float(on_train["coverage"].mean()),
+                      "in_sample_cents": float(ins["cost_cents"].mean())}
+    return got
+
+
 def _r(s: dict) -> str:
     sd = s.get("seed_sd")
     return f"{s['mean']:.3f}" + (f" ±{sd:.3f}" if sd is not None else "")
@@ -120,12 +154,12 @@ def _r(s: dict) -> str:
 def table(cases: list[dict]) -> str:
     head = ("| cache | alpha | n_cal: rank cov. | CCPO / best obs. | CCPO / bound | CCPO cov. | CPO batch / best obs. "
             "| CPO batch / bound | CPO batch cov. | best obs. / bound | ref. at rank cov. | ref. at CCPO cov. "
-            "| CCPO / ref. at its cov. |")
-    lines = [head, "|" + "---|" * 13]
+            "| CCPO / ref. at its cov. | train-fit ref. / ref. (its test cov.) | CCPO / train-fit ref. |")
+    lines = [head, "|" + "---|" * 15]
     for c in cases:
         name = c["case"] + (" (SYNTHETIC)" if c["synthetic"] else " (real)")
         for p in c["points"]:
-            cc, cb = p[ROWS[0]], p[ROWS[1]]
+            cc, cb, tf = p[ROWS[0]], p[ROWS[1]], p["train_fit_reference"]
             flag = " **>1.10**" if cc["cost_over_best_observable"]["mean"] > LIMIT else ""
             lines.append(
                 f"| {name} | {p['alpha']:g} | {p['n_cal']}: {p['rank_coverage']:.3f} | "
@@ -135,8 +169,24 @@ def table(cases: list[dict]) -> str:
                 f"{cb['coverage']:.3f}{'' if cb['meets_target'] else ' (miss)'} | "
                 f"{p['best_observable_vs_bound']:.3f} | {p['best_observable_at_rank_coverage_over_ref']:.3f} | "
                 f"{cc['best_observable_at_its_coverage_over_ref']:.3f} | "
-                f"{cc['cost_over_best_observable_at_its_coverage']:.3f} |")
+                f"{cc['cost_over_best_observable_at_its_coverage']:.3f} | "
+                f"{tf['over_ref']:.3f} ({tf['test_coverage']:.3f}) | {cc['cost_over_train_fit_reference']:.3f} |")
     return "\n".join(lines) + "\n"
+
+
+def add_train_fit(case: dict, a: argparse.Namespace) -> None:
+    """Put the train-fit reference (:func:`train_fit_reference`) into every point of ``case``."""
+    t0 = time.perf_counter()
+    tf = train_fit_reference(case["case"], a)
+    for p in case["points"]:
+        t = tf[p["alpha"]]
+        if abs(t["in_sample_cents"] / p["best_observable_cents"] - 1.0) > 1e-9:
+            raise SystemExit(f"{case['case']}: the splits differ from the sweep's (reference "
+                             f"{t['in_sample_cents']} vs {p['best_observable_cents']})")
+        p["train_fit_reference"] = dict(t, over_ref=t["test_cents"] / p["best_observable_cents"])
+        cc = p[ROWS[0]]
+        cc["cost_over_train_fit_reference"] = cc["cost_cents"]["mean"] / t["test_cents"]
+    case["train_fit_s"] = round(time.perf_counter() - t0, 1)
 
 
 def main(argv=None) -> int:
@@ -147,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--uala", default=None, help="UALA's data folder (docs/caches.md, Real data; default "
                     "$CCPO_SHARED_DATA/uala, else ../shared/data/uala)")
+    ap.add_argument("--reuse", default=None, metavar="DIR",
+                    help="take the sweeps' figures from DIR/learnable_gap.json of an earlier run (same --splits)")
     a = ap.parse_args(argv)
     if a.uala is None:
         a.uala = str(Path(os.environ.get("CCPO_SHARED_DATA", "../shared/data")) / "uala")
@@ -157,12 +209,19 @@ def main(argv=None) -> int:
     out = Path(a.out)
     if out.exists():
         ap.error(f"--out: {out} exists; give a new directory")
+    old = {}
+    if a.reuse:
+        old = {c["case"]: c for c in json.loads((Path(a.reuse) / "learnable_gap.json").read_text())["cases"]}
     out.mkdir(parents=True)
     cases = []
     for label in labels:
-        cases.append(run_case(label, a, out))
-        print(f"{label}: sweep {cases[-1]['wall_s']} s, reference at extra coverages {cases[-1]['ref_wall_s']} s",
-              flush=True)
+        case = old.get(label) or run_case(label, a, out)
+        if case["n_splits"] != a.splits:
+            ap.error(f"--reuse: {label} ran with {case['n_splits']} splits, not --splits {a.splits}")
+        add_train_fit(case, a)
+        cases.append(case)
+        print(f"{label}: sweep {case['wall_s']} s, reference at extra coverages {case['ref_wall_s']} s, "
+              f"train-fit reference {case['train_fit_s']} s", flush=True)
         (out / "learnable_gap.json").write_text(json.dumps({"cases": cases, "limit": LIMIT}, indent=1) + "\n")
     md = table(cases)
     (out / "learnable_gap.md").write_text(md)
