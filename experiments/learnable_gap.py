@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -212,21 +214,32 @@ def main(argv=None) -> int:
     old = {}
     if a.reuse:
         old = {c["case"]: c for c in json.loads((Path(a.reuse) / "learnable_gap.json").read_text())["cases"]}
+        for label in labels:
+            if label in old and old[label]["n_splits"] != a.splits:
+                ap.error(f"--reuse: {label} ran with {old[label]['n_splits']} splits, not --splits {a.splits}")
     out.mkdir(parents=True)
+    try:
+        cases = _run(labels, old, a, out)
+    except ValueError as e:  # UserError / CacheError: a bad input (e.g. no UALA data at --uala), no traceback
+        print(f"error: {e}", file=sys.stderr)
+        shutil.rmtree(out)  # nothing half-written
+        return 2
+    md = table(cases)
+    (out / "learnable_gap.md").write_text(md)
+    print(md)
+    return 0
+
+
+def _run(labels: list[str], old: dict, a: argparse.Namespace, out: Path) -> list[dict]:
     cases = []
     for label in labels:
         case = old.get(label) or run_case(label, a, out)
-        if case["n_splits"] != a.splits:
-            ap.error(f"--reuse: {label} ran with {case['n_splits']} splits, not --splits {a.splits}")
         add_train_fit(case, a)
         cases.append(case)
         print(f"{label}: sweep {case['wall_s']} s, reference at extra coverages {case['ref_wall_s']} s, "
               f"train-fit reference {case['train_fit_s']} s", flush=True)
         (out / "learnable_gap.json").write_text(json.dumps({"cases": cases, "limit": LIMIT}, indent=1) + "\n")
-    md = table(cases)
-    (out / "learnable_gap.md").write_text(md)
-    print(md)
-    return 0
+    return cases
 
 
 if __name__ == "__main__":
