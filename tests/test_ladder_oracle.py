@@ -139,12 +139,18 @@ def test_cascade_rows_in_non_learned_rows_and_left_out():
     assert rows[lr.CASCADE_ROW]["set_size"][0] == pytest.approx(1)
     without = non_learned_rows(cache, params, jax.random.PRNGKey(0), cal, test, ALPHA)
     assert lr.CASCADE_ROW not in without and lr.CASCADE_ROW not in left_out_rows(cache, test)
-    # a one-model cache with no base confidence: no rung rows, the cascade left out with a note
-    plain = oracle.build(oracle.builtin()["uncertainty"], 300)
-    rows = non_learned_rows(plain, make_env_params(plain), jax.random.PRNGKey(0), cal[:, :50] % 300,
-                            test[:, :50] % 300, ALPHA, train_idx=train[:, :50] % 300)
-    assert not any(r.startswith("Always rung") or r == lr.CASCADE_ROW for r in rows)
-    assert "base confidence" in left_out_rows(plain, test % 300)[lr.CASCADE_ROW]
+    # a one-model cache with a guide: no rung rows and no cascade (not a baseline there), with or
+    # without base confidences; a guide-less cascade without confidences: left out with a note
+    from envs.generators.cascade import as_cascade
+
+    for name in ("uncertainty", "confidence"):
+        plain = oracle.build(oracle.builtin()[name], 300)
+        rows = non_learned_rows(plain, make_env_params(plain), jax.random.PRNGKey(0), cal[:, :50] % 300,
+                                test[:, :50] % 300, ALPHA, train_idx=train[:, :50] % 300)
+        assert not any(r.startswith("Always rung") or r == lr.CASCADE_ROW for r in rows), name
+        assert lr.CASCADE_ROW not in left_out_rows(plain, test % 300)
+    bare = as_cascade(oracle.build(oracle.builtin()["uncertainty"], 300))
+    assert "base confidence" in left_out_rows(bare, test % 300)[lr.CASCADE_ROW]
 
 
 def test_cascade_on_a_one_model_cache_is_a_confidence_stopping_rule():
