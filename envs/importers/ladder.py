@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -127,8 +127,8 @@ def _row(path: Path, line_no: int, obj: Any) -> dict:
     return obj
 
 
-def _read_rows(path: Path) -> dict[str, dict]:
-    rows: dict[str, dict] = {}
+def jsonl_objects(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) of every non-blank line of ``path``; a CacheError naming the line."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -137,9 +137,14 @@ def _read_rows(path: Path) -> dict[str, dict]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            yield i, json.loads(line)
         except json.JSONDecodeError as e:
             raise CacheError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+
+
+def _read_rows(path: Path) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    for i, obj in jsonl_objects(path):
         r = _row(path, i, obj)
         if r["id"] in rows:
             raise CacheError(f"{path}:{i}: id: {r['id']!r} is given twice")

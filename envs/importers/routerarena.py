@@ -22,14 +22,13 @@ Read as a ladder (:mod:`envs.importers.ladder`): every model is a rung, ordered 
 from __future__ import annotations
 
 import ast
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from envs.cache.schema import CacheError, ModelInfo, ResponseCache
 from envs.importers import Side, correctness_key
-from envs.importers.ladder import LADDER_PROTOCOL, build_ladder, order_rungs
+from envs.importers.ladder import LADDER_PROTOCOL, build_ladder, jsonl_objects, order_rungs
 
 REPO = "RouteWorks/RouterArena @4714a9a"
 LICENSE = "Apache-2.0"
@@ -62,18 +61,8 @@ def _number(v: Any, where: str, signed: bool = False) -> float:
 def _read_model(path: Path) -> tuple[str, dict[str, dict]]:
     rows: dict[str, dict] = {}
     model = None
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CacheError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for i, d in jsonl_objects(path):
         where = f"{path}:{i}"
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CacheError(f"{where}: not valid JSON ({e.msg})") from None
         if not isinstance(d, dict):
             raise CacheError(f"{where}: expected a JSON object")
         for k in ("global_index", "llm_selected", "token_usage", "evaluation_result"):
