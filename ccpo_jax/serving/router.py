@@ -149,7 +149,6 @@ class Router:
         #: What the thresholds guarantee, stated in every decision: ``{"kind", "alpha", "delta"}``.
         self.guarantee = {"kind": g["kind"], "alpha": self.alpha, "delta": g.get("delta"),
                           **{k: g[k] for k in ("guide_cap", "cost_cap") if g.get(k) is not None}}
-        m = manifest["models"]
         # one model per role, or a ladder (round t's model; docs/caches.md)
         self._base, self._guide = (_models(manifest, r) for r in ("base", "guide"))
         #: False for a guide-less cascade's router: rounds have no guide object and "guide" is never in a set.

@@ -219,19 +219,22 @@ def build_cache(
     name: str,
     task: str,
     base: ModelInfo,
-    guide: ModelInfo,
+    guide: ModelInfo | None,
     provenance: dict,
     question_ids: Sequence[str],
     gold: Sequence[str],
-    rounds: Sequence[Sequence[tuple[Side, Side]]],
+    rounds: Sequence[Sequence[tuple[Side, Side | None]]],
     T: int,
     groups: Sequence[str] | None = None,
+    base_ladder: Sequence[ModelInfo] = (),
 ) -> ResponseCache:
     """Dense arrays from per-question lists of (base, guide) rounds; verdict = same answer id.
 
     ``rounds[q]`` holds 1..T rounds of question q; answer keys are normalised with
     ``envs.cache.normalise.normalise_answer`` before ids are given. ``groups``: each question's group
-    (MMLU subject, HotpotQA question type, ...; the optional ``group`` array). Returns the checksummed cache.
+    (MMLU subject, HotpotQA question type, ...; the optional ``group`` array). ``guide`` None: a
+    guide-less cascade, whose rounds are ``(base, None)`` and whose guide arrays keep their "no call"
+    values; ``base_ladder``: round t's base model (T of them). Returns the checksummed cache.
     """
     from envs.cache.normalise import NORMALISATION, normalise_answer
 
@@ -242,12 +245,15 @@ def build_cache(
         vocab = AnswerVocab()
         for t, (b, g) in enumerate(rs):
             a["round_mask"][q, t] = True
-            bid, gid = vocab(normalise_answer(b.key)), vocab(normalise_answer(g.key))
-            a["base_answer"][q, t], a["guide_answer"][q, t] = bid, gid
-            a["base_correct"][q, t], a["guide_correct"][q, t] = b.correct, g.correct
+            bid = vocab(normalise_answer(b.key))
+            a["base_answer"][q, t], a["base_correct"][q, t] = bid, b.correct
             a["base_tokens_in"][q, t], a["base_tokens_out"][q, t] = b.tokens_in, b.tokens_out
-            a["guide_tokens_in"][q, t], a["guide_tokens_out"][q, t] = g.tokens_in, g.tokens_out
             a["base_confidence"][q, t] = b.score
+            if g is None:  # a cascade: no guide call
+                continue
+            gid = vocab(normalise_answer(g.key))
+            a["guide_answer"][q, t], a["guide_correct"][q, t] = gid, g.correct
+            a["guide_tokens_in"][q, t], a["guide_tokens_out"][q, t] = g.tokens_in, g.tokens_out
             a["guide_uncertainty"][q, t] = g.score
             a["guide_verdict"][q, t] = bid == gid
         texts.append(vocab.texts(2 * T))
@@ -261,6 +267,7 @@ def build_cache(
                 raise CacheError(f"{name}: question {qid!r}: group: {problem}")
         a["group"] = np.array(list(groups), dtype=str)
     manifest = Manifest(
-        name=name, task=task, T=T, base=base, guide=guide, provenance=provenance, normalisation=NORMALISATION
+        name=name, task=task, T=T, base=base, guide=guide, provenance=provenance, normalisation=NORMALISATION,
+        base_ladder=tuple(base_ladder),
     )
     return ResponseCache(manifest, a).with_checksum()

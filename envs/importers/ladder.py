@@ -24,10 +24,9 @@ import math
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import numpy as np
 
-from envs.cache.schema import CacheError, Manifest, ModelInfo, ResponseCache, empty_arrays, group_problem
-from envs.importers import AnswerVocab, Side
+from envs.cache.schema import CacheError, ModelInfo, ResponseCache
+from envs.importers import Side, build_cache
 
 #: The protocol string of a ladder import.
 LADDER_PROTOCOL = "a ladder of independent runs (round t = rung t's own answer), no guide; not the CCPO protocol"
@@ -42,36 +41,13 @@ def build_ladder(*, name: str, task: str, rungs: Sequence[ModelInfo], provenance
                  gold: Sequence[str], answers: Sequence[Sequence[Side]], groups: Sequence[str] | None = None
                  ) -> ResponseCache:
     """The cascade cache: ``answers[q][t]`` is rung t's answer to question q (every question has every rung;
-    a Side's ``score`` is the base confidence). Answer ids per question in order of first appearance."""
-    from envs.cache.normalise import NORMALISATION, normalise_answer
-
-    T, Q = len(rungs), len(question_ids)
+    a Side's ``score`` is the base confidence). :func:`envs.importers.build_cache` without a guide."""
+    T = len(rungs)
     if T < 1:
         raise CacheError(f"{name}: a ladder needs at least one model")
-    a = empty_arrays(Q, T)  # the guide arrays stay at their "no call" values
-    texts = []
-    for q, sides in enumerate(answers):
-        vocab = AnswerVocab()
-        for t, b in enumerate(sides):
-            a["round_mask"][q, t] = True
-            a["base_answer"][q, t] = vocab(normalise_answer(b.key))
-            a["base_correct"][q, t] = b.correct
-            a["base_tokens_in"][q, t], a["base_tokens_out"][q, t] = b.tokens_in, b.tokens_out
-            a["base_confidence"][q, t] = b.score
-        texts.append(vocab.texts(2 * T))
-    if Q:
-        a["question_ids"] = np.array(list(question_ids), dtype=str)
-        a["gold"] = np.array(list(gold), dtype=str)
-        a["answer_text"] = np.array(texts, dtype=str).reshape(Q, 2 * T)
-    if groups is not None and Q:
-        for qid, g in zip(question_ids, groups):
-            problem = group_problem(g)
-            if problem:
-                raise CacheError(f"{name}: question {qid!r}: group: {problem}")
-        a["group"] = np.array(list(groups), dtype=str)
-    manifest = Manifest(name=name, task=task, T=T, base=rungs[0], guide=None, provenance=provenance,
-                        normalisation=NORMALISATION, base_ladder=tuple(rungs) if T > 1 else ())
-    return ResponseCache(manifest, a).with_checksum()
+    return build_cache(name=name, task=task, base=rungs[0], guide=None, provenance=provenance,
+                       question_ids=question_ids, gold=gold, rounds=[[(b, None) for b in sides] for sides in answers],
+                       T=T, groups=groups, base_ladder=tuple(rungs) if T > 1 else ())
 
 
 def pair_to_ladder(cache: ResponseCache, source: str) -> ResponseCache:

@@ -121,7 +121,8 @@ def load(src: Path) -> ResponseCache:
         "kind": "real", "source": f"{REPO}, cached_results/: " + ", ".join(f.name for _, _, f in runs),
         "license": LICENSE, "protocol": LADDER_PROTOCOL,
         "ladder": ", ".join(f"rung {t + 1} = {m.name}" for t, (m, _, _) in enumerate(runs)),
-        "correct": f"evaluation_result.score >= {CORRECT_AT} and success; {graded} model answers had a graded score (not 0 or 1), {failed} calls failed".replace("{failed}", str(failed)),
+        "correct": f"evaluation_result.score >= {CORRECT_AT} and success; {graded} model answers had a graded "
+                   f"score (not 0 or 1), {failed} calls failed",
         "prices": "envs/importers/pricing.py list prices",
         "cost_check": f"tokens x prices vs each record's inference_cost: largest deviation {max_dev:.3g} USD",
         "questions_dropped": len(set().union(*(r for _, r, _ in runs))) - len(ids),
