@@ -132,3 +132,34 @@ def test_omnisbench_ladder_is_the_pair_import_as_two_rungs():
     # the ladder's cost of both rounds is the pair's one round (same calls, same prices)
     assert lad.round_cost_cents().sum(axis=1) == pytest.approx(pair.round_cost_cents()[:, 0], rel=1e-5)
     assert math.isclose(float(lad.round_cost_cents().sum()), float(pair.round_cost_cents().sum()), rel_tol=1e-5)
+
+
+def test_uala_ladder_is_three_rungs_with_the_pair_imports_answers_and_confidences():
+    """Rungs 1-2 are the uala-hotpotqa import's round-1 base and guide answers (tested against the files' em
+    fields in test_importers); rung 3 is the separate ReAct run, read here with json."""
+    src = FIXTURE_DATA / "uala"
+    pair = import_cache("uala-hotpotqa", src)
+    lad = import_cache("uala-ladder", src)
+    m, a, p = lad.manifest, lad.arrays, pair.arrays
+    assert lad.T == 3 and not m.has_guide and [r.price_in for r in m.base_ladder] == [0.64, 1.5, 1.5]
+    assert m.base_ladder[1].name == "gpt-3.5-turbo-instruct" and "ReAct" in m.base_ladder[2].name
+    assert list(a["question_ids"]) == list(p["question_ids"]) and np.asarray(a["round_mask"]).all()
+    for k in ("correct", "tokens_in", "tokens_out"):
+        assert np.array_equal(a[f"base_{k}"][:, 0], p[f"base_{k}"][:, 0])
+        assert np.array_equal(a[f"base_{k}"][:, 1], p[f"guide_{k}"][:, 0])
+    # exp(-u) in rung 1 as the pair's base confidence; rung 2's is 1 - the pair's guide uncertainty 1 - exp(-u)
+    np.testing.assert_allclose(a["base_confidence"][:, 0], p["base_confidence"][:, 0], rtol=1e-6)
+    np.testing.assert_allclose(a["base_confidence"][:, 1], 1.0 - p["guide_uncertainty"][:, 0], atol=1e-6)
+    assert np.isnan(a["base_confidence"][:, 2]).all()
+    react = {}
+    for line in (src / "outputs/HotpotQA/chatgpt-hotpotqa-dev-react.jsonl").read_text().splitlines():
+        if line.strip():
+            d = json.loads(line)
+            react[f"hotpotqa-dev/{d['question_idx']}"] = bool(d["em"])
+    assert [bool(x) for x in a["base_correct"][:, 2]] == [react[q] for q in a["question_ids"]]
+    # round t priced at rung t: tokens x the rung's list price (USD per million -> cents)
+    cost = lad.round_cost_cents()
+    for t, r in enumerate(m.base_ladder):
+        want = (a["base_tokens_in"][:, t] * r.price_in + a["base_tokens_out"][:, t] * r.price_out) / 1e4
+        np.testing.assert_allclose(cost[:, t], want, rtol=1e-5)
+    assert (cost[:, 2] > cost[:, 1]).mean() > 0.9  # the ReAct rung spends more tokens on the same model

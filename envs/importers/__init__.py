@@ -13,7 +13,8 @@ Formats (``ccpo-jax data import --format NAME SRC --out PATH``):
 - ``routellm-mmlu``, ``routellm-gsm8k``: RouteLLM's cached correctness
   (Mixtral-8x7B base, GPT-4-1106 guide), T = 1 (``envs.importers.routellm``);
 - ``uala-hotpotqa``: UALA HotpotQA runs (Llama-2-70B base,
-  gpt-3.5-turbo-instruct guide), T = 2 (``envs.importers.uala``);
+  gpt-3.5-turbo-instruct guide), T = 2 (``envs.importers.uala``); ``uala-ladder``: the same runs as a
+  three-rung ladder with confidences (Llama CoT, gpt-3.5 CoT, gpt-3.5 ReAct), no guide;
 - ``omnisbench``: OmnisBench results (gpt-5-nano base, claude-opus-5 guide),
   T = 1 (``envs.importers.omnisbench``); ``omnisbench-ladder``: the same runs as a two-rung ladder;
 - ``routerarena``: RouterArena's cached_results, a ladder of its models (``envs.importers.routerarena``);
@@ -103,6 +104,12 @@ IMPORTERS: dict[str, Importer] = {
             "omnisbench-ladder",
             "OmnisBench as a two-rung ladder, no guide: gpt-5-nano, then claude-opus-5 (their own answers), T=2",
             "envs.importers.omnisbench:load_ladder",
+        ),
+        Importer(
+            "uala-ladder",
+            "UALA HotpotQA runs as a three-rung ladder with confidences, no guide: Llama-2-70B CoT, "
+            "gpt-3.5-turbo-instruct CoT, gpt-3.5-turbo-instruct ReAct, T=3",
+            "envs.importers.uala:load_hotpotqa_ladder",
         ),
         Importer(
             "routerarena",

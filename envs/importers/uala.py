@@ -54,7 +54,7 @@ import math
 import re
 from pathlib import Path
 
-from envs.cache.schema import CacheError, ResponseCache
+from envs.cache.schema import CacheError, ModelInfo, ResponseCache
 from envs.importers import CHARS_PER_TOKEN, Side, build_cache
 from envs.cache.normalise import normalise_answer
 from envs.importers.pricing import model_info, price_sources
@@ -180,8 +180,9 @@ def _question_types(src: Path, llama: dict[int, dict]) -> dict[int, str] | None:
     return out
 
 
-def load_hotpotqa(src: Path) -> ResponseCache:
-    """Build the T = 2 cascade cache from the ``uala`` folder ``src`` (see module docstring)."""
+def _read_runs(src: Path) -> tuple[dict, dict, dict, dict[int, str] | None, list[Path]]:
+    """The three runs (Llama UALA, gpt-3.5 UALA, gpt-3.5 ReAct) keyed by question_idx, checked to hold the same
+    questions with the same gold answers, the question types (or None) and the three paths."""
     if not src.is_dir():
         raise CacheError(f"{src}: expected the uala folder (holding {LLAMA_FILE} and {GPT_UALA_FILE})")
     fields = ("question_idx", "answer", "gt_answer", "em", "traj")
@@ -190,13 +191,20 @@ def load_hotpotqa(src: Path) -> ResponseCache:
     for p, d in zip(paths[1:], (gpt, react)):
         if set(d) != set(llama):
             raise CacheError(f"{p}: its question_idx set differs from {paths[0]}'s")
-    types = _question_types(src, llama)
+    for qi, lr in llama.items():
+        for p, d in zip(paths[1:], (gpt, react)):
+            if d[qi]["gt_answer"] != lr["gt_answer"]:
+                raise CacheError(f"{p}: line {d[qi]['_line']}: gt_answer differs from {paths[0]} for question_idx {qi}")
+    return llama, gpt, react, _question_types(src, llama), paths
+
+
+def load_hotpotqa(src: Path) -> ResponseCache:
+    """Build the T = 2 cascade cache from the ``uala`` folder ``src`` (see module docstring)."""
+    llama, gpt, react, types, paths = _read_runs(src)
     ids, gold, rounds = [], [], []
     for qi, lr in llama.items():  # file order of the Llama run
         gr, rr = gpt[qi], react[qi]
         gt = lr["gt_answer"]
-        if gr["gt_answer"] != gt or rr["gt_answer"] != gt:
-            raise CacheError(f"{paths[1]}: line {gr['_line']}: gt_answer differs from {paths[0]} for question_idx {qi}")
         g_norm = normalise_answer(gt)
 
         b_ans, b_u, b_lines = _cot_part(lr, paths[0])
@@ -243,3 +251,55 @@ def load_hotpotqa(src: Path) -> ResponseCache:
         T=2,
         groups=None if types is None else [types[qi] for qi in llama],
     )
+
+
+#: Rung 3's model name in the ladder: the guide model run as a ReAct agent with the Wikipedia tool.
+REACT_RUNG = f"{GUIDE} (ReAct + Wikipedia)"
+
+
+def load_hotpotqa_ladder(src: Path) -> ResponseCache:
+    """Format ``uala-ladder``: the same runs as a three-rung guide-less ladder with confidences (T = 3).
+
+    Every question has every rung, each the model's own answer (no judge): rung 1 Llama-2-70B's CoT answer,
+    confidence exp(-u) of its UALA score; rung 2 gpt-3.5-turbo-instruct's CoT answer, confidence exp(-u);
+    rung 3 gpt-3.5-turbo-instruct's ReAct run with Wikipedia (about 7x rung 2's tokens), no confidence
+    (NaN: not measured). Rungs 2 and 3 are one model at one price; rung 3 costs more by its tokens. Tokens,
+    normalisation and prices as :func:`load_hotpotqa`. Correct = exact match (rungs 1-2) or the ReAct run's
+    ``em`` (rung 3), as there.
+    """
+    from envs.importers.ladder import LADDER_PROTOCOL, build_ladder  # ladder.py imports this package's helpers
+
+    llama, gpt, react, types, paths = _read_runs(src)
+    ids, gold, answers = [], [], []
+    for qi, lr in llama.items():
+        g_norm = normalise_answer(lr["gt_answer"])
+        sides = []
+        for rec, path in ((lr, paths[0]), (gpt[qi], paths[1])):
+            ans, u, lines = _cot_part(rec, path)
+            key = normalise_answer(ans)
+            sides.append(Side(key, key == g_norm, *_split_tokens(lines), score=math.exp(-u)))
+        rr = react[qi]
+        sides.append(Side(normalise_answer(rr["answer"]), bool(rr["em"]), *_split_tokens(rr["traj"].split("\n"))))
+        ids.append(f"hotpotqa-dev/{qi}")
+        gold.append(lr["gt_answer"])
+        answers.append(sides)
+    guide = model_info(GUIDE)
+    rungs = (model_info(BASE), guide, ModelInfo(REACT_RUNG, guide.price_in, guide.price_out))
+    prov = {
+        "kind": "real",
+        "source": (
+            f"Hiro-221/Uncertainty-Aware-Language-Agent @cec94ef9, {LLAMA_FILE}; "
+            f"Jiuzhouh/Uncertainty-Aware-Language-Agent @f227a04a, {GPT_UALA_FILE} and {GPT_REACT_FILE}"
+        ),
+        "license": "MIT (outputs); HotpotQA questions CC BY-SA 4.0",
+        "protocol": LADDER_PROTOCOL,
+        "rungs": f"1 {BASE} CoT; 2 {GUIDE} CoT; 3 {GUIDE} ReAct with Wikipedia (its separate ReAct run)",
+        "confidence": "rungs 1-2: exp(-u) of the CoT answer's UALA score u (ln k-valued, so 1/k); rung 3: none",
+        "tokens": "ceil(chars/4) of the rung's recorded trajectory text (Question/Observation -> input, rest -> "
+        "output); few-shot prompts and re-sent scratchpads not recorded: a lower bound",
+        "prices": price_sources(BASE, GUIDE),
+        "questions_dropped": 0,
+    }
+    return build_ladder(name="uala-hotpotqa-ladder", task="hotpotqa", rungs=rungs, provenance=prov,
+                        question_ids=ids, gold=gold, answers=answers,
+                        groups=None if types is None else [types[qi] for qi in llama])
