@@ -80,3 +80,33 @@ def test_collect_a_ladder_against_two_real_servers(servers, tmp_path, monkeypatc
         assert c["cost_usd"] == pytest.approx((c["tokens_in"] * p_in + c["tokens_out"] * p_out) / 1e6)
     man = json.loads(out.read_text().splitlines()[0])["manifest"]
     assert [m["name"] for m in man["models"]["base"]] == ["bigram-base", "bigram-guide"]
+
+
+def test_collect_a_guide_less_cascade_against_two_real_servers(servers, tmp_path, monkeypatch, capsys):
+    """``--guide none`` on the same two-rung ladder: two calls per question, one per server, each asked
+    the question alone at temperature 0 (round 1's answer Paris at the designed confidence 0.45; the
+    second rung, the guide's model, says "Yes": no answer line), no guide call, ``models.guide: null``,
+    and ``data check`` reads it."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796083200")
+    out = tmp_path / "cascade.jsonl"
+    q = _questions(tmp_path / "questions.jsonl", 4)
+    assert main(["data", "collect", "--questions", str(q), "--rounds", "2", "--guide", "none",
+                 "--base", f"{servers['base']},bigram-base", "--base-price", "1,2",
+                 "--base", f"{servers['guide']},bigram-guide", "--base-price", "10,20",
+                 "--concurrency", "1", "--no-progress", "--out", str(out)]) == 0
+    capsys.readouterr()
+    calls = [json.loads(x) for x in Path(str(out) + ".calls").read_text().splitlines()]
+    assert sorted(c["call"] for c in calls) == ["r0.base"] * 4 + ["r1.base"] * 4
+    for c in calls:
+        want, (p_in, p_out) = (("bigram-base", (1, 2)) if c["call"] == "r0.base" else ("bigram-guide", (10, 20)))
+        assert c["model"] == want and want in str(c["served_model"])
+        assert c["cost_usd"] == pytest.approx((c["tokens_in"] * p_in + c["tokens_out"] * p_out) / 1e6)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0]["manifest"]["models"]["guide"] is None
+    for rec in lines[1:]:
+        r0, r1 = (rd["base"] for rd in rec["rounds"])
+        assert [list(rd) for rd in rec["rounds"]] == [["base"], ["base"]]
+        assert r0["answer"] == "Paris" and r0["confidence"] == pytest.approx(0.45, abs=2e-3)
+        assert r1["answer"] == "" and r1["answer_parsed"] is False
+    assert main(["data", "check", str(out)]) == 0
+    assert "guide model: none (a cascade" in capsys.readouterr().out

@@ -3,6 +3,7 @@
 One job per module:
 
 * :mod:`ccpo_jax.collect.command`   - the command-line flags -> settings, execution, exit status;
+* :mod:`ccpo_jax.collect.ladderfile` - ``--ladder FILE``: a base ladder (and guide) in JSON, as the flags it stands for;
 * :mod:`ccpo_jax.collect.settings`  - what decides the cache (hashed into it) and how the run goes;
 * :mod:`ccpo_jax.collect.questions` - the questions file (JSONL or CSV: id, question, gold);
 * :mod:`ccpo_jax.collect.collector` - the run: check the output, open the files, the thread pool, finish;

@@ -26,6 +26,9 @@ def cost_bound(s: Settings, questions: list[Question]) -> dict[str, dict[str, fl
         qc = len(q.question)
         base0 = len(P.BASE_PROMPT) + qc
         for t in range(s.T):
+            if s.cascade:  # round 1's prompt every round, no guide call (rounds.collect_question)
+                add(s.base_role(t), base0, 1, 0, B)
+                continue
             add(s.base_role(t), base0 + t * len(P.BASE_RETRY), 1 + 2 * t, t * (B + G), B)
             add("guide", len(P.GUIDE_PROMPT) + qc, 1, B, G)
         for role in dict.fromkeys(s.exit_roles):

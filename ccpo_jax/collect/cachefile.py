@@ -43,7 +43,8 @@ def make_manifest(s: Settings, started: str) -> dict[str, Any]:
         return {"name": s.endpoint(r).model, "price_in": s.prices[r][0], "price_out": s.prices[r][1]}
 
     # a ladder: round t's base model (docs/caches.md#model-ladders)
-    models = {"base": [model(s.base_role(t)) for t in range(s.T)] if s.ladder else model("base"), "guide": model("guide")}
+    models = {"base": [model(s.base_role(t)) for t in range(s.T)] if s.ladder else model("base"),
+              "guide": None if s.cascade else model("guide")}  # None: a guide-less cascade
     rule = "normalised exact match against any gold alias"
     if s.f1_threshold is not None:
         rule += f", or token F1 >= {s.f1_threshold:g}"
@@ -66,14 +67,14 @@ def make_manifest(s: Settings, started: str) -> dict[str, Any]:
             "prompts_sha256": P.prompt_hashes(),
             "requests": {
                 "base_temperature": list(s.base_temperature),
-                "guide_temperature": s.guide_temperature,
+                **s.guide_requests(),
                 "max_tokens": s.max_tokens(),
                 "seed": s.seed,
                 "logprobs": s.logprobs,
                 "top_logprobs": s.top_logprobs,
             },
             "correctness": rule,
-            "measures": {"guide_uncertainty": "1 - p(verdict token)",
+            "measures": {**({} if s.cascade else {"guide_uncertainty": "1 - p(verdict token)"}),
                          "base_confidence": "exp(mean logprob) over the answer tokens"},
             "config_sha256": s.config_sha256(),
         },

@@ -14,12 +14,18 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     g = c.add_argument_group("what to collect")
     g.add_argument("--questions", required=True, metavar="FILE",
                    help="questions: .jsonl (id, question, gold: a string or an array of aliases) or .csv (id,question,gold)")
-    g.add_argument("--base", required=True, metavar="URL,MODEL", action="append",
+    g.add_argument("--base", metavar="URL,MODEL", action="append",
                    help="base model: chat-completions API base URL and model, e.g. http://127.0.0.1:8000/v1,meta-llama/Llama-3.2-3B-Instruct; "
                         "give it once per round (--rounds times) for a ladder: round t's base model is the t-th")
-    g.add_argument("--guide", required=True, metavar="URL,MODEL", help="guide model, e.g. https://api.openai.com/v1,gpt-4o")
+    g.add_argument("--ladder", default=None, metavar="FILE",
+                   help="the base ladder in a JSON file instead of --base/--base-price: {\"rungs\": [{url, model, price_in, "
+                        "price_out}, ...], \"guide\": {url, model, price_in, price_out} or null (optional)} (docs/collect.md)")
+    g.add_argument("--guide", default=None, metavar="URL,MODEL",
+                   help="guide model, e.g. https://api.openai.com/v1,gpt-4o; or 'none' for a guide-less cascade of a "
+                        "ladder (each round is its base call alone; no guide call)")
     g.add_argument("--out", required=True, metavar="CACHE.jsonl", help="output cache (human JSONL format); its call log is CACHE.jsonl.calls")
-    g.add_argument("--rounds", type=int, default=4, metavar="T", help="base-guide rounds per question (default: 4, the paper's)")
+    g.add_argument("--rounds", type=int, default=None, metavar="T",
+                   help="base-guide rounds per question (default: 4, the paper's; with --ladder, its number of rungs)")
     g.add_argument("--exit-baselines", default="", metavar="ROLES",
                    help="collect LLM-EXIT runs of these models: base, guide or base,guide (default: none)")
     g.add_argument("--policy-baselines", default="", metavar="ROLES",
@@ -162,11 +168,63 @@ def _roles(text: str, flag: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(roles))
 
 
+def _with_ladder_file(args):
+    """``args`` with the ``--ladder`` file's rungs (and guide) as the flags it stands for
+    (:meth:`~ccpo_jax.collect.ladderfile.LadderFile.flags`), so that the collection is the one those
+    flags make; a flag given in both places is refused, as is a missing ``--base`` / ``--guide``."""
+    import argparse
+
+    from ccpo_jax.collect.ladderfile import read_ladder_file
+
+    if args.ladder is None:
+        if not args.base:
+            raise UserError("--base: missing; give --base URL,MODEL (once, or once per round for a ladder), "
+                            "or --ladder FILE")
+    else:
+        if args.base or args.base_price:
+            flag = "--base" if args.base else "--base-price"
+            raise UserError(f"--ladder {args.ladder}: give the base models and their prices either in the file or as "
+                            f"--base / --base-price, not both ({flag} given)")
+        lf = read_ladder_file(args.ladder)
+        if lf.guide_given and (args.guide is not None or args.guide_price is not None):
+            flag = "--guide" if args.guide is not None else "--guide-price"
+            raise UserError(f"--ladder {args.ladder}: the file gives the guide (\"guide\": "
+                            f"{'null' if lf.guide is None else repr(lf.guide.model)}); give it either there or as "
+                            f"--guide / --guide-price, not both ({flag} given)")
+        args = argparse.Namespace(**{**vars(args), **lf.flags()})
+        if args.rounds is None:
+            args.rounds = len(lf.rungs)
+    if args.guide is None:
+        raise UserError("--guide: missing; give --guide URL,MODEL, or --guide none for a guide-less cascade "
+                        "(no guide calls)")
+    if args.rounds is None:
+        args.rounds = 4
+    return args
+
+
+def _check_cascade(args, n_bases: int, exit_roles: tuple[str, ...], policy_roles: tuple[str, ...]) -> None:
+    """Flags that cannot apply to a guide-less cascade (``--guide none``) are refused, naming the flag."""
+    for flag, v in (("--guide-price", args.guide_price), ("--guide-key-env", args.guide_key_env)):
+        if v is not None:
+            raise UserError(f"{flag}: --guide none: a guide-less cascade has no guide model to price or call")
+    if "guide" in exit_roles:
+        raise UserError("--exit-baselines: guide: --guide none: a guide-less cascade has no guide model")
+    if policy_roles:
+        raise UserError("--policy-baselines: the LLM-as-policy chooses between a base and a guide answer; "
+                        "a guide-less cascade (--guide none) has no guide")
+    if n_bases == 1 and args.rounds > 1:
+        # every round would send one model the same request (round 1's prompt): T copies of one answer
+        raise UserError(f"--guide none: a guide-less cascade of one base model would ask it the same question "
+                        f"every round; give --base once per round (a ladder of --rounds {args.rounds} models), "
+                        "or --rounds 1")
+
+
 def settings_from_args(args):
     from ccpo_jax.collect.client import parse_endpoint
     from ccpo_jax.collect.settings import Settings
     from ccpo_jax.collect.questions import load_questions
 
+    args = _with_ladder_file(args)
     if not 1 <= args.rounds <= 64:
         raise UserError(f"--rounds {args.rounds}: must be between 1 and 64")
     for flag, v in (("--base-max-tokens", args.base_max_tokens), ("--guide-max-tokens", args.guide_max_tokens),
@@ -199,16 +257,19 @@ def settings_from_args(args):
         raise UserError(f"--base: given {len(bases)} times; give it once (one base model) or once per round "
                         f"(a ladder of --rounds {args.rounds} models)")
     ladder = tuple(bases) if len(bases) > 1 else ()
-    guide = parse_endpoint(args.guide, "--guide", args.guide_key_env)
     exit_roles = _roles(args.exit_baselines, "--exit-baselines")
     policy_roles = _roles(args.policy_baselines, "--policy-baselines")
+    cascade = args.guide.strip().lower() == "none"
+    if cascade:
+        _check_cascade(args, len(bases), exit_roles, policy_roles)
+    guide = None if cascade else parse_endpoint(args.guide, "--guide", args.guide_key_env)
     for flag, roles in (("--exit-baselines", exit_roles), ("--policy-baselines", policy_roles)):
         if ladder and "base" in roles:
             raise UserError(f"{flag}: base: a ladder has one base model per round, so there is no one base model "
                             "to run this baseline with; give guide or nothing")
     questions, sha = load_questions(args.questions)
     models = {(f"base@{t + 1}" if ladder else "base"): b.model for t, b in enumerate(bases)}
-    prices, sources = resolve_prices(args, {**models, "guide": guide.model})
+    prices, sources = resolve_prices(args, {**models, **({} if guide is None else {"guide": guide.model})})
     s = Settings(
         T=args.rounds, base=bases[0], guide=guide, prices=prices, price_sources=sources, ladder=ladder,
         questions_file=Path(args.questions).name, questions_sha256=sha,
@@ -258,7 +319,7 @@ def _ignore_further_interrupts() -> None:
 
 
 #: collect()'s and load_questions()'s arguments -> this command's flags (for error messages).
-FLAGS = {"questions": "--questions", "out": "--out", "resume": "--resume"}
+FLAGS = {"questions": "--questions", "out": "--out", "resume": "--resume", "ladder": "--ladder"}
 
 
 def run(args) -> int:

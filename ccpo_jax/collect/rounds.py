@@ -22,13 +22,16 @@ def _tokens(rec: dict, a: Answer) -> None:
 
 
 def collect_question(q: Question, s: Settings, c: Caller) -> dict:
-    """The cache line of question ``q``: T base-guide rounds, then the baselines."""
+    """The cache line of question ``q``: T base-guide rounds (base calls alone in a cascade), then the
+    baselines."""
     correct = lambda ans: P.is_correct(ans, q.golds, s.f1_threshold)  # noqa: E731
     rounds: list[dict] = []
     history: list[tuple[str, str]] = []
     seen: list[dict] = []  # what the LLM-as-policy is shown, per round
     for t in range(s.T):
-        temp = s.base_temperature[0] if t == 0 else s.base_temperature[1]
+        # a cascade's round is its rung's own first answer to the question (no guide reply to retry
+        # on; as the ladder importers' rounds are): round 1's prompt and temperature every round
+        temp = s.base_temperature[0] if t == 0 or s.cascade else s.base_temperature[1]
         b = c.call(q.id, f"r{t}.base", s.base_role(t), P.base_messages(q.question, history), s.base_max_tokens, temp)
         br = P.read_base(b.text, b.logprobs)
         c.meter.cut_reply("base answer", b.finish_reason, not br.parsed)
@@ -41,6 +44,9 @@ def collect_question(q: Question, s: Settings, c: Caller) -> dict:
         if not br.parsed:
             base["answer_parsed"] = False
             c.meter.bump("base answer")
+        if s.cascade:  # no guide call; the round has no guide object (docs/caches.md)
+            rounds.append({"base": base})
+            continue
         g = c.call(q.id, f"r{t}.guide", "guide", P.guide_messages(q.question, br.shown), s.guide_max_tokens,
                    s.guide_temperature)
         gr = P.read_guide(g.text, g.logprobs, ans)

@@ -30,7 +30,7 @@ class Settings:
 
     T: int
     base: Endpoint
-    guide: Endpoint
+    guide: Endpoint | None  # None: a guide-less cascade (no guide call; docs/collect.md)
     prices: dict[str, tuple[float, float]]  # role -> (USD per M input tokens, per M output tokens)
     price_sources: dict[str, str]
     questions_file: str
@@ -53,9 +53,16 @@ class Settings:
     #: ``ladder[0]`` is ``base``), priced as role ``base@<t+1>``; empty: ``base`` every round.
     ladder: tuple[Endpoint, ...] = ()
 
+    @property
+    def cascade(self) -> bool:
+        """A guide-less cascade: each round is its base call alone (``models.guide: null``)."""
+        return self.guide is None
+
     def roles(self) -> tuple[str, ...]:
-        """The priced roles: ``base`` (or ``base@1`` ... ``base@T`` on a ladder) and ``guide``."""
-        return (tuple(f"base@{t + 1}" for t in range(self.T)) if self.ladder else ("base",)) + ("guide",)
+        """The priced roles: ``base`` (or ``base@1`` ... ``base@T`` on a ladder) and ``guide`` (none in
+        a cascade)."""
+        bases = tuple(f"base@{t + 1}" for t in range(self.T)) if self.ladder else ("base",)
+        return bases if self.cascade else bases + ("guide",)
 
     def base_role(self, t: int) -> str:
         """The role of round t's (0-based) base call."""
@@ -72,7 +79,13 @@ class Settings:
         return TOP_LOGPROBS if self.logprobs else None
 
     def max_tokens(self) -> dict[str, int]:
+        if self.cascade:  # (no guide call: its settings are not part of the collection)
+            return {"base": self.base_max_tokens, "decisions": self.decision_max_tokens}
         return {"base": self.base_max_tokens, "guide": self.guide_max_tokens, "decisions": self.decision_max_tokens}
+
+    def guide_requests(self) -> dict[str, float]:
+        """The guide's request settings for the manifest and the hash (none in a cascade)."""
+        return {} if self.cascade else {"guide_temperature": self.guide_temperature}
 
     def endpoints(self) -> dict[str, dict[str, str]]:
         """role -> {url, model}: endpoints by public URL (no key variables)."""
@@ -87,7 +100,7 @@ class Settings:
             "questions_sha256": self.questions_sha256,
             "max_tokens": self.max_tokens(),
             "base_temperature": list(self.base_temperature),
-            "guide_temperature": self.guide_temperature,
+            **self.guide_requests(),
             "seed": self.seed,
             "logprobs": self.logprobs,
             "top_logprobs": self.top_logprobs,

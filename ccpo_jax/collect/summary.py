@@ -86,9 +86,10 @@ def signal_lines(m: Meter, s: Settings) -> list[str]:
     warning per endpoint that returned no log-probs although they were asked for."""
     (c, nc), (u, nu) = m.signals["confidence"], m.signals["uncertainty"]
     if not s.logprobs:
-        return ["log-probs: not asked for (--no-logprobs): no base confidence, no guide uncertainty stored"]
-    out = [f"log-probs: base confidence given for {_share(c, nc)} of the rounds collected in this run, "
-           f"guide uncertainty for {_share(u, nu)}"]
+        return ["log-probs: not asked for (--no-logprobs): no base confidence" +
+                ("" if s.cascade else ", no guide uncertainty") + " stored"]
+    out = [f"log-probs: base confidence given for {_share(c, nc)} of the rounds collected in this run"
+           + ("" if s.cascade else f", guide uncertainty for {_share(u, nu)}")]
     for r in s.roles():
         has, n, bad = m.logprobs[r]
         if n and has < n:
