@@ -90,6 +90,8 @@ def test_per_model_import_command_and_data_check(tmp_path):
     assert r.returncode == 0, r.stderr
     shown = run_cli(["data", "check", str(tmp_path / "c.jsonl")]).stdout
     assert "rounds 1: gpt-4o-mini" in shown and "rounds 2: gpt-4o" in shown and "guide model: none" in shown
+    # a cascade has no guide call: no guide token, price or uncertainty lines (they read 0 before)
+    assert "guide tokens" not in shown and "per guide call" not in shown and "guide uncertainty" not in shown
     (src / "gpt-4o.jsonl").write_text("{not json\n")
     r = run_cli(["data", "import", "--format", "per-model", str(src), "--out", str(tmp_path / "d.jsonl")])
     assert r.returncode == 2 and "gpt-4o.jsonl:1: not valid JSON" in r.stderr and not (tmp_path / "d.jsonl").exists()

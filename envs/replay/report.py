@@ -198,13 +198,16 @@ def describe(cache: ResponseCache, source: str) -> str:
         f"unsolvable share (no correct answer in any round): {_f(s['unsolvable_share'])}",
         *([f"guide verdict 'base is correct' rate: {_f(s['verdict_says_correct'])}"] if s["has_guide"] else []),
         f"distinct normalised answers per question (mean): {_f(s['distinct_answers_mean'], '.2f')}",
-        f"guide tokens per call (mean): in {_f(s['guide_tokens_in_mean'], '.1f')}, out {_f(s['guide_tokens_out_mean'], '.1f')}",
+        *([f"guide tokens per call (mean): in {_f(s['guide_tokens_in_mean'], '.1f')}, "
+           f"out {_f(s['guide_tokens_out_mean'], '.1f')}"] if s["has_guide"] else []),
         f"base tokens per call (mean):  in {_f(s['base_tokens_in_mean'], '.1f')}, out {_f(s['base_tokens_out_mean'], '.1f')}",
-        f"cents per guide call (mean): {_f(s['guide_cents_per_call'], '.4f')}   per base call: {_f(s['base_cents_per_call'], '.4f')}",
+        (f"cents per guide call (mean): {_f(s['guide_cents_per_call'], '.4f')}   " if s["has_guide"] else "cents ")
+        + f"per base call: {_f(s['base_cents_per_call'], '.4f')}",
         f"cost of every existing round, all questions: {_f(s['all_rounds_cents'], '.2f')} cents",
         _bound_line(cache),
-        f"base confidence given: {_f(s['confidence_given'], '.0%')} of rounds; "
-        f"guide uncertainty given: {_f(s['uncertainty_given'], '.0%')} of rounds",
+        f"base confidence given: {_f(s['confidence_given'], '.0%')} of rounds"
+        + (f"; guide uncertainty given: {_f(s['uncertainty_given'], '.0%')} of rounds" if s["has_guide"] else
+           " (no guide: a cascade)"),
     ]
     lines += _signal_warnings(s, prov)
     if s["exit"] or s["llm_policy"]:
