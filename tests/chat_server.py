@@ -118,6 +118,7 @@ class FakeChatServer:
         self.lock = threading.Lock()
         self.faults: list[list] = []  # [match, kind, times left, retry_after]
         self.requests = 0
+        self.asked: list[dict] = []  # every chat request's {"model", "messages"}, in arrival order
         self.fault_log: list[tuple[str, str]] = []
         self.auth_seen: set[str] = set()
         self._httpd = _Server(("127.0.0.1", port), self._handler())
@@ -320,6 +321,8 @@ class FakeChatServer:
                     msg = {"error": {"message": f"Incorrect API key provided: {auth}", "type": "invalid_request_error"}}
                     return self._send(401, json.dumps(msg).encode())
                 body = json.loads(raw)
+                with server.lock:
+                    server.asked.append({"model": body.get("model"), "messages": body.get("messages")})
                 if server.delay_s:
                     time.sleep(server.delay_s)
                 f = server._take_fault(body["messages"][-1]["content"] + body["messages"][0]["content"])
