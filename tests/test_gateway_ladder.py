@@ -218,3 +218,39 @@ def test_one_model_artefact_refuses_a_ladder_of_endpoints(tmp_path):
     with pytest.raises(UserError, match=r"^base: given 2 times; the artefact's router has one base model \(b\)"):
         endpoint_rungs((e, e), one, 3, "base")
     assert endpoint_rungs(None, None, 3, "guide") is None
+
+
+def test_reservation_is_round_ts_at_its_prices():
+    """``max_cost_cents`` and live-eval reserve round t at rung t's prices; a cascade's round is the base
+    call alone. Rungs 1 and 2 have proportional prices (x10), so their base reservations are x10."""
+    from ccpo_jax.gateway.engine import ProtocolConfig, per_round, round_reserve
+
+    cfg, q = ProtocolConfig(), QS[0]
+    base = tuple((p_in, p_out) for _, p_in, p_out in RUNGS)
+    cascade = per_round({"base": base, "guide": None}, 4)
+    ladder = per_round({"base": base, "guide": GUIDE_PRICE}, 4)
+    assert round_reserve(q, [], cfg, cascade, 1) == pytest.approx(10 * round_reserve(q, [], cfg, cascade, 0), rel=1e-12)
+    guide_part = [round_reserve(q, [], cfg, ladder, t) - round_reserve(q, [], cfg, cascade, t) for t in range(4)]
+    assert guide_part[0] > 0 and guide_part == pytest.approx([guide_part[0]] * 4, rel=1e-9)
+    with pytest.raises(ValueError, match="T = 4"):
+        per_round({"base": base[:2], "guide": None}, 4)
+
+
+def test_live_eval_on_a_cascade(cascade_art, upstreams, tmp_path):
+    """live-eval with one --base per rung and no --guide: every question answered, the journal a cascade cache,
+    the table's cost the journal's mean."""
+    from chat_server import write_questions
+
+    rungs, _ = upstreams
+    qfile, journal = tmp_path / "q.jsonl", tmp_path / "live.jsonl"
+    write_questions(qfile, 6)
+    flags = [x for s, (m, _, _) in zip(rungs, RUNGS) for x in ("--base", f"{s.url},{m}")]
+    res = run_cli(["live-eval", str(cascade_art), "--questions", str(qfile), "--journal", str(journal), *flags,
+                   "--budget-cents", "100", "--max-batch", "2"])
+    assert res.returncode == 0, res.stderr
+    recs = list(_journal(journal).values())
+    assert len(recs) == 6 and all("gold" in r and set(r["rounds"][0]) == {"base"} for r in recs)
+    cost = sum(r["gateway"]["cost_cents"] for r in recs) / 6
+    assert f"| cost per question (cents) | {cost:.4g} |" in res.stdout
+    r = run_cli(["data", "check", str(journal)])
+    assert r.returncode == 0 and "guide model: none" in r.stdout, r.stderr
