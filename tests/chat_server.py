@@ -95,7 +95,7 @@ class FakeChatServer:
     def __init__(self, scripts: dict[str, Script], key: str | None = None, delay_s: float = 0.0,
                  timeout_sleep_s: float = 1.0, flavour: str = "openai", served: list[str] | None = None,
                  list_models: bool = True, logprobs: bool = True, port: int = 0, models_mode: str = "list",
-                 drip_s: float = 0.05, huge_bytes: int = 150 << 20):
+                 drip_s: float = 0.05, huge_bytes: int = 150 << 20, log_requests: bool = False):
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour {flavour!r}: one of {FLAVOURS}")
         if models_mode not in MODELS_MODES:
@@ -118,7 +118,10 @@ class FakeChatServer:
         self.lock = threading.Lock()
         self.faults: list[list] = []  # [match, kind, times left, retry_after]
         self.requests = 0
-        self.asked: list[dict] = []  # every chat request's {"model", "messages"}, in arrival order
+        #: With ``log_requests``: every chat request's {"model", "messages"}, in arrival order (off by default:
+        #: the benchmarks' long runs would keep every request).
+        self.log_requests = log_requests
+        self.asked: list[dict] = []
         self.fault_log: list[tuple[str, str]] = []
         self.auth_seen: set[str] = set()
         self._httpd = _Server(("127.0.0.1", port), self._handler())
@@ -321,8 +324,9 @@ class FakeChatServer:
                     msg = {"error": {"message": f"Incorrect API key provided: {auth}", "type": "invalid_request_error"}}
                     return self._send(401, json.dumps(msg).encode())
                 body = json.loads(raw)
-                with server.lock:
-                    server.asked.append({"model": body.get("model"), "messages": body.get("messages")})
+                if server.log_requests:
+                    with server.lock:
+                        server.asked.append({"model": body.get("model"), "messages": body.get("messages")})
                 if server.delay_s:
                     time.sleep(server.delay_s)
                 f = server._take_fault(body["messages"][-1]["content"] + body["messages"][0]["content"])

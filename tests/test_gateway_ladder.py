@@ -61,8 +61,8 @@ def cascade_art(tmp_path_factory):
 def upstreams():
     """One scripted server per rung (serving that rung's model) and one for the guide."""
     with ExitStack() as st:
-        rungs = [st.enter_context(FakeChatServer(SCRIPTS, served=[m])) for m, _, _ in RUNGS]
-        guide = st.enter_context(FakeChatServer(SCRIPTS, served=[GUIDE_MODEL]))
+        rungs = [st.enter_context(FakeChatServer(SCRIPTS, served=[m], log_requests=True)) for m, _, _ in RUNGS]
+        guide = st.enter_context(FakeChatServer(SCRIPTS, served=[GUIDE_MODEL], log_requests=True))
         yield rungs, guide
 
 
