@@ -11,7 +11,7 @@ next ``times`` requests whose last message contains ``match`` fail with
 appended to the reply). A reply longer than ``max_tokens`` words is cut there (``finish_reason: length``).
 ``rung_of`` ({model: k}) makes a model answer a base prompt as if k rounds more were in its chat
 (rung k of a guide-less cascade, asked the question alone, gives the script's round-k answer).
-``seen`` records each chat request's (model, messages) in arrival order.
+``seen`` (and ``asked``) record each chat request in arrival order when ``log_requests`` or ``rung_of`` is given.
 ``models_mode`` makes ``GET /v1/models`` misbehave: ``drip`` (the list, after 400 spaces, one byte
 every ``drip_s``), ``huge`` (a valid list of ``huge_bytes``, generated as it is sent, no
 Content-Length) or ``huge-declared`` (the same with its Content-Length); ``models_bytes_sent``
@@ -98,7 +98,8 @@ class FakeChatServer:
     def __init__(self, scripts: dict[str, Script], key: str | None = None, delay_s: float = 0.0,
                  timeout_sleep_s: float = 1.0, flavour: str = "openai", served: list[str] | None = None,
                  list_models: bool = True, logprobs: bool = True, port: int = 0, models_mode: str = "list",
-                 drip_s: float = 0.05, huge_bytes: int = 150 << 20, rung_of: dict[str, int] | None = None):
+                 drip_s: float = 0.05, huge_bytes: int = 150 << 20, rung_of: dict[str, int] | None = None,
+                 log_requests: bool = False):
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour {flavour!r}: one of {FLAVOURS}")
         if models_mode not in MODELS_MODES:
@@ -122,7 +123,12 @@ class FakeChatServer:
         self.faults: list[list] = []  # [match, kind, times left, retry_after]
         self.requests = 0
         self.rung_of = dict(rung_of or {})
-        self.seen: list[tuple[str, list[dict]]] = []  # (model, messages) of each chat request
+        #: With ``log_requests`` (or ``rung_of``, whose tests read it): every chat request's {"model",
+        #: "messages"} in ``asked`` and (model, messages) in ``seen``, in arrival order (off by default: the
+        #: benchmarks' long runs would keep every request).
+        self.log_requests = log_requests or bool(rung_of)
+        self.asked: list[dict] = []
+        self.seen: list[tuple[str, list[dict]]] = []
         self.fault_log: list[tuple[str, str]] = []
         self.auth_seen: set[str] = set()
         self._httpd = _Server(("127.0.0.1", port), self._handler())
@@ -325,8 +331,10 @@ class FakeChatServer:
                     msg = {"error": {"message": f"Incorrect API key provided: {auth}", "type": "invalid_request_error"}}
                     return self._send(401, json.dumps(msg).encode())
                 body = json.loads(raw)
-                with server.lock:
-                    server.seen.append((body.get("model"), body.get("messages")))
+                if server.log_requests:
+                    with server.lock:
+                        server.asked.append({"model": body.get("model"), "messages": body.get("messages")})
+                        server.seen.append((body.get("model"), body.get("messages")))
                 if server.delay_s:
                     time.sleep(server.delay_s)
                 f = server._take_fault(body["messages"][-1]["content"] + body["messages"][0]["content"])

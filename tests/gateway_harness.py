@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 
 
-def build_artefact(root: Path, scale: float = 300.0, seed: int = 5, kappa: float = 0.3) -> Path:
-    """An exported router (T = 3) of a random policy: ``scale`` sharpens its probabilities."""
+def build_artefact(root: Path, scale: float = 300.0, seed: int = 5, kappa: float = 0.3, cache=None) -> Path:
+    """An exported router (T = 3) of a random policy: ``scale`` sharpens its probabilities. ``cache``:
+    the cache it is exported with (its models: a ladder, a guide-less cascade); default SYNTHETIC."""
     import jax
     import jax.numpy as jnp
 
@@ -29,7 +30,7 @@ def build_artefact(root: Path, scale: float = 300.0, seed: int = 5, kappa: float
     from envs.replay.features import n_features
     from envs.generators.synthetic import generate
 
-    cache = generate("hotpotqa-llama2", 60, 3)
+    cache = generate("hotpotqa-llama2", 60, 3) if cache is None else cache
     p = policy_net().init(jax.random.PRNGKey(seed), jnp.zeros((n_features(cache.T),), jnp.float32))
     p = jax.tree_util.tree_map_with_path(
         lambda path, x: x * scale if "Dense_3" in jax.tree_util.keystr(path) else x, p)

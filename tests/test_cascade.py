@@ -349,16 +349,3 @@ def test_exported_router_routes_rounds_without_guide(tmp_path):
     r = run_cli(["route", str(tmp_path / "art"), "--input", str(f)])
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"req.jsonl:2.rounds[0].guide: {NO_GUIDE_MSG}" in r.stderr
-
-
-def test_gateway_refuses_a_cascade_router_clearly():
-    import types
-
-    from ccpo_jax.collect.client import Endpoint
-    from ccpo_jax.errors import UserError
-    from ccpo_jax.gateway.app import Gateway, GatewayConfig
-
-    router = types.SimpleNamespace(manifest={"models": {"base": {"name": "b"}, "guide": None}}, group_kappas=None)
-    cfg = GatewayConfig(base=Endpoint("http://127.0.0.1:9/v1", "b"), guide=Endpoint("http://127.0.0.1:9/v1", "g"))
-    with pytest.raises(UserError, match="guide-less cascade"):
-        Gateway(router, cfg)

@@ -430,7 +430,7 @@ def test_concurrent_decisions_are_batched_and_equal_router_decide(art):
     up = FakeChatServer(SCRIPTS, logprobs=False)  # (its replies only; not started): several rounds each
     batcher = Batcher(Decider(router, CoverageState(router.alpha, float(router.kappa))))
 
-    async def call(role, body):
+    async def call(role, t, body):
         body["model"] = BASE_MODEL if role == "base" else GUIDE_MODEL
         await asyncio.sleep(0.001)
         return parse_completion(up.completion(body))

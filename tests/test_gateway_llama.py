@@ -18,6 +18,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 import llama_server as LS  # noqa: E402
+from conftest import run_cli  # noqa: E402
 from gateway_harness import GatewayThread, build_artefact  # noqa: E402
 
 from ccpo_jax.collect.client import Endpoint  # noqa: E402
@@ -79,3 +80,66 @@ def test_load_64_clients_no_error_memory_flat(gateway):
         t.join()
     assert errors == []
     assert len(rss) == 2 and rss[1] <= rss[0] * 1.10 + 20_000  # (KiB: within 10% + 20 MB of mid-run)
+
+
+#: The second rung's design: it answers "Rome" whatever the temperature (the first rung: "Paris" at 0).
+ROME = {LS.ASSISTANT: {"Answer:": 1.0}, "Answer:": {"\u2581Rome": 1.0}, "\u2581Rome": {LS.EOS: 1.0}}
+RUNG_PRICES = [(0.1, 0.2), (1.0, 2.0)]
+
+
+def _two_rung_cache(cascade: bool):
+    import dataclasses
+
+    from envs.cache.schema import ModelInfo, ResponseCache
+    from envs.generators import oracle
+    from envs.generators.cascade import as_cascade
+
+    c = oracle.build(oracle.partial()["partial-confidence"], 60, 0)  # T = 2
+    rungs = tuple(ModelInfo(f"bigram-rung-{t + 1}", *p) for t, p in enumerate(RUNG_PRICES))
+    if cascade:
+        return as_cascade(c, rungs)
+    return ResponseCache(dataclasses.replace(c.manifest, base_ladder=rungs), c.arrays).with_checksum()
+
+
+def test_two_rung_ladder_and_cascade_against_real_servers(tmp_path):
+    """Round 1 goes to the first llama-server (answer Paris, confidence 0.45), round 2 to the second (Rome,
+    confidence 1), each priced at its rung; the cascade's journaled rounds hold no guide call, and its reply
+    is the last round's base answer."""
+    d = tmp_path
+    procs = []
+    try:
+        with LS.designed_servers(LS.BINARY, d) as urls:
+            proc, rome_url = LS.start(LS.BINARY, LS.write_gguf(d / "rome.gguf", ROME, "bigram-rome"), "bigram-rome",
+                                      d / "rome.log")
+            procs.append(proc)
+            base = (Endpoint(urls["base"], "bigram-base"), Endpoint(rome_url, "bigram-rome"))
+            for cascade in (False, True):
+                journal = d / f"journal-{cascade}.jsonl"
+                # a smooth policy at a low threshold: "next" is in the set at round 1
+                art = build_artefact(d / f"art-{cascade}", scale=1.0, kappa=0.02, cache=_two_rung_cache(cascade))
+                cfg = GatewayConfig(base=base, guide=None if cascade else Endpoint(urls["guide"], "bigram-guide"),
+                                    journal=str(journal), max_batch=1)
+                with GatewayThread(load_gateway(art, cfg)) as g:
+                    client = openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0, timeout=120)
+                    r = client.chat.completions.create(model=MODEL_ID,
+                                                       messages=[{"role": "user", "content": "Capital number 2?"}])
+                    ccpo = r.model_extra["ccpo"]
+                    rounds = json.loads(journal.read_text().splitlines()[-1])["rounds"]
+                    for t, d_ in enumerate(ccpo["decisions"]):
+                        want = g.gw.router.decide(rounds[: t + 1], can_continue=t == 0)
+                        assert d_["action_set"] == want["action_set"]
+                assert [rd["base"]["answer"] for rd in rounds] == ["Paris", "Rome"]
+                assert rounds[0]["base"]["confidence"] == pytest.approx(0.45, abs=2e-3)
+                assert rounds[1]["base"]["confidence"] == pytest.approx(1.0, abs=2e-3)
+                assert r.choices[0].message.content == "Rome"
+                usd = sum(rd["base"]["tokens_in"] * p[0] + rd["base"]["tokens_out"] * p[1]
+                          for rd, p in zip(rounds, RUNG_PRICES))
+                usd += sum(rd["guide"]["tokens_in"] * 2.5 + rd["guide"]["tokens_out"] * 10.0 for rd in rounds
+                           if "guide" in rd)
+                assert ccpo["cost_cents"] == pytest.approx(usd / 1e4, rel=1e-9)
+                assert all(("guide" in rd) == (not cascade) for rd in rounds)
+                assert run_cli(["data", "check", str(journal)]).returncode == 0
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)

@@ -161,15 +161,3 @@ def test_exported_router_prices_each_round_like_the_replay_env(tmp_path):
     assert np.array_equal(obs, np.asarray(env.obs)[q, t]) and np.array_equal(avail, np.asarray(env.available)[q, t])
     one = generate("hotpotqa-llama2", 60, 3)  # the one-model prices give other cost features
     assert not np.array_equal(np.asarray(make_env_params(one).obs), np.asarray(env.obs))
-
-
-def test_gateway_refuses_a_ladder_router_clearly(tmp_path):
-    from ccpo_jax.collect.client import Endpoint
-    from ccpo_jax.errors import UserError
-    from ccpo_jax.gateway.app import Gateway, GatewayConfig
-
-    router = types.SimpleNamespace(manifest={"models": {"base": [RUNGS[0].to_dict()] * 2, "guide": {"name": "g"}}},
-                                   group_kappas=None)
-    cfg = GatewayConfig(base=Endpoint("http://127.0.0.1:9/v1", "b"), guide=Endpoint("http://127.0.0.1:9/v1", "g"))
-    with pytest.raises(UserError, match="model ladder"):
-        Gateway(router, cfg)

@@ -4,16 +4,20 @@ from __future__ import annotations
 import argparse
 import math
 
-FLAGS = {"journal": "--journal", "online_kappa": "--online-kappa", "questions": "--questions",
+FLAGS = {"base": "--base", "guide": "--guide", "journal": "--journal", "online_kappa": "--online-kappa", "questions": "--questions",
          "budget_cents": "--budget-cents", "results": "--results", "row": "--row"}
 
 
 def _endpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", metavar="ARTIFACT", help="an exported router (the --out of 'ccpo-jax export')")
-    p.add_argument("--base", required=True, metavar="URL,MODEL", help="the base model's OpenAI-compatible endpoint")
-    p.add_argument("--guide", required=True, metavar="URL,MODEL", help="the guide model's endpoint")
+    p.add_argument("--base", required=True, metavar="URL,MODEL", action="append",
+                   help="the base model's OpenAI-compatible endpoint; for a ladder artefact once per round, in "
+                   "round order: round t's base call goes to the t-th")
+    p.add_argument("--guide", default=None, metavar="URL,MODEL", action="append",
+                   help="the guide model's endpoint (once per round for a guide ladder); none for a guide-less "
+                   "cascade artefact")
     p.add_argument("--base-key-env", default=None, metavar="VAR", help="environment variable holding the base "
-                   "endpoint's API key (default: send none)")
+                   "endpoints' API key (every rung's; default: send none)")
     p.add_argument("--guide-key-env", default=None, metavar="VAR", help="likewise for the guide")
     p.add_argument("--retries", type=int, default=2, help="retries per upstream call (default: 2)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
@@ -71,8 +75,10 @@ def _config(args, journal):
         raise UserError(f"--online-kappa: expected a step > 0, got {eta!r}")
     retry = RetryPolicy(retries=args.retries, backoff_s=0.5, max_backoff_s=5.0, max_retry_after_s=args.max_retry_after,
                         timeout_s=args.timeout, attempt_timeout_s=args.attempt_timeout)
-    base = parse_endpoint(args.base, "--base", args.base_key_env)
-    guide = parse_endpoint(args.guide, "--guide", args.guide_key_env)
+    base = tuple(parse_endpoint(b, "--base", args.base_key_env) for b in args.base)
+    if args.guide is None and args.guide_key_env is not None:
+        raise UserError("--guide-key-env: given without --guide (a guide-less cascade calls no guide)")
+    guide = None if args.guide is None else tuple(parse_endpoint(g, "--guide", args.guide_key_env) for g in args.guide)
     if not 1 <= args.max_batch <= 4096:
         raise UserError(f"--max-batch: expected an integer in [1, 4096], got {args.max_batch}")
     kw = {"max_batch": args.max_batch}
@@ -85,6 +91,15 @@ def _config(args, journal):
             raise UserError(f"--max-body-bytes: expected at least 1024, got {args.max_body_bytes}")
         kw["max_body_bytes"] = args.max_body_bytes
     return GatewayConfig(base=base, guide=guide, retry=retry, journal=journal, online_eta=eta, **kw)
+
+
+def _upstreams(gw) -> str:
+    """The start-up line's upstreams: each role's endpoint, a ladder's rungs in round order."""
+    parts = []
+    for role in gw.roles:
+        v = gw.role_value(role, lambda e: f"{e.model} at {e.public_url}")
+        parts.append(f"{role} {v}" if isinstance(v, str) else f"{role} ladder {', '.join(v)}")
+    return "; ".join(parts + ([] if "guide" in gw.roles else ["no guide (a guide-less cascade)"]))
 
 
 def _gateway(args) -> int:
@@ -116,8 +131,7 @@ def _gateway(args) -> int:
     logging.getLogger("ccpo_jax.gateway").setLevel(logging.INFO)
     r = gw.router
     print(f"gateway: model {MODEL_ID!r} = router {r.manifest['policy']['row']!r} (alpha {r.alpha:g}, kappa "
-          f"{float(r.kappa):.6g}{', online' if cfg.online_eta else ''}, T {r.T}); base {cfg.base.model} at "
-          f"{cfg.base.public_url}, guide {cfg.guide.model} at {cfg.guide.public_url}; "
+          f"{float(r.kappa):.6g}{', online' if cfg.online_eta else ''}, T {r.T}); {_upstreams(gw)}; "
           f"http://{args.host}:{args.port}/v1", flush=True)
     server = uvicorn.Server(uvicorn.Config(build_app(gw), log_level="warning", timeout_graceful_shutdown=5))
     server.run(sockets=[sock])

@@ -36,8 +36,11 @@ MODEL_ID = "ccpo-router"
 
 @dataclasses.dataclass(frozen=True)
 class GatewayConfig:
-    base: Endpoint
-    guide: Endpoint
+    """``base``/``guide``: one endpoint, or one per round for a ladder artefact (round order); ``guide``
+    None for a guide-less cascade's artefact (:func:`endpoint_rungs` checks them against the artefact)."""
+
+    base: Endpoint | tuple[Endpoint, ...]
+    guide: Endpoint | tuple[Endpoint, ...] | None
     retry: RetryPolicy = RetryPolicy(retries=2, backoff_s=0.5, max_backoff_s=5.0, max_retry_after_s=10.0,
                                      timeout_s=60.0, attempt_timeout_s=120.0)
     journal: str | None = None
@@ -51,6 +54,44 @@ class GatewayConfig:
     #: Most decisions in one router call; the decision path is compiled for every power of two up to it
     #: at start-up (1 ... 64: 7 batch sizes, about 11 s here).
     max_batch: int = 64
+
+
+def _names(model) -> str:
+    return ", ".join(m["name"] for m in model) if isinstance(model, list) else model["name"]
+
+
+def endpoint_rungs(given: Endpoint | tuple[Endpoint, ...] | None, model: dict | list | None, T: int,
+                   role: str) -> tuple[Endpoint, ...] | None:
+    """Round t's endpoint of ``role`` at index t (T of them), or None for a cascade's guide.
+
+    ``model``: the artefact's ``models[role]``. A ladder takes one endpoint per round, in round order;
+    a one-model role takes one endpoint (used every round); a cascade's guide takes none. Any other
+    count is a UserError naming ``role`` (the CLI's ``--base``/``--guide``): matching endpoints to
+    rungs by model name would fail on servers that answer under another name (llama.cpp)."""
+    eps = () if given is None else (given,) if isinstance(given, Endpoint) else tuple(given)
+    n = len(eps)
+    if model is None:
+        if eps:
+            raise UserError(f"{role}: the artefact's router is a guide-less cascade (models.guide: null): it makes "
+                            f"no guide call, so give no {role} endpoint", field=role)
+        return None
+    if isinstance(model, list):
+        if n != T:
+            raise UserError(f"{role}: given {n} time(s); the artefact's router is a ladder of T = {T} {role} models "
+                            f"({_names(model)}): give it once per round, in round order", field=role)
+        return eps
+    if n != 1:
+        what = "required" if n == 0 else f"given {n} times"
+        raise UserError(f"{role}: {what}; the artefact's router has one {role} model ({_names(model)}): give "
+                        "its endpoint once", field=role)
+    return eps * T
+
+
+def _rung_prices(model: dict | list | None, T: int) -> tuple[tuple[float, float], ...] | None:
+    if model is None:
+        return None
+    rungs = model if isinstance(model, list) else [model] * T
+    return tuple((float(m.get("price_in", 0.0)), float(m.get("price_out", 0.0))) for m in rungs)
 
 
 class RequestError(Exception):
@@ -144,17 +185,15 @@ class Gateway:
         if cfg.online_eta is not None and router.group_kappas is not None:
             raise UserError("--online-kappa: a Mondrian router has one threshold per group; the online update "
                             "drives one threshold, so it needs a marginal router", field="online_kappa")
-        for e in (cfg.base, cfg.guide):
+        m, T = router.manifest["models"], int(router.T)
+        #: Round t's endpoint per role (T each; the guide None in a cascade) and its prices (the artefact's).
+        self.rungs = {r: endpoint_rungs(getattr(cfg, r), m[r], T, r) for r in ("base", "guide")}
+        self.prices = {r: _rung_prices(m[r], T) for r in ("base", "guide")}
+        self.roles = ("base", "guide") if self.rungs["guide"] is not None else ("base",)
+        #: The distinct endpoints (a one-model role repeats its one endpoint every round).
+        self.endpoints = list(dict.fromkeys(e for r in self.roles for e in self.rungs[r]))
+        for e in self.endpoints:
             e.api_key()  # a missing key variable is a UserError now, not at the first request
-        m = router.manifest["models"]
-        if any(isinstance(m[r], list) for r in ("base", "guide")):
-            raise UserError("the artefact's cache is a model ladder (one model per round); the gateway calls one base "
-                            "and one guide endpoint, so it serves routers of one base and one guide model only")
-        if m["guide"] is None:
-            raise UserError("the artefact's cache is a guide-less cascade (models.guide: null); the gateway calls a "
-                            "guide endpoint every round, so it serves routers of one base and one guide model only")
-        self.prices = {r: (float(m[r]["price_in"]), float(m[r]["price_out"])) for r in ("base", "guide")}
-        self.endpoints = {"base": cfg.base, "guide": cfg.guide}
         self.coverage = CoverageState(router.alpha, float(router.kappa), cfg.online_eta, cfg.window, cfg.alarm_p)
         self.decider = Decider(router, self.coverage)
         self.batcher = Batcher(self.decider, cfg.max_batch)
@@ -167,23 +206,31 @@ class Gateway:
             reqs = {"base_temperature": list(p.base_temperature), "guide_temperature": p.guide_temperature,
                     "max_tokens": {"base": p.base_max_tokens, "guide": p.guide_max_tokens}, "seed": p.seed,
                     "logprobs": p.logprobs}
-            eps = {r: {"url": e.public_url, "model": e.model} for r, e in self.endpoints.items()}
+            eps = {r: self.role_value(r, lambda e: {"url": e.public_url, "model": e.model}) for r in self.roles}
             self.journal = Journal(cfg.journal, journal_manifest(router.manifest, eps, reqs))
-        self.clients: dict[str, AsyncChatClient] = {}
+        self.clients: dict[Endpoint, AsyncChatClient] = {}
+
+    def role_value(self, role: str, f, rounds: int | None = None) -> Any:
+        """``f`` of the role's endpoint, or for a ladder the list of ``f`` of each round's endpoint (of
+        the first ``rounds`` rounds)."""
+        eps = self.rungs[role]
+        return [f(e) for e in eps[:rounds]] if isinstance(self.router.manifest["models"][role], list) else f(eps[0])
 
     def warm_up(self) -> None:
         """Compile the decision path for every batch size the batcher can send (powers of two up to
         ``warm_batch``), so that no request waits for a compilation (about 1.5 s each here)."""
         rnd = [{"base": {"answer": "a", "tokens_in": 1, "tokens_out": 1},
                 "guide": {"verdict": True, "answer": "a", "tokens_in": 1, "tokens_out": 1}}]
+        if "guide" not in self.roles:  # a cascade's rounds have no guide object
+            rnd = [{"base": rnd[0]["base"]}]
         b = 1
         while b <= self.batcher.max_batch:
             self.decider.decide_many([(rnd, True, None)] * b)
             b *= 2
 
     async def start(self) -> None:
-        self.clients = {r: AsyncChatClient(e, self.cfg.retry, max_connections=self.cfg.max_connections, seed=i)
-                        for i, (r, e) in enumerate(self.endpoints.items())}
+        self.clients = {e: AsyncChatClient(e, self.cfg.retry, max_connections=self.cfg.max_connections, seed=i)
+                        for i, e in enumerate(self.endpoints)}
 
     async def stop(self) -> None:
         for c in self.clients.values():
@@ -191,20 +238,21 @@ class Gateway:
         if self.journal is not None:
             self.journal.close()
 
-    async def _call(self, role: str, body: dict) -> Reply:
-        body["model"] = self.endpoints[role].model
+    async def _call(self, role: str, t: int, body: dict) -> Reply:
+        ep = self.rungs[role][t]  # round t's model (a ladder's rung t)
+        body["model"] = ep.model
         try:
-            reply, stats = await self.clients[role].chat(body)
+            reply, stats = await self.clients[ep].chat(body)
         except UpstreamError as e:
             self.metrics.errors.labels(f"upstream_{e.kind}").inc()
             raise
-        self.metrics.latency.labels(self.endpoints[role].model).observe(stats.latency_s)
+        self.metrics.latency.labels(ep.model).observe(stats.latency_s)
         if body.get("logprobs") and reply.logprobs is None:
             self.metrics.missing.labels("confidence" if role == "base" else "uncertainty").inc()
         return reply
 
     def _counted(self, role: str, info: dict) -> None:
-        model = self.endpoints[role].model
+        model = self.rungs[role][info["round"]].model
         self.metrics.cost.labels(model).inc(info["cost_cents"])
         self.metrics.tokens.labels(model, "in").inc(info["tokens_in"])
         self.metrics.tokens.labels(model, "out").inc(info["tokens_out"])
@@ -247,7 +295,9 @@ class Gateway:
             "rounds": len(out.rounds),
             "stopped_by": out.stopped_by,
             "decisions": [{k: d[k] for k in keep if k in d} for d in out.decisions],
-            "tokens": {r: {"model": self.endpoints[r].model, **out.tokens[r]} for r in ("base", "guide")},
+            # a ladder role's "model": the models of the rounds run, in order
+            "tokens": {r: {"model": self.role_value(r, lambda e: e.model, len(out.rounds)), **out.tokens[r]}
+                       for r in self.roles},
             "cost_cents": round(sum(t["cost_cents"] for t in out.tokens.values()), 9),
             "tokens_estimated": out.estimated,
             "coverage_target": 1.0 - self.router.alpha,

@@ -147,16 +147,40 @@ def cents(price: tuple[float, float], t_in: float, t_out: float) -> float:
     return (t_in * price[0] + t_out * price[1]) / 1e6 * 100.0
 
 
-def round_reserve(question: str, history: list[tuple[str, str]], cfg: ProtocolConfig,
-                  prices: dict[str, tuple[float, float]]) -> float:
-    """Worst-case cents of the next round (data collect's reservation: prompt tokens estimated at
-    PROMPT_TOKENS_PER_CHAR per character plus a per-message overhead, completions at max_tokens;
-    the guide may be shown a whole base completion)."""
+#: Per-round prices of each role: round t's (USD per M input, per M output) at index t; None: a
+#: guide-less cascade's guide (no call).
+Prices = dict[str, tuple[tuple[float, float], ...] | None]
+
+
+def per_round(prices: dict, T: int) -> Prices:
+    """``prices`` with every role as T per-round pairs: a role given one pair (one model) is that pair
+    every round; a ladder's T pairs are kept; None (a cascade's guide) stays None."""
+    out: Prices = {}
+    for role in ROLES:
+        p = prices.get(role)
+        if p is None or (len(p) == 2 and all(isinstance(x, (int, float)) for x in p)):
+            out[role] = None if p is None else ((float(p[0]), float(p[1])),) * T
+        elif len(p) == T:
+            out[role] = tuple((float(a), float(b)) for a, b in p)
+        else:
+            raise ValueError(f"prices[{role!r}]: one (in, out) pair or T = {T} of them, got {len(p)}")
+    return out
+
+
+def round_reserve(question: str, history: list[tuple[str, str]], cfg: ProtocolConfig, prices: Prices,
+                  t: int = 0) -> float:
+    """Worst-case cents of round ``t`` (0-based), at that round's prices (data collect's reservation:
+    prompt tokens estimated at PROMPT_TOKENS_PER_CHAR per character plus a per-message overhead,
+    completions at max_tokens; the guide may be shown a whole base completion). ``history``: what
+    the base is shown (none in a cascade); a cascade's round is the base call alone."""
     bm = P.base_messages(question, history)
     b_in = estimate_tokens(sum(len(m["content"]) for m in bm), len(bm))
+    base = cents(prices["base"][t], b_in, cfg.base_max_tokens)
+    if prices.get("guide") is None:
+        return base
     g_chars = len(P.GUIDE_PROMPT) + len(question)
     g_in = estimate_tokens(g_chars, 1) + math.ceil(cfg.base_max_tokens * 4 * PROMPT_TOKENS_PER_CHAR)
-    return cents(prices["base"], b_in, cfg.base_max_tokens) + cents(prices["guide"], g_in, cfg.guide_max_tokens)
+    return base + cents(prices["guide"][t], g_in, cfg.guide_max_tokens)
 
 
 def _side(reply: Reply, messages: list[dict]) -> tuple[int, int, bool]:
@@ -166,23 +190,47 @@ def _side(reply: Reply, messages: list[dict]) -> tuple[int, int, bool]:
     return reply.tokens_in, reply.tokens_out, False
 
 
+def _round_record(br: P.BaseRead, g: Reply | None, gr: P.GuideRead | None, rnd: dict) -> dict:
+    """The round's cache record (human format) from the readings; ``rnd`` holds each role's tokens."""
+    rnd["base"] = {"answer": br.answer, **rnd["base"]}
+    if br.confidence is not None:
+        rnd["base"]["confidence"] = br.confidence
+    if not br.parsed:
+        rnd["base"]["answer_parsed"] = False
+    if gr is None:  # a cascade: no guide object
+        return rnd
+    rnd["guide"] = {"verdict": gr.verdict is True, "answer": gr.answer, **rnd["guide"]}
+    if gr.uncertainty is not None:
+        rnd["guide"]["uncertainty"] = gr.uncertainty
+    if gr.verdict is None:
+        rnd["guide"]["verdict_parsed"] = False
+        rnd["guide"]["raw"] = g.text
+    return rnd
+
+
 async def run_protocol(question: str, group: str | None, caps: Caps, *, decider: Decider | Batcher, call: Callable,
-                       cfg: ProtocolConfig, prices: dict[str, tuple[float, float]],
+                       cfg: ProtocolConfig, prices: dict,
                        on_round: Callable[[str, dict], Any] = lambda role, rec: None) -> Outcome:
-    """The protocol for one question. ``call(role, body)`` is awaited for each upstream call and returns a
-    :class:`~ccpo_jax.collect.client.Reply`; ``on_round(role, info)`` sees each call's tokens/cost."""
-    T = (decider.decider if isinstance(decider, Batcher) else decider).router.T
+    """The protocol for one question. ``call(role, t, body)`` is awaited for each upstream call of round
+    ``t`` (0-based) and returns a :class:`~ccpo_jax.collect.client.Reply`; ``on_round(role, info)`` sees
+    each call's round, tokens and cost. ``prices``: per role one pair or T per-round pairs (a ladder;
+    :func:`per_round`). A guide-less cascade's router (``has_guide`` False) makes no guide call, and
+    its base is asked afresh every round (there is no guide reply to show it)."""
+    router = (decider.decider if isinstance(decider, Batcher) else decider).router
+    T, has_guide = router.T, router.has_guide
+    prices = per_round(prices, T)
+    roles = ROLES if has_guide else ("base",)
     limit = T if caps.max_rounds is None else min(T, caps.max_rounds)
     if caps.max_cost_cents is not None:
-        first = round_reserve(question, [], cfg, prices)
+        first = round_reserve(question, [], cfg, prices, 0)
         if first > caps.max_cost_cents:
             raise CapTooSmall(f"max_cost_cents {caps.max_cost_cents:g} is below the first round's worst case "
                               f"({first:.6g} cents); nothing was sent")
     rounds: list[dict] = []
     decisions: list[dict] = []
     collected: list[dict] = []
-    history: list[tuple[str, str]] = []
-    tokens = {r: {"tokens_in": 0, "tokens_out": 0, "cost_cents": 0.0} for r in ROLES}
+    history: list[tuple[str, str]] = []  # what the base is shown (stays empty in a cascade)
+    tokens = {r: {"tokens_in": 0, "tokens_out": 0, "cost_cents": 0.0} for r in roles}
     estimated = False
     decide_s: list[float] = []
     spent = 0.0
@@ -190,43 +238,34 @@ async def run_protocol(question: str, group: str | None, caps: Caps, *, decider:
     for t in range(limit):
         temp = cfg.base_temperature[0] if t == 0 else cfg.base_temperature[1]
         bm = P.base_messages(question, history)
-        b = await call("base", request_body("", bm, cfg.base_max_tokens, temp, cfg.seed, cfg.logprobs))
+        b = await call("base", t, request_body("", bm, cfg.base_max_tokens, temp, cfg.seed, cfg.logprobs))
         br = P.read_base(b.text, b.logprobs)
-        gm = P.guide_messages(question, br.shown)
-        g = await call("guide", request_body("", gm, cfg.guide_max_tokens, cfg.guide_temperature, cfg.seed,
-                                             cfg.logprobs))
-        gr = P.read_guide(g.text, g.logprobs, br.answer)
+        calls = [("base", b, bm)]
+        g = gr = None
+        if has_guide:
+            gm = P.guide_messages(question, br.shown)
+            g = await call("guide", t, request_body("", gm, cfg.guide_max_tokens, cfg.guide_temperature, cfg.seed,
+                                                    cfg.logprobs))
+            gr = P.read_guide(g.text, g.logprobs, br.answer)
+            calls.append(("guide", g, gm))
         rnd: dict[str, dict] = {}
-        for role, reply, msgs in (("base", b, bm), ("guide", g, gm)):
+        for role, reply, msgs in calls:
             t_in, t_out, est = _side(reply, msgs)
             estimated |= est
-            c = cents(prices[role], t_in, t_out)
+            c = cents(prices[role][t], t_in, t_out)
             spent += c
             tk = tokens[role]
             tk["tokens_in"] += t_in
             tk["tokens_out"] += t_out
             tk["cost_cents"] += c
-            rec: dict[str, Any] = {"tokens_in": t_in, "tokens_out": t_out}
-            if est:
-                rec["tokens_estimated"] = True
-            rnd[role] = rec
-            on_round(role, {"cost_cents": c, "tokens_in": t_in, "tokens_out": t_out})
-        rnd["base"] = {"answer": br.answer, **rnd["base"]}
-        if br.confidence is not None:
-            rnd["base"]["confidence"] = br.confidence
-        if not br.parsed:
-            rnd["base"]["answer_parsed"] = False
-        rnd["guide"] = {"verdict": gr.verdict is True, "answer": gr.answer, **rnd["guide"]}
-        if gr.uncertainty is not None:
-            rnd["guide"]["uncertainty"] = gr.uncertainty
-        if gr.verdict is None:
-            rnd["guide"]["verdict_parsed"] = False
-            rnd["guide"]["raw"] = g.text
-        rounds.append(rnd)
-        history.append((b.text, g.text))
+            rnd[role] = {"tokens_in": t_in, "tokens_out": t_out, **({"tokens_estimated": True} if est else {})}
+            on_round(role, {"round": t, "cost_cents": c, "tokens_in": t_in, "tokens_out": t_out})
+        rounds.append(_round_record(br, g, gr, rnd))
+        if has_guide:
+            history.append((b.text, g.text))
         can_continue = t + 1 < limit
         if can_continue and caps.max_cost_cents is not None and \
-                spent + round_reserve(question, history, cfg, prices) > caps.max_cost_cents:
+                spent + round_reserve(question, history, cfg, prices, t + 1) > caps.max_cost_cents:
             can_continue, stopped_by = False, "max_cost_cents"
         elif not can_continue:
             stopped_by = "max_rounds" if limit < T else "T"
@@ -236,7 +275,7 @@ async def run_protocol(question: str, group: str | None, caps: Caps, *, decider:
             d = await d
         decide_s.append(time.perf_counter() - t0)
         decisions.append(d)
-        for role in ROLES:
+        for role in roles:
             if role in d["action_set"]:
                 collected.append({"round": t + 1, "role": role, "answer": rnd[role]["answer"]})
         if not d["continue"]:

@@ -44,14 +44,22 @@ class FeedbackError(UserError):
         self.status = status
 
 
-def journal_manifest(router_manifest: dict, endpoints: dict[str, dict], requests: dict) -> dict:
+def _model_entry(model: dict | list | None) -> dict | list | None:
+    """The artefact's ``models[role]`` as the cache writes it: one model, a ladder's list, or None."""
+    if model is None:  # a guide-less cascade's guide
+        return None
+    pick = lambda x: {k: x[k] for k in ("name", "price_in", "price_out") if k in x}  # noqa: E731
+    return [pick(x) for x in model] if isinstance(model, list) else pick(model)
+
+
+def journal_manifest(router_manifest: dict, endpoints: dict[str, dict | list], requests: dict) -> dict:
     m = router_manifest
     return {
         "name": "gateway-journal",
         "task": m["cache"].get("task", "unknown") if isinstance(m["cache"].get("task"), str) else "unknown",
         "T": int(m["T"]),
-        "models": {r: {"name": m["models"][r]["name"], "price_in": m["models"][r]["price_in"],
-                       "price_out": m["models"][r]["price_out"]} for r in ("base", "guide")},
+        # a ladder's rungs and a cascade's null guide as in the artefact (docs/caches.md)
+        "models": {r: _model_entry(m["models"][r]) for r in ("base", "guide")},
         "provenance": {
             "kind": "real",
             "source": "ccpo-jax gateway (live requests; outcomes from POST /v1/feedback)",
@@ -73,7 +81,7 @@ def label(rec: dict, gold: str | None, correct: bool | None, aliases: list[str] 
     """``rec`` with the outcome of its feedback (module doc's rules)."""
     out = json.loads(json.dumps(rec))
     out["feedback"] = {"gold": gold} if gold is not None else {"correct": correct}
-    answers = [r[role]["answer"] for r in out["rounds"] for role in ("base", "guide")]
+    answers = [r[role]["answer"] for r in out["rounds"] for role in ("base", "guide") if role in r]
     if gold is not None:
         out["gold"] = gold
         if aliases:
@@ -86,7 +94,8 @@ def label(rec: dict, gold: str | None, correct: bool | None, aliases: list[str] 
         judge = lambda a: bool(correct)  # noqa: E731
     for r in out["rounds"]:
         for role in ("base", "guide"):
-            r[role]["correct"] = judge(r[role]["answer"])
+            if role in r:  # (a cascade's rounds have no guide)
+                r[role]["correct"] = judge(r[role]["answer"])
     return out
 
 

@@ -30,7 +30,7 @@ from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.questions import load_questions
 from ccpo_jax.errors import UserError
 from ccpo_jax.gateway.app import GatewayConfig, load_gateway
-from ccpo_jax.gateway.engine import Caps, round_reserve
+from ccpo_jax.gateway.engine import Caps, per_round, round_reserve
 
 
 def clopper_pearson(k: int, n: int) -> tuple[float, float]:
@@ -93,10 +93,12 @@ async def _run_all(gw, qs, budget_cents, concurrency) -> list[dict]:
     state = {"spent": 0.0, "reserved": 0.0, "stopped": False}
     p, T = gw.cfg.protocol, gw.router.T
     worst_hist = [("x" * (4 * p.base_max_tokens), "x" * (4 * p.guide_max_tokens))]
+    prices, has_guide = per_round(gw.prices, T), gw.rungs["guide"] is not None  # (a cascade's base: no history)
 
     async def one(q) -> dict | None:
         async with sem:
-            need = sum(round_reserve(q.question, worst_hist * t, p, gw.prices) for t in range(T))
+            need = sum(round_reserve(q.question, worst_hist * t if has_guide else [], p, prices, t)
+                       for t in range(T))
             if state["stopped"] or (budget_cents is not None and state["spent"] + state["reserved"] + need > budget_cents):
                 state["stopped"] = True
                 return None
@@ -109,7 +111,7 @@ async def _run_all(gw, qs, budget_cents, concurrency) -> list[dict]:
             state["spent"] += cost
             await asyncio.to_thread(gw.feedback, {"id": cid, "gold": q.golds[0], "gold_aliases": list(q.golds[1:])})
             judge = lambda a: P.is_correct(a, q.golds)  # noqa: E731
-            seen = any(judge(rd[r]["answer"]) for rd in out.rounds for r in ("base", "guide"))
+            seen = any(judge(rd[r]["answer"]) for rd in out.rounds for r in ("base", "guide") if r in rd)
             covered = any(judge(a["answer"]) for a in out.answer_set)
             return {"id": q.id, "cost_cents": cost, "rounds": len(out.rounds), "covered": covered,
                     "none_seen": not seen}
