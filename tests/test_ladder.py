@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 
 import jax
@@ -172,6 +173,31 @@ def test_rung_price_features_by_hand():
     assert make_env_params(ResponseCache(m, one.arrays)).F == one.T + 16
 
 
+def test_export_refuses_a_ladder_policy_without_the_rung_features(tmp_path):
+    """A ladder run saved before the rung features (policy.json's T + 15 names, a T + 15-wide policy) and a
+    policy whose width does not fit its names: ``export`` says so in one line, exit 2, nothing written."""
+    from ccpo_jax.ccpo.config import TrainConfig, Variant
+    from ccpo_jax.ccpo.policy_store import save_policies
+    from ccpo_jax.core.networks import policy_net
+    from envs.replay.features import feature_names
+
+    c = _ladder(30, 2)
+    p = policy_net().init(jax.random.PRNGKey(5), jnp.zeros((c.T + 15,), jnp.float32))
+    state = types.SimpleNamespace(policy=jax.tree.map(lambda x: np.asarray(x)[None, None, None], p),
+                                  kappa=np.array([[[0.3]]], np.float32))
+    save_policies(tmp_path / "run" / "policies", TrainConfig(), [Variant("CCPO (lambda=0)", True, 0.0)], state,
+                  {"CCPO (lambda=0)": np.array([[0.3]], np.float32)}, c, "recalibrate")
+    meta_path = tmp_path / "run" / "policies" / "ccpo-lambda-0" / "policy.json"
+    meta = json.loads(meta_path.read_text())
+    for names, match in ((feature_names(c.T), r"policy.json: feature_names differ from .*feature_names\(4, \('base',\)\)"),
+                         (feature_names(c.T, ("base",)), r"params.msgpack does not fit the 20 features of policy.json")):
+        meta_path.write_text(json.dumps(dict(meta, feature_names=list(names))))
+        r = run_cli(["export", str(tmp_path / "run"), "--row", "CCPO (lambda=0)", "--force", "--out", str(tmp_path / "art")])
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("error: ") and re.search(match, r.stderr), r.stderr
+        assert not (tmp_path / "art").exists()
+
+
 def test_one_model_caches_keep_their_features():
     """No rung feature on a one-model cache (nor a cascade): F = T + 15, as before the ladders' features."""
     from envs.replay.env import make_env_params
@@ -231,3 +257,34 @@ def test_gateway_refuses_a_ladder_router_clearly(tmp_path):
     cfg = GatewayConfig(base=Endpoint("http://127.0.0.1:9/v1", "b"), guide=Endpoint("http://127.0.0.1:9/v1", "g"))
     with pytest.raises(UserError, match="model ladder"):
         Gateway(router, cfg)
+
+
+@pytest.mark.slow
+def test_reproduce_export_route_on_a_ladder(tmp_path):
+    """``reproduce`` (small) on a base + guide ladder cache in the human format, ``export``, ``route
+    --every-round``: the trained policy and the artefact (format version 2) have the rung features, and
+    route's decisions equal the router's on the replay env's own observations (the same features)."""
+    from ccpo_jax.serving import Router
+    from envs.replay.env import make_env_params
+
+    c = _ladder(100, 4, guides=GUIDES)
+    save_cache(c, tmp_path / "ladder.jsonl")
+    r = run_cli(["reproduce", "--cache", str(tmp_path / "ladder.jsonl"), "--splits", "2", "--split-sizes",
+                 "60,20,20", "--iterations", "4", "--seeds", "2", "--member-block", "1", "--no-progress",
+                 "--out", str(tmp_path / "run")], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    meta = json.loads((tmp_path / "run" / "policies" / "ccpo-lambda-0" / "policy.json").read_text())
+    assert meta["feature_names"][-2:] == ["base_rung_price", "guide_rung_price"]
+    r = run_cli(["export", str(tmp_path / "run"), "--row", "CCPO (lambda=0)", "--force", "--out",
+                 str(tmp_path / "art")], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_cli(["route", str(tmp_path / "art"), "--input", str(tmp_path / "ladder.jsonl"), "--out",
+                 str(tmp_path / "d.jsonl"), "--every-round"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    router = Router.load(tmp_path / "art")
+    assert router.manifest["format_version"] == 2 and router.F == c.T + 17
+    env = make_env_params(load_cache(tmp_path / "ladder.jsonl"))
+    obs, avail = np.asarray(env.obs).reshape(-1, env.F), np.asarray(env.available).reshape(-1, 3)
+    sets = router.action_set(obs, avail)[np.asarray(env.round_mask).reshape(-1)]
+    routed = [json.loads(x)["action_set"] for x in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert routed == [[a for a, k in zip(router.actions, s) if k] for s in sets]

@@ -104,4 +104,7 @@ def load_policy(path: Path) -> tuple[Any, dict]:
     F = len(meta["feature_names"]) if "feature_names" in meta else n_features(meta["T"])
     template = net.init(jax.random.PRNGKey(0), jnp.zeros((F,), jnp.float32))
     params = serialization.from_bytes(template, (path / POLICY_PARAMS).read_bytes())
+    shapes = jax.tree.map(np.shape, params), jax.tree.map(np.shape, template)
+    if shapes[0] != shapes[1]:  # from_bytes takes any shapes: a policy of another width than its features
+        raise ValueError(f"{POLICY_PARAMS} does not fit the {F} features of {POLICY_META} (shapes {shapes[0]})")
     return params, meta
