@@ -9,7 +9,7 @@ policy acts at round t: round t's base answer and guide judgment exist and
 round t's cost is paid. No ``*_correct`` flag and no gold answer is ever read,
 so the same code featurises raw rounds at serving time.
 
-Features (``F = T + 15``), in order:
+Features (``F = T + 15``, plus one per laddered role on a model ladder), in order:
 
 =========================  ==========================================================
 name                       value at round t (0 on padding rounds)
