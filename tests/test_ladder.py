@@ -139,8 +139,8 @@ def test_rung_price_features_by_hand():
     """The rung-price features (envs/replay/features.py): round t's price_in + price_out over the role's
     dearest rung, 0 on padding rounds, after the T + 15 others; by hand from RUNGS and GUIDES, and the
     plain-Python reference featuriser on every round of every question."""
-    from envs.replay.env import make_env_params
-    from envs.replay.features import feature_names
+    from envs.replay.env import make_env_params, raw_rounds
+    from envs.replay.features import build_features, feature_names
     from envs.replay.reference import reference_features
 
     base = [0.06 / 1.8, 0.8 / 1.8, 0.8 / 1.8, 1.0]  # (0.02 + 0.04), (0.2 + 0.6) twice, (0.9 + 0.9)
@@ -161,6 +161,10 @@ def test_rung_price_features_by_hand():
         assert (~mask).any()  # padding rounds were checked
         ref = np.array([reference_features(c, q) for q in range(c.n_questions)])
         np.testing.assert_allclose(obs, ref, rtol=1e-5, atol=1e-6)
+        # raw_rounds gives [Q, T] rung prices like every raw field: any leading shape featurises the same
+        two = {k: v.reshape(2, -1, c.T) for k, v in raw_rounds(c).items()}
+        ladder = ("base", "guide") if guides else ("base",)
+        assert np.array_equal(np.asarray(build_features(two, c.T, ladder)).reshape(obs.shape), obs)
     # a guide ladder alone, and a ladder of free rungs (all 0)
     one = generate("hotpotqa-llama2", 20, 2)
     free = tuple(ModelInfo(f"local-{t}") for t in range(one.T))

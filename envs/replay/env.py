@@ -76,7 +76,8 @@ def raw_rounds(cache: ResponseCache) -> dict[str, np.ndarray]:
         "round_mask", "guide_verdict", "guide_uncertainty", "base_confidence", "base_answer",
         "guide_answer", "guide_tokens_in", "guide_tokens_out", "base_tokens_in", "base_tokens_out")}
     raw["round_cost_cents"] = cache.round_cost_cents()
-    raw.update(ladder_raw(*cache_models(cache)))  # a ladder's rung prices ([T]); nothing on one model
+    # a ladder's rung prices, [Q, T] like the rest; nothing on one model
+    raw.update({k: np.broadcast_to(v, raw["round_mask"].shape).copy() for k, v in ladder_raw(*cache_models(cache)).items()})
     return raw
 
 
