@@ -324,10 +324,9 @@ def test_exported_router_routes_rounds_without_guide(tmp_path):
     from ccpo_jax.ccpo.policy_store import save_policies
     from ccpo_jax.core.networks import policy_net
     from ccpo_jax.serving import Router, RouterInputError
-    from envs.replay.features import n_features
-
     c = _cascade(60, 3)
-    p = policy_net().init(jax.random.PRNGKey(5), jnp.zeros((n_features(c.T),), jnp.float32))
+    F = make_env_params(c).F  # T + 16: the cascade's base ladder has its rung-price feature
+    p = policy_net().init(jax.random.PRNGKey(5), jnp.zeros((F,), jnp.float32))
     state = types.SimpleNamespace(policy=jax.tree.map(lambda x: np.asarray(x)[None, None, None], p),
                                   kappa=np.array([[[0.2]]], np.float32))
     save_policies(tmp_path / "run" / "policies", TrainConfig(), [Variant("CCPO (lambda=0)", True, 0.0)], state,

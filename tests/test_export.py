@@ -117,7 +117,7 @@ def test_manifest_contents(run, router):
 
     m = router.manifest
     meta = json.loads((run.run_dir / "policies" / "ccpo-lambda-0" / "policy.json").read_text())
-    assert m["format_version"] == 1 and m["policy"]["row"] == "CCPO (lambda=0)"
+    assert m["format_version"] == 2 and m["policy"]["row"] == "CCPO (lambda=0)"
     assert m["kappa"] == run.kappa and m["alpha"] == 0.1 and m["T"] == run.T
     assert m["features"]["names"] == list(feature_names(run.T)) and m["features"]["scales"] == SCALES
     assert m["actions"] == ["base", "guide", "next"]
@@ -173,7 +173,7 @@ def _copy(run, tmp_path) -> Path:
     ("manifest_space", None),  # reformatting the JSON keeps its content: accepted
     ("missing_module", "policy.jaxexport: missing"),
     ("missing_manifest", "manifest.json: missing"),
-    ("version", "format_version 2 is not supported"),
+    ("version", r"format_version 3 is not supported by this build \(reads \[1, 2\]\)"),
     ("format", "format is 'other'"),
     ("not_json", "not valid JSON"),
 ])
@@ -201,7 +201,7 @@ def test_tampered_artifact_refused(run, tmp_path, tamper, match):
     elif tamper in ("version", "format"):
         # A consistent manifest (checksum recomputed) of another version/format is still refused.
         if tamper == "version":
-            man["format_version"] = 2
+            man["format_version"] = 3  # a future version
         else:
             man["format"] = "other"
         man["manifest_sha256"] = manifest_checksum(man)

@@ -44,7 +44,7 @@ from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES, Calibration, gua
 from ccpo_jax.core.networks import masked_probs, policy_net
 from ccpo_jax.errors import UserError
 from ccpo_jax.serving import Router
-from envs.replay.features import RAW_KEYS, SCALES, feature_names, n_features
+from envs.replay.features import RAW_KEYS, SCALES, feature_names, ladder_roles, rung_feature
 from envs.cache.normalise import NORMALISATION
 from envs.cache.atomic import atomic_dir
 from envs.cache.schema import ACTION_NAMES, N_ACTIONS
@@ -135,16 +135,32 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def policy_ladder(meta: dict) -> tuple[str, ...]:
+    """The laddered roles of a saved policy's cache (its rung-price features), from ``models``."""
+    models = meta.get("models") or {}
+    return ladder_roles(models.get("base"), models.get("guide"))
+
+
+def policy_features(meta: dict, policy_dir: Path) -> list[str]:
+    """The feature names of this build for the saved policy's cache; refused if the policy was
+    trained on others (before its parameters meet a module of another width)."""
+    T, ladder = int(meta["T"]), policy_ladder(meta)
+    fnames = list(feature_names(T, ladder))
+    if list(meta.get("feature_names", fnames)) != fnames:
+        raise UserError(
+            f"{policy_dir}/policy.json: feature_names differ from envs.replay.features.feature_names({T}, {ladder}) "
+            "of this build; the policy was trained with another featuriser (a ladder run saved before the rung "
+            "features: re-run reproduce)"
+        )
+    return fnames
+
+
 def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], policy_dir: Path,
                    run_dir: Path, module_info: dict) -> dict:
     """Everything a serving layer needs, except ``files`` and ``manifest_sha256`` (added by the writer)."""
     T = int(meta["T"])
-    fnames = list(feature_names(T))
-    if list(meta.get("feature_names", fnames)) != fnames:
-        raise UserError(
-            f"{policy_dir}/policy.json: feature_names differ from envs.replay.features.feature_names({T}) of this build; "
-            "the policy was trained with another featuriser"
-        )
+    ladder = policy_ladder(meta)
+    fnames = policy_features(meta, policy_dir)
     results = {}
     rpath = run_dir / "results.json"
     if rpath.is_file():
@@ -178,7 +194,9 @@ def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], polic
             "names": fnames,
             "dtype": "float32",
             "builder": "envs.replay.features.build_features (raw [.., T] -> [.., T, F]); documented in envs/replay/features.py",
-            "raw_keys": list(RAW_KEYS),
+            "raw_keys": list(RAW_KEYS) + [rung_feature(r) for r in ladder],
+            **({"rung_price": "price_in + price_out of round t's model / the largest over the role's rungs "
+                              "(0 if all are free); per role of a ladder"} if ladder else {}),
             "scales": dict(SCALES),
             "cumulative_transform": "log1p(cumulative sum / scale)",
             "missing_unit_value": 0.5,
@@ -322,7 +340,7 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
         elif cal and cal["degenerate"]:
             echo(f"warning: exporting a degenerate router (forced): {_why_degenerate(meta)}")
 
-    F = n_features(int(meta["T"]))
+    F = len(policy_features(meta, policy_dir))
     blob, names, leaves = export_module(params, meta["hidden"], F)
 
     exp = jax_export.deserialize(bytearray(blob))

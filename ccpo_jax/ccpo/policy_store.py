@@ -22,7 +22,7 @@ from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.core.networks import policy_net
 from envs.cache.atomic import atomic_write_bytes, atomic_write_text
 from envs.cache.schema import ACTION_NAMES
-from envs.replay.features import feature_names, n_features
+from envs.replay.features import feature_names, ladder_roles, n_features
 
 POLICIES_DIR = "policies"
 POLICY_PARAMS = "params.msgpack"
@@ -80,7 +80,7 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
             "T": int(m.T),
             "hidden": list(cfg.hidden),
             "actions": list(ACTION_NAMES),
-            "feature_names": list(feature_names(m.T)),
+            "feature_names": list(feature_names(m.T, ladder_roles(m.models_of("base"), m.models_of("guide")))),
             "cache": {"name": m.name, "provenance": m.provenance, "checksum": m.checksum or cache.checksum()},
             "models": m.to_dict()["models"],  # a ladder: one entry per round
             "train_config": dict(dataclasses.asdict(cfg), alpha=float(var.alpha)),  # the policy's alpha (Variant.alpha)
@@ -100,6 +100,11 @@ def load_policy(path: Path) -> tuple[Any, dict]:
     path = Path(path)
     meta = json.loads((path / POLICY_META).read_text())
     net = policy_net(tuple(meta["hidden"]))
-    template = net.init(jax.random.PRNGKey(0), jnp.zeros((n_features(meta["T"]),), jnp.float32))
+    # the features the policy was trained on (a ladder's rung prices included)
+    F = len(meta["feature_names"]) if "feature_names" in meta else n_features(meta["T"])
+    template = net.init(jax.random.PRNGKey(0), jnp.zeros((F,), jnp.float32))
     params = serialization.from_bytes(template, (path / POLICY_PARAMS).read_bytes())
+    shapes = jax.tree.map(np.shape, params), jax.tree.map(np.shape, template)
+    if shapes[0] != shapes[1]:  # from_bytes takes any shapes: a policy of another width than its features
+        raise ValueError(f"{POLICY_PARAMS} does not fit the {F} features of {POLICY_META} (shapes {shapes[0]})")
     return params, meta

@@ -27,9 +27,13 @@ import numpy as np
 from ccpo_jax.errors import UserError
 
 FORMAT_NAME = "ccpo-jax-router"
-FORMAT_VERSION = 1
-#: Versions this build reads.
-SUPPORTED_VERSIONS = (1,)
+#: 2: a ladder's router has its rung-price features (envs/replay/features.py; docs/export.md). A
+#: one-model router is the same in both versions.
+FORMAT_VERSION = 2
+#: Versions this build reads (1: a ladder's router without the rung-price features, as exported).
+SUPPORTED_VERSIONS = (1, 2)
+#: The first version whose routers have a ladder's rung-price features.
+RUNG_FEATURES_SINCE = 2
 MANIFEST = "manifest.json"
 MODULE_FILE = "policy.jaxexport"
 PARAMS_FILE = "params.npz"

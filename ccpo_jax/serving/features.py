@@ -35,7 +35,7 @@ import numpy as np
 
 from ccpo_jax.serving.artifact import RouterInputError
 from envs.cache.schema import round_cost_cents_of
-from envs.replay.features import available_actions, build_features
+from envs.replay.features import available_actions, build_features, ladder_raw
 from envs.cache.jsonl import json_type_name
 from envs.cache.values import CASCADE_NO_GUIDE, NO_GUIDE_ROUND
 from envs.cache.normalise import normalise_answer
@@ -130,13 +130,15 @@ def parse_request(rounds: Any, can_continue: Any, T: int, ctx: str,
 
 
 def raw_arrays(parsed: Sequence[tuple[dict[str, list], list, bool]], T: int,
-               base: Any, guide: Any) -> tuple[dict[str, np.ndarray], np.ndarray]:
+               base: Any, guide: Any, ladder: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """``[B, T]`` raw arrays (:data:`envs.replay.features.RAW_KEYS`) and the 0-based last round ``[B]``.
 
     A request that may continue gets one placeholder round after its last one
     (zeros, id -1), so ``round_mask`` says "round t+1 exists", as in the cache;
     no feature of round t reads round t+1's values. ``base``, ``guide``: a ``ModelInfo``, or a
-    ladder of T (round t's model).
+    ladder of T (round t's model). ``ladder``: the roles whose rung prices the router's features
+    hold (``Router.ladder``; none for a version-1 artefact), from the same
+    :func:`envs.replay.features.ladder_raw` as the replay env's.
     """
     B = len(parsed)
     a = {
@@ -158,17 +160,19 @@ def raw_arrays(parsed: Sequence[tuple[dict[str, list], list, bool]], T: int,
             a[k][i, :n] = v
     # The cache's own cost formula, on these arrays and the manifest's (per-round) prices.
     a["round_cost_cents"] = round_cost_cents_of(a, base, guide)
+    for k, v in ladder_raw(base, guide, ladder).items():
+        a[k] = np.broadcast_to(v, (B, T)).copy()  # [B, T]: padded along the batch as the rest
     return a, last
 
 
-def _obs_at(raw: dict, last: jax.Array, T: int, has_guide: bool):
-    obs = build_features(raw, T)  # [B, T, F]
+def _obs_at(raw: dict, last: jax.Array, T: int, has_guide: bool, ladder: tuple[str, ...]):
+    obs = build_features(raw, T, ladder)  # [B, T, F]
     avail = available_actions(raw["round_mask"], has_guide)  # [B, T, 3]
     rows = jnp.arange(last.shape[0])
     return obs[rows, last], avail[rows, last]
 
 
-_obs_at_jit = jax.jit(_obs_at, static_argnums=(2, 3))
+_obs_at_jit = jax.jit(_obs_at, static_argnums=(2, 3, 4))
 
 
 def bucket(n: int) -> int:
@@ -177,11 +181,12 @@ def bucket(n: int) -> int:
 
 
 def observe(raw: dict[str, np.ndarray], last: np.ndarray, T: int,
-            has_guide: bool = True) -> tuple[np.ndarray, np.ndarray]:
+            has_guide: bool = True, ladder: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
     """(obs ``[B, F]`` float32, available ``[B, 3]`` bool) at each request's last round (``has_guide``
-    False: a cascade, "guide" never available)."""
+    False: a cascade, "guide" never available; ``ladder``: the roles with rung-price features)."""
     B = last.shape[0]
     P = bucket(B)
     pad = {k: np.concatenate([v, np.zeros((P - B, T), v.dtype)]) for k, v in raw.items()}
-    obs, avail = _obs_at_jit(pad, np.concatenate([last, np.zeros(P - B, np.int32)]), T, bool(has_guide))
+    obs, avail = _obs_at_jit(pad, np.concatenate([last, np.zeros(P - B, np.int32)]), T, bool(has_guide),
+                             tuple(ladder))
     return np.asarray(obs)[:B], np.asarray(avail)[:B]

@@ -14,8 +14,9 @@ import jax
 import numpy as np
 
 from ccpo_jax.serving import features as feats
-from ccpo_jax.serving.artifact import BLOCK_ROWS, ArtifactError, RouterInputError, read_verified
+from ccpo_jax.serving.artifact import BLOCK_ROWS, RUNG_FEATURES_SINCE, ArtifactError, RouterInputError, read_verified
 from envs.cache.schema import ACTION_NAMES, N_ACTIONS, ModelInfo
+from envs.replay.features import feature_names, ladder_roles
 
 
 def bucket_sizes(max_rows: int = BLOCK_ROWS) -> tuple[int, ...]:
@@ -43,6 +44,14 @@ def _rungs(manifest: Mapping, role: str) -> list[tuple[str, Mapping]]:
     if m is None and role == "guide":
         return []
     return [(f"[{t}]", x) for t, x in enumerate(m)] if isinstance(m, list) else [("", m)]
+
+
+def feature_ladder(manifest: Mapping) -> tuple[str, ...]:
+    """The roles whose rung prices are features of this artefact's router: the laddered roles from
+    format version 2 on; none before (a version-1 router of a ladder was trained without them)."""
+    if manifest["format_version"] < RUNG_FEATURES_SINCE:
+        return ()
+    return ladder_roles(manifest["models"]["base"], manifest["models"]["guide"])
 
 
 def _models(manifest: Mapping, role: str) -> ModelInfo | tuple[ModelInfo, ...] | None:
@@ -153,14 +162,14 @@ class Router:
         self._base, self._guide = (_models(manifest, r) for r in ("base", "guide"))
         #: False for a guide-less cascade's router: rounds have no guide object and "guide" is never in a set.
         self.has_guide = self._guide is not None
+        #: The roles whose rung prices the features hold (:func:`feature_ladder`).
+        self.ladder = feature_ladder(manifest)
 
     # -- loading ----------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path) -> "Router":
         """Load and verify an artefact written by ``ccpo-jax export`` (raises :class:`ArtifactError`)."""
         from jax import export as jax_export
-
-        from envs.replay.features import feature_names
 
         manifest, module, arrays = read_verified(path)
         where = f"{Path(path)}/manifest.json"
@@ -179,10 +188,11 @@ class Router:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ArtifactError(f"{where}: missing or malformed field ({e!r})") from None
         _check_manifest_values(manifest, where)
-        if names != list(feature_names(T)) or fs.get("count") != len(names):
+        ladder = feature_ladder(manifest)
+        if names != list(feature_names(T, ladder)) or fs.get("count") != len(names):
             # The featuriser of this build differs from the one the policy was trained with.
             raise ArtifactError(
-                f"{where}: features.names do not match envs.replay.features.feature_names({T}) of this build; "
+                f"{where}: features.names do not match envs.replay.features.feature_names({T}, {ladder}) of this build; "
                 "the policy was trained on other features (re-export with a matching ccpo-jax)"
             )
         if tuple(manifest.get("actions", ())) != ACTION_NAMES:
@@ -298,8 +308,8 @@ class Router:
             parsed.append(feats.parse_request(req["rounds"], req.get("can_continue"), self.T, ctx, self.has_guide))
         if not parsed:
             return np.zeros((0, self.F), np.float32), np.zeros((0, N_ACTIONS), bool), parsed
-        raw, last = feats.raw_arrays(parsed, self.T, self._base, self._guide)
-        obs, avail = feats.observe(raw, last, self.T, self.has_guide)
+        raw, last = feats.raw_arrays(parsed, self.T, self._base, self._guide, self.ladder)
+        obs, avail = feats.observe(raw, last, self.T, self.has_guide, self.ladder)
         return obs, avail, parsed
 
     def kappa_for(self, group: Any, where: str = "request") -> tuple[np.float32, str]:

@@ -44,7 +44,7 @@ import numpy as np
 from flax import struct
 
 from envs.cache.schema import A_BASE, A_GUIDE, A_NEXT, N_ACTIONS, ResponseCache
-from envs.replay.features import available_actions, build_features, n_features
+from envs.replay.features import available_actions, build_features, ladder_raw, ladder_roles, n_features
 
 
 @struct.dataclass
@@ -76,18 +76,27 @@ def raw_rounds(cache: ResponseCache) -> dict[str, np.ndarray]:
         "round_mask", "guide_verdict", "guide_uncertainty", "base_confidence", "base_answer",
         "guide_answer", "guide_tokens_in", "guide_tokens_out", "base_tokens_in", "base_tokens_out")}
     raw["round_cost_cents"] = cache.round_cost_cents()
+    # a ladder's rung prices, [Q, T] like the rest; nothing on one model
+    raw.update({k: np.broadcast_to(v, raw["round_mask"].shape).copy() for k, v in ladder_raw(*cache_models(cache)).items()})
     return raw
 
 
-_build_features_jit = jax.jit(build_features, static_argnums=1)  # one compile per shape, not one per op
+def cache_models(cache: ResponseCache) -> tuple:
+    """(base, guide) of the cache: a ModelInfo, a ladder's tuple, or None (a cascade's guide)."""
+    m = cache.manifest
+    return m.models_of("base"), m.models_of("guide")
+
+
+_build_features_jit = jax.jit(build_features, static_argnums=(1, 2))  # one compile per shape, not one per op
 
 
 def make_env_params(cache: ResponseCache) -> EnvParams:
     """Featurise a cache and move it to the default device."""
     a, T = cache.arrays, cache.T
     raw = raw_rounds(cache)
+    ladder = ladder_roles(*cache_models(cache))
     return EnvParams(
-        obs=_build_features_jit(raw, T),
+        obs=_build_features_jit(raw, T, ladder),
         available=available_actions(a["round_mask"], cache.manifest.has_guide),
         cost=jnp.asarray(raw["round_cost_cents"], jnp.float32),
         base_answer=jnp.asarray(a["base_answer"], jnp.int32),
@@ -99,7 +108,7 @@ def make_env_params(cache: ResponseCache) -> EnvParams:
         unsolvable=jnp.asarray(cache.unsolvable),
         guide_uncertainty=jnp.asarray(a["guide_uncertainty"], jnp.float32),
         T=T,
-        F=n_features(T),
+        F=n_features(T, ladder),
     )
 
 

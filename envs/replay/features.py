@@ -9,7 +9,7 @@ policy acts at round t: round t's base answer and guide judgment exist and
 round t's cost is paid. No ``*_correct`` flag and no gold answer is ever read,
 so the same code featurises raw rounds at serving time.
 
-Features (``F = T + 15``), in order:
+Features (``F = T + 15``, plus one per laddered role on a model ladder), in order:
 
 =========================  ==========================================================
 name                       value at round t (0 on padding rounds)
@@ -30,7 +30,15 @@ name                       value at round t (0 on padding rounds)
 ``cum_base_tokens_in``     log1p(sum of base prompt tokens / 1000)
 ``cum_base_tokens_out``    log1p(sum of base completion tokens / 100)
 ``cum_cost_cents``         log1p(10 * API cost of rounds 1..t in cents)
+``base_rung_price``        a base ladder only: round t's base price / the ladder's top price
+``guide_rung_price``       a guide ladder only: the same for the guide's rungs
 =========================  ==========================================================
+
+A model ladder (docs/caches.md "Model ladders") gets one feature per laddered role, after the
+others, so one policy serves every rung: ``price_in + price_out`` of round t's model divided by the
+largest such sum over that role's T rungs (:func:`rung_prices`), in [0, 1] (0 if every rung is
+free), 0 on padding rounds. The rung's position is already the round one-hot (round t is rung t).
+A one-model cache has neither feature: its ``F = T + 15`` and every value are unchanged.
 
 A guide-less cascade (``models.guide: null``) has no guide call: its guide arrays hold the
 "no call" values (answer id -1, verdict False, tokens 0, uncertainty NaN), so the guide
@@ -40,10 +48,11 @@ features take their missing values: verdict 0, uncertainty 0.5 with ``has_guide_
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 #: Keys of ``raw`` read by :func:`build_features` (all ``[..., T]``).
 RAW_KEYS = (
@@ -88,13 +97,53 @@ _TAIL = (
 )
 
 
-def feature_names(T: int) -> tuple[str, ...]:
-    """Names of the ``F = T + 15`` features, in the order of the last axis of :func:`build_features`."""
-    return tuple(f"round_{t + 1}" for t in range(T)) + _TAIL
+#: The roles a model ladder may price per round, in the order of their rung features.
+LADDER_ROLES = ("base", "guide")
 
 
-def n_features(T: int) -> int:
-    return T + len(_TAIL)
+def rung_feature(role: str) -> str:
+    """The name of ``role``'s rung-price feature (and of its raw key)."""
+    return f"{role}_rung_price"
+
+
+def ladder_roles(base: Any, guide: Any) -> tuple[str, ...]:
+    """The roles whose models are a ladder: ``base`` / ``guide`` is one model (a ``ModelInfo`` or a
+    manifest's model dict), None (a cascade's guide) or a ladder (a list or tuple, one per round)."""
+    return tuple(r for r, m in zip(LADDER_ROLES, (base, guide)) if isinstance(m, (list, tuple)))
+
+
+def rung_prices(rungs: Sequence[Any]) -> np.ndarray:
+    """float32 ``[T]``: each rung's ``price_in + price_out`` over the largest such sum of the ladder
+    (``rungs``: ModelInfo-like, one per round); all 0 if every rung is free. A blended price per
+    token: what the rung costs relative to the ladder's top, whatever the token mix."""
+    blended = np.asarray([float(m.price_in) + float(m.price_out) for m in rungs], np.float64)
+    top = blended.max(initial=0.0)
+    return (blended / top if top > 0 else np.zeros_like(blended)).astype(np.float32)
+
+
+def ladder_raw(base: Any, guide: Any, roles: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """The raw ``[T]`` rung-price arrays of a ladder's roles (``{}`` for one-model caches), for
+    :func:`build_features`; ``base`` / ``guide``: a ``ModelInfo`` or a tuple of T (``Manifest.models_of``).
+    ``roles``: only these (default: every laddered role)."""
+    return {rung_feature(r): rung_prices(m) for r, m in zip(LADDER_ROLES, (base, guide))
+            if r in ladder_roles(base, guide) and (roles is None or r in roles)}
+
+
+def feature_names(T: int, ladder: Sequence[str] = ()) -> tuple[str, ...]:
+    """Names of the ``F`` features, in the order of the last axis of :func:`build_features`:
+    ``T + 15``, plus one per laddered role of ``ladder`` (:func:`ladder_roles`)."""
+    return tuple(f"round_{t + 1}" for t in range(T)) + _TAIL + tuple(rung_feature(r) for r in _roles(ladder))
+
+
+def n_features(T: int, ladder: Sequence[str] = ()) -> int:
+    return T + len(_TAIL) + len(_roles(ladder))
+
+
+def _roles(ladder: Sequence[str]) -> tuple[str, ...]:
+    bad = [r for r in ladder if r not in LADDER_ROLES]
+    if bad:
+        raise ValueError(f"ladder roles must be among {LADDER_ROLES}, got {bad}")
+    return tuple(r for r in LADDER_ROLES if r in ladder)  # one order whatever the caller's
 
 
 def _next_exists(mask: jax.Array) -> jax.Array:
@@ -121,14 +170,17 @@ def distinct_so_far(base_answer: jax.Array, guide_answer: jax.Array, mask: jax.A
     return count[..., 1::2]  # after round t's guide slot
 
 
-def build_features(raw: Mapping[str, Any], T: int) -> jax.Array:
+def build_features(raw: Mapping[str, Any], T: int, ladder: Sequence[str] = ()) -> jax.Array:
     """Observation features ``[..., T, F]`` from raw per-round fields ``[..., T]`` (see module doc).
 
     ``raw`` holds :data:`RAW_KEYS` (NumPy or JAX arrays); extra keys are
-    ignored, so a dict of cache arrays plus ``round_cost_cents`` works.
-    Pure ``jnp``: jit- and vmap-able; padding rounds get all-zero features.
+    ignored, so a dict of cache arrays plus ``round_cost_cents`` works. ``ladder``: the laddered
+    roles (:func:`ladder_roles`); ``raw`` then holds each one's ``<role>_rung_price`` (``[T]`` or
+    ``[..., T]``, :func:`ladder_raw`). Pure ``jnp``: jit- and vmap-able (``ladder`` static);
+    padding rounds get all-zero features.
     """
-    missing = [k for k in RAW_KEYS if k not in raw]
+    roles = _roles(ladder)
+    missing = [k for k in RAW_KEYS + tuple(rung_feature(r) for r in roles) if k not in raw]
     if missing:
         raise KeyError(f"build_features: raw lacks {', '.join(missing)}")
     f32 = jnp.float32
@@ -164,7 +216,7 @@ def build_features(raw: Mapping[str, Any], T: int) -> jax.Array:
         jnp.log1p(jnp.cumsum(get("base_tokens_in"), -1) / SCALES["cum_base_tokens_in"]),
         jnp.log1p(jnp.cumsum(get("base_tokens_out"), -1) / SCALES["cum_base_tokens_out"]),
         jnp.log1p(jnp.cumsum(get("round_cost_cents"), -1) / SCALES["cum_cost_cents"]),
-    ]
+    ] + [jnp.broadcast_to(jnp.asarray(raw[rung_feature(r)], f32), mask.shape) * m for r in roles]
     feats = jnp.concatenate([onehot, jnp.stack(tail, axis=-1)], axis=-1)
     return feats * m[..., None]
 

@@ -26,12 +26,19 @@ def reference_features(cache: ResponseCache, q: int) -> list[list[float]]:
     a, T = cache.arrays, cache.T
     cost = cache.round_cost_cents()
     n = int(sum(bool(x) for x in a["round_mask"][q]))
+    # a ladder's rung prices: round t's price_in + price_out over the role's dearest rung (0 if all free)
+    man = cache.manifest
+    rung = []
+    for lad in (man.base_ladder, man.guide_ladder):
+        if lad:
+            top = max(m.price_in + m.price_out for m in lad)
+            rung.append([(m.price_in + m.price_out) / top if top > 0 else 0.0 for m in lad])
     rows = []
     seen: list[int] = []
     cum = {"gi": 0.0, "go": 0.0, "bi": 0.0, "bo": 0.0, "c": 0.0}
     for t in range(T):
         if t >= n:
-            rows.append([0.0] * (T + 15))
+            rows.append([0.0] * (T + 15 + len(rung)))
             continue
         b, g = int(a["base_answer"][q, t]), int(a["guide_answer"][q, t])
         for x in (b, g):
@@ -62,6 +69,7 @@ def reference_features(cache: ResponseCache, q: int) -> list[list[float]]:
             math.log1p(cum["bo"] / 100.0),
             math.log1p(cum["c"] * 10.0),
         ]
+        row += [r[t] for r in rung]
         rows.append(row)
     return rows
 
