@@ -27,11 +27,11 @@ def build_artefact(root: Path, scale: float = 300.0, seed: int = 5, kappa: float
     from ccpo_jax.ccpo.export import export_router
     from ccpo_jax.ccpo.policy_store import save_policies
     from ccpo_jax.core.networks import policy_net
-    from envs.replay.features import n_features
+    from envs.replay.env import make_env_params
     from envs.generators.synthetic import generate
 
     cache = generate("hotpotqa-llama2", 60, 3) if cache is None else cache
-    p = policy_net().init(jax.random.PRNGKey(seed), jnp.zeros((n_features(cache.T),), jnp.float32))
+    p = policy_net().init(jax.random.PRNGKey(seed), jnp.zeros((make_env_params(cache).F,), jnp.float32))
     p = jax.tree_util.tree_map_with_path(
         lambda path, x: x * scale if "Dense_3" in jax.tree_util.keystr(path) else x, p)
     stack = jax.tree.map(lambda a: np.asarray(a)[None, None, None], p)

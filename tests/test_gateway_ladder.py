@@ -47,8 +47,8 @@ def _ladder_cache(cascade: bool):
 
 @pytest.fixture(scope="module")
 def ladder_art(tmp_path_factory):
-    # (seed 3: this random policy goes on to the top rung on most questions and stops earlier on one)
-    return build_artefact(tmp_path_factory.mktemp("gwl"), seed=3, cache=_ladder_cache(False))
+    # (seed 0: this random policy, over the 20 features of a ladder, goes on to the top rung on most questions and stops earlier on one)
+    return build_artefact(tmp_path_factory.mktemp("gwl"), seed=0, cache=_ladder_cache(False))
 
 
 @pytest.fixture(scope="module")
