@@ -66,6 +66,16 @@ GPT_UALA_FILE = "outputs/HotpotQA/chatgpt-hotpotqa-dev-uala.jsonl"
 GPT_REACT_FILE = "outputs/HotpotQA/chatgpt-hotpotqa-dev-react.jsonl"
 UALA_THRESHOLD = 1.79
 
+#: Provenance shared by both imports of these runs.
+_SOURCE = {
+    "kind": "real",
+    "source": (
+        f"Hiro-221/Uncertainty-Aware-Language-Agent @cec94ef9, {LLAMA_FILE}; "
+        f"Jiuzhouh/Uncertainty-Aware-Language-Agent @f227a04a, {GPT_UALA_FILE} and {GPT_REACT_FILE}"
+    ),
+    "license": "MIT (outputs); HotpotQA questions CC BY-SA 4.0",
+}
+
 _MEASURE = re.compile(r"^Action 1: MeasureUncertainty \[(.*?)\]\s*$", re.M | re.S)
 _UNC = re.compile(r"Answer.s uncertainty is ([0-9.]+)")
 
@@ -222,12 +232,7 @@ def load_hotpotqa(src: Path) -> ResponseCache:
         gold.append(gt)
         rounds.append(rs)
     prov = {
-        "kind": "real",
-        "source": (
-            f"Hiro-221/Uncertainty-Aware-Language-Agent @cec94ef9, {LLAMA_FILE}; "
-            f"Jiuzhouh/Uncertainty-Aware-Language-Agent @f227a04a, {GPT_UALA_FILE} and {GPT_REACT_FILE}"
-        ),
-        "license": "MIT (outputs); HotpotQA questions CC BY-SA 4.0",
+        **_SOURCE,
         "protocol": "two-round cascade of two independent agents (round 1 CoT, round 2 ReAct with Wikipedia, "
         "present only where the Llama UALA run escalated), not the CCPO multi-round judge protocol",
         "base": f"{BASE} (UALA run: CoT answer, then its ReAct/tool answer when escalated)",
@@ -286,12 +291,7 @@ def load_hotpotqa_ladder(src: Path) -> ResponseCache:
     guide = model_info(GUIDE)
     rungs = (model_info(BASE), guide, ModelInfo(REACT_RUNG, guide.price_in, guide.price_out))
     prov = {
-        "kind": "real",
-        "source": (
-            f"Hiro-221/Uncertainty-Aware-Language-Agent @cec94ef9, {LLAMA_FILE}; "
-            f"Jiuzhouh/Uncertainty-Aware-Language-Agent @f227a04a, {GPT_UALA_FILE} and {GPT_REACT_FILE}"
-        ),
-        "license": "MIT (outputs); HotpotQA questions CC BY-SA 4.0",
+        **_SOURCE,
         "protocol": LADDER_PROTOCOL,
         "rungs": f"1 {BASE} CoT; 2 {GUIDE} CoT; 3 {GUIDE} ReAct with Wikipedia (its separate ReAct run)",
         "confidence": "rungs 1-2: exp(-u) of the CoT answer's UALA score u (ln k-valued, so 1/k); rung 3: none",
