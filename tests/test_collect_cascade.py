@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts
+from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts, write_questions
 from conftest import run_cli
 
 EPOCH = "1796083200"
@@ -39,8 +39,7 @@ def server():
 @pytest.fixture(scope="module")
 def questions_file(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("q") / "questions.jsonl"
-    p.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "gold": s.gold}) + "\n"
-                         for i, (q, s) in enumerate(SCRIPTS.items())))
+    write_questions(p, len(SCRIPTS))
     return p
 
 

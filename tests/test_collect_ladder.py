@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts
+from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts, write_questions
 from conftest import run_cli
 
 SCRIPTS = make_scripts(8)
@@ -25,8 +25,7 @@ def server():
 @pytest.fixture(scope="module")
 def questions_file(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("q") / "questions.jsonl"
-    p.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "gold": s.gold}) + "\n"
-                         for i, (q, s) in enumerate(SCRIPTS.items())))
+    write_questions(p, len(SCRIPTS))
     return p
 
 
