@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ccpo_jax.collect.client import Endpoint, Reply, RetryPolicy
-from ccpo_jax.gateway.engine import Batcher, Caps, CapTooSmall, Decider, Outcome, ProtocolConfig, run_protocol
+from ccpo_jax.gateway.engine import Batcher, Caps, Decider, Outcome, ProtocolConfig, run_protocol
 from ccpo_jax.gateway.journal import FeedbackError, Journal, journal_manifest
 from ccpo_jax.gateway.metrics import Metrics
 from ccpo_jax.gateway.online import CoverageState
