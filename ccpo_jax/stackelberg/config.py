@@ -100,6 +100,9 @@ class LeaderPPOConfig:
     hidden: tuple[int, ...] = (64, 64)
     lr: float = 2e-3
     """Adam step (at 3e-4 the 200 iterations moved the squashed policy's logits too little to reach a corner)."""
+    anneal_lr: bool = False
+    """Anneal Adam's step linearly from ``lr`` to 0 over ``iterations`` (standard PPO practice, CleanRL's
+    ``anneal_lr``); False: the constant step (docs/stackelberg.md, "The learners' last mile")."""
     epochs: int = 4
     minibatches: int = 4
     gamma: float = 0.95

@@ -51,14 +51,30 @@ class PPOState:
     step: jax.Array
 
 
+def leader_lr(cfg: LeaderPPOConfig):
+    """Adam's step: ``cfg.lr``, or with ``cfg.anneal_lr`` lr x (1 - i / iterations) in iteration i (0-based;
+    constant within an iteration's epochs x minibatches updates, reaching 0 after the last; clamped at 0
+    if run past ``cfg.iterations``). Optax counts updates in the optimiser state, so the schedule
+    carries across the pipeline's chunks and a resumed run."""
+    if not cfg.anneal_lr:
+        return cfg.lr
+    per_iter = cfg.epochs * cfg.minibatches
+
+    def schedule(count):
+        frac = 1.0 - (count // per_iter).astype(jnp.float32) / cfg.iterations
+        return cfg.lr * jnp.maximum(frac, 0.0)
+
+    return schedule
+
+
 def make_ppo(reset: Callable, step: Callable, obs_dim: int, act_dim: int, n_steps: int, cfg: LeaderPPOConfig,
              policy_kind: str = "beta"):
     """Build (policy, init, run) for a fixed-horizon env; see the module docstring."""
     policy = BoxPolicy(act_dim, cfg.hidden, policy_kind)
     critic = mlp(1, cfg.hidden, final_scale=1.0)
-    tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.lr, eps=1e-5))
     N = cfg.n_envs
     mb = N * n_steps // cfg.minibatches
+    tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(leader_lr(cfg), eps=1e-5))
 
     def init(key) -> PPOState:
         k1, k2, k3 = jax.random.split(key, 3)
