@@ -438,6 +438,25 @@ def test_leader_lr_anneals_linearly_to_zero_per_iteration():
         assert all(same) == anneal
 
 
+def test_gail_policy_step_anneals_to_zero():
+    """``gail.anneal_lr``: with one iteration annealed, a second GAIL iteration moves neither the policy nor
+    its critic (the discriminator keeps its own constant step); without it, both move."""
+    from ccpo_jax.stackelberg.config import GAILConfig
+    from ccpo_jax.stackelberg.gail import Demos, make_gail
+
+    rng = np.random.default_rng(0)
+    demos = Demos(obs=jnp.asarray(rng.uniform(size=(64, 5)), jnp.float32), action=jnp.asarray(rng.uniform(size=(64, 3)), jnp.float32),
+                  t_ratio=jnp.ones(64), task=jnp.zeros(64, jnp.int32), clean_action=jnp.zeros((64, 3)))
+    for anneal in (True, False):
+        _, _, init, run = make_gail(5, 3, GAILConfig(iterations=1, batch=32, hidden=(8,), anneal_lr=anneal))
+        f = jax.jit(run, static_argnums=2)
+        one, _ = f(init(jax.random.PRNGKey(0)), demos, 1)
+        two, _ = f(one, demos, 1)
+        same = jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), (one.actor, one.critic), (two.actor, two.critic)))
+        assert all(same) == anneal
+        assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), one.disc, two.disc)))
+
+
 def test_ppo_reaches_a_corner_through_the_output_margin():
     """Bandit with reward l~_1 - l~_2 on the raw leader output l~ = leader_raw(a): its optimum is the
     corner (1, 0), reward 1. The squashed policy's mean a = sigmoid(mu) never reaches a corner, so

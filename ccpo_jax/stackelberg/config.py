@@ -67,6 +67,8 @@ class GAILConfig:
     policy_lr: float = 1e-4
     """Policy Adam step (1e-4: GAIL fine-tunes the BC start, bc_init; at 1e-3 it drifted from 0.015 to 0.030 mean
     absolute action error on seed 0)."""
+    anneal_lr: bool = False
+    """Anneal the policy step linearly from ``policy_lr`` to 0 over ``iterations`` (as LeaderPPOConfig.anneal_lr)."""
     disc_lr: float = 1e-3
     disc_steps: int = 1
     """Discriminator Adam steps per iteration."""

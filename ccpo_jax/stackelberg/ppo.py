@@ -22,7 +22,7 @@ import optax
 from flax import struct
 
 from .config import LeaderPPOConfig
-from .nets import BoxPolicy, clipped_surrogate_loss, mlp
+from .nets import BoxPolicy, clipped_surrogate_loss, linear_anneal, mlp
 
 
 def gae(rewards, values, dones, last_value, gamma: float, lam: float):
@@ -52,19 +52,9 @@ class PPOState:
 
 
 def leader_lr(cfg: LeaderPPOConfig):
-    """Adam's step: ``cfg.lr``, or with ``cfg.anneal_lr`` lr x (1 - i / iterations) in iteration i (0-based;
-    constant within an iteration's epochs x minibatches updates, reaching 0 after the last; clamped at 0
-    if run past ``cfg.iterations``). Optax counts updates in the optimiser state, so the schedule
-    carries across the pipeline's chunks and a resumed run."""
-    if not cfg.anneal_lr:
-        return cfg.lr
-    per_iter = cfg.epochs * cfg.minibatches
-
-    def schedule(count):
-        frac = 1.0 - (count // per_iter).astype(jnp.float32) / cfg.iterations
-        return cfg.lr * jnp.maximum(frac, 0.0)
-
-    return schedule
+    """Adam's step: ``cfg.lr``, or with ``cfg.anneal_lr`` lr x (1 - i / iterations) in iteration i, constant
+    within an iteration's epochs x minibatches updates (:func:`~ccpo_jax.stackelberg.nets.linear_anneal`)."""
+    return linear_anneal(cfg.lr, cfg.iterations, cfg.epochs * cfg.minibatches) if cfg.anneal_lr else cfg.lr
 
 
 def make_ppo(reset: Callable, step: Callable, obs_dim: int, act_dim: int, n_steps: int, cfg: LeaderPPOConfig,
