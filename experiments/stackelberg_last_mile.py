@@ -10,6 +10,9 @@ reads from its results.json, per controller (scalar, task):
 
 * the learned leader's U_L per session minus the best constant's, in the surrogate (what PPO
   maximises) and on grid replay with repair (``leader_oracle.<kind>.<env>.learned.gap_to_constant``);
+* the transfer gap: on replay, the surrogate's best constant minus replay's best constant
+  (``leader_oracle.<kind>.replay.surrogate_constant.gap_to_constant``), the replay gap of a leader
+  that is exactly the surrogate's best constant;
 * the selected GAIL follower's held-out imitation error over the best BC seed's
   (``training.<kind>.imitation_error``).
 
@@ -54,6 +57,9 @@ def read(results: dict) -> dict:
             "surrogate_gap_se": lo["surrogate"]["learned"]["gap_to_constant"]["se"],
             "replay_gap": lo["replay"]["learned"]["gap_to_constant"]["mean"],
             "replay_gap_se": lo["replay"]["learned"]["gap_to_constant"]["se"],
+            "transfer_gap": lo["replay"]["surrogate_constant"]["gap_to_constant"]["mean"],
+            "transfer_gap_se": lo["replay"]["surrogate_constant"]["gap_to_constant"]["se"],
+            "replay_best_constant": lo["replay"]["constant"]["action"],
             "best_constant": lo["surrogate"]["constant"]["action"],
             "gail_error": im["gail"][sel], "bc_error": min(im["bc"]),
             "gail_over_bc": im["gail"][sel] / min(im["bc"]),
@@ -78,12 +84,14 @@ def main(argv=None) -> int:
         print(f"seed {seed}: {json.dumps(rows[seed])}", flush=True)
     lines = [f"SYNTHETIC grid; overrides: {', '.join(a.set) or 'none (the defaults)'}", "",
              "| seed | controller | surrogate: PPO - best constant (se) | replay+repair: PPO - best constant (se) "
-             "| GAIL error / best BC | wall s |", "|---|---|---|---|---|---|"]
+             "| transfer: surrogate's constant - replay's, on replay (se) | GAIL error / best BC | wall s |",
+             "|---|---|---|---|---|---|---|"]
     for seed, r in rows.items():
         for kind in ("scalar", "task"):
             k = r[kind]
             lines.append(f"| {seed} | {kind} | {k['surrogate_gap']:+.4f} ({k['surrogate_gap_se']:.4f}) | "
-                         f"{k['replay_gap']:+.4f} ({k['replay_gap_se']:.4f}) | {k['gail_error']:.4f} / "
+                         f"{k['replay_gap']:+.4f} ({k['replay_gap_se']:.4f}) | "
+                         f"{k['transfer_gap']:+.4f} ({k['transfer_gap_se']:.4f}) | {k['gail_error']:.4f} / "
                          f"{k['bc_error']:.4f} = {k['gail_over_bc']:.2f}x | {r['wall_s']} |")
     print("\n".join(lines))
     (out / "last_mile.json").write_text(json.dumps({"overrides": a.set, "seeds": rows}, indent=2) + "\n")

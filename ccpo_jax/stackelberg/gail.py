@@ -32,7 +32,7 @@ from flax import struct
 from envs.governance.session import N_TASKS, SessionEnv, SessionParams, surrogate_predict
 
 from .config import ExpertConfig, GAILConfig
-from .nets import BoxPolicy, clipped_surrogate_loss, mlp
+from .nets import BoxPolicy, clipped_surrogate_loss, linear_anneal, mlp
 
 
 @struct.dataclass
@@ -184,7 +184,9 @@ def make_gail(obs_dim: int, act_dim: int, cfg: GAILConfig):
     policy = BoxPolicy(act_dim, cfg.hidden, cfg.policy)
     critic = mlp(1, cfg.hidden, final_scale=1.0)
     disc = Discriminator(cfg.hidden)
-    tx_pi = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(cfg.policy_lr))
+    # with anneal_lr: policy_lr x (1 - i / iterations) in iteration i, over its ppo_epochs updates
+    policy_step = linear_anneal(cfg.policy_lr, cfg.iterations, cfg.ppo_epochs) if cfg.anneal_lr else cfg.policy_lr
+    tx_pi = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(policy_step))
     tx_d = optax.adam(cfg.disc_lr)
 
     def init(key) -> GAILState:

@@ -24,7 +24,10 @@ def leader_oracles(cfg: StackelbergConfig, params, ctrls: dict, u_head, key,
     (:func:`ccpo_jax.stackelberg.oracle.oracle_search`) next to the learned and the untrained leader,
     all on the same fresh sessions. Environments: 'surrogate' (the follower's mean action, what the
     leader's PPO maximises) and 'replay' (grid replay, repaired follower actions, as evaluated).
-    Each is chosen within its own environment; the Table 4 reference rows use the surrogate's.
+    Each is chosen within its own environment; the Table 4 reference rows use the surrogate's. With both,
+    replay also scores the surrogate's best constant (``replay.surrogate_constant``, its
+    ``gap_to_constant`` to replay's best: the transfer gap, the replay gap of a leader that is exactly
+    the surrogate's best constant).
     ``modes``: the environments to search (a subset of those two)."""
     oc = cfg.oracle
     cand = leader_candidates(oc.levels)
@@ -40,7 +43,9 @@ def leader_oracles(cfg: StackelbergConfig, params, ctrls: dict, u_head, key,
             env = SessionEnv(dataclasses.replace(cfg.session, state=kind, mode=mode, horizon=horizon), c.env.n_models)
             follower = make_follower(c.policy, cfg, u_head, fmode)
             fol_pp = RolloutParams(fol=c.follower_params)
-            res = oracle_search(env, params, follower, fol_pp, cand, sel_keys, score_keys)
+            # the surrogate's constant on replay: what a learner that is perfect in the surrogate plays there
+            also = {"surrogate_constant": out[kind]["surrogate"]["constant_index"]} if "surrogate" in out[kind] else {}
+            res = oracle_search(env, params, follower, fol_pp, cand, sel_keys, score_keys, also)
             act = make_act(c._replace(env=env), cfg, u_head, fmode)
             run = jax.jit(jax.vmap(lambda lp: rollout_episodes(env, act, score_keys, params, fol_pp._replace(leader=lp))))
             both = jax.tree.map(lambda a, b: jnp.stack([a, b]), c.leader_params, c.leader_init_params)
@@ -48,7 +53,7 @@ def leader_oracles(cfg: StackelbergConfig, params, ctrls: dict, u_head, key,
             for i, name in enumerate(("learned", "untrained")):
                 s = {k: v[i] for k, v in s2.items()}
                 res[name] = {**score(s), "per_session": s}
-            for name in ("learned", "untrained", "table"):
+            for name in ("learned", "untrained", "table", *also):
                 res[name]["gap_to_constant"] = paired_gap(res[name]["per_session"], res["constant"]["per_session"])
             res["learned"]["gap_to_table"] = paired_gap(res["learned"]["per_session"], res["table"]["per_session"])
             out[kind][mode] = res

@@ -81,3 +81,14 @@ def clipped_surrogate_loss(logp_new, logp_old, adv, clip_eps: float):
     """PPO-clip: -E[min(r A, clip(r, 1 -/+ eps) A)], r = exp(logp_new - logp_old). ``[N]`` -> []."""
     ratio = jnp.exp(logp_new - logp_old)
     return -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv))
+
+
+def linear_anneal(lr: float, iterations: int, updates_per_iteration: int):
+    """An optax step schedule: lr x (1 - i / iterations) in iteration i (0-based), constant over its
+    ``updates_per_iteration`` updates, 0 from iteration ``iterations`` on. Optax counts updates in the
+    optimiser state, so the schedule carries across the pipeline's chunks and a resumed run."""
+    def schedule(count):
+        frac = 1.0 - (count // updates_per_iteration).astype(jnp.float32) / iterations
+        return lr * jnp.maximum(frac, 0.0)
+
+    return schedule

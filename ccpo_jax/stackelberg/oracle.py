@@ -109,11 +109,13 @@ def score(s: dict[str, np.ndarray]) -> dict[str, float]:
 
 
 def oracle_search(env: SessionEnv, params: SessionParams, follower: Callable, fol_pp: RolloutParams, cand: np.ndarray,
-                  select_keys, score_keys) -> dict:
+                  select_keys, score_keys, also: dict[str, int] | None = None) -> dict:
     """Best constant and best (task, model) table chosen on ``select_keys`` and scored on ``score_keys``.
 
     Returns the chosen actions and the fresh-session values: ``constant`` and ``table`` each hold
-    ``score()`` fields plus ``per_session`` (the fresh per-session summaries, for paired comparisons)."""
+    ``score()`` fields plus ``per_session`` (the fresh per-session summaries, for paired comparisons);
+    ``constant_index`` is the constant's row of ``cand``. ``also``: name -> a row of ``cand`` to score
+    on the same fresh sessions as well (a constant chosen elsewhere), returned under that name."""
     M = env.n_models
     n_sel = select_keys.shape[0]
     both = candidate_values(env, params, follower, fol_pp, cand, jnp.concatenate([select_keys, score_keys]))  # one program
@@ -127,7 +129,10 @@ def oracle_search(env: SessionEnv, params: SessionParams, follower: Callable, fo
         "constant": {**score(const_s), "action": [round(float(x), 4) for x in cand[c]], "per_session": const_s},
         "table": {**score(tab_s), "actions": cand[tab].reshape(N_TASKS, M, 2).round(4).tolist(), "per_session": tab_s},
         "constant_selection_value": float(sel["u_leader"][c].mean()),
+        "constant_index": c,
         "n_candidates": int(len(cand)),
+        **{name: {**score(s), "action": [round(float(x), 4) for x in cand[i]], "per_session": s}
+           for name, i in (also or {}).items() for s in [pick(fresh, np.full(fresh["task"].shape, i))]},
     }
 
 

@@ -22,7 +22,7 @@ import optax
 from flax import struct
 
 from .config import LeaderPPOConfig
-from .nets import BoxPolicy, clipped_surrogate_loss, mlp
+from .nets import BoxPolicy, clipped_surrogate_loss, linear_anneal, mlp
 
 
 def gae(rewards, values, dones, last_value, gamma: float, lam: float):
@@ -51,14 +51,20 @@ class PPOState:
     step: jax.Array
 
 
+def leader_lr(cfg: LeaderPPOConfig):
+    """Adam's step: ``cfg.lr``, or with ``cfg.anneal_lr`` lr x (1 - i / iterations) in iteration i, constant
+    within an iteration's epochs x minibatches updates (:func:`~ccpo_jax.stackelberg.nets.linear_anneal`)."""
+    return linear_anneal(cfg.lr, cfg.iterations, cfg.epochs * cfg.minibatches) if cfg.anneal_lr else cfg.lr
+
+
 def make_ppo(reset: Callable, step: Callable, obs_dim: int, act_dim: int, n_steps: int, cfg: LeaderPPOConfig,
              policy_kind: str = "beta"):
     """Build (policy, init, run) for a fixed-horizon env; see the module docstring."""
     policy = BoxPolicy(act_dim, cfg.hidden, policy_kind)
     critic = mlp(1, cfg.hidden, final_scale=1.0)
-    tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.lr, eps=1e-5))
     N = cfg.n_envs
     mb = N * n_steps // cfg.minibatches
+    tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(leader_lr(cfg), eps=1e-5))
 
     def init(key) -> PPOState:
         k1, k2, k3 = jax.random.split(key, 3)
