@@ -333,7 +333,8 @@ class FakeChatServer:
                 body = json.loads(raw)
                 if server.log_requests:
                     with server.lock:
-                        server.asked.append({"model": body.get("model"), "messages": body.get("messages")})
+                        server.asked.append({"model": body.get("model"), "messages": body.get("messages"),
+                                             "temperature": body.get("temperature")})
                         server.seen.append((body.get("model"), body.get("messages")))
                 if server.delay_s:
                     time.sleep(server.delay_s)

@@ -169,8 +169,9 @@ def test_cascade_makes_no_guide_call_and_answers_the_last_base_answer(cascade_ar
             for k, s in enumerate(rungs):
                 new = s.asked[before[k]:]
                 assert [c["model"] for c in new] == ([RUNGS[k][0]] if k < n else [])
-                if new:  # a cascade's base is asked afresh: no earlier exchange, no guide reply to show
-                    assert len(new[0]["messages"]) == 1
+                if new:  # a cascade's base is asked afresh: no earlier exchange, no guide reply to show,
+                    # at round 1's temperature on every rung (as `data collect --guide none` collects it)
+                    assert len(new[0]["messages"]) == 1 and new[0]["temperature"] == 0
             _check_decisions(router, ccpo, rounds)
             assert all("guide" not in d["action_set"] and "guide" not in d["available"] for d in ccpo["decisions"])
             assert ccpo["cost_cents"] == pytest.approx(_hand_cost(rounds), rel=1e-9)
