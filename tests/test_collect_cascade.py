@@ -196,6 +196,15 @@ def test_a_malformed_ladder_file_is_one_error_naming_file_and_field(server, ques
     assert not out.exists() and not Path(str(out) + ".calls").exists() and server.requests == n0
 
 
+
+def test_a_ladder_file_and_a_different_rounds_count_name_the_file(server, questions_file, tmp_path):
+    lad = _ladder_file(server, tmp_path / "ladder.json", None)  # 3 rungs
+    out = tmp_path / "bad.jsonl"
+    r = run_cli(_args(server, questions_file, out, "--ladder", str(lad), "--rounds", "2", guide=(), rungs=False))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: --ladder {lad}: 3 rungs, but --rounds 2"), r.stderr  # not '--base', never given
+    assert not out.exists()
+
 MIXED = [
     ("ladder+base", "give the base models and their prices either in the file or as --base / --base-price, not both (--base given)"),
     ("ladder+base-price", "not both (--base-price given)"),

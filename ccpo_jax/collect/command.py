@@ -194,6 +194,9 @@ def _with_ladder_file(args):
         args = argparse.Namespace(**{**vars(args), **lf.flags()})
         if args.rounds is None:
             args.rounds = len(lf.rungs)
+        elif len(lf.rungs) not in (1, args.rounds):
+            raise UserError(f"--ladder {args.ladder}: {len(lf.rungs)} rungs, but --rounds {args.rounds}; list one "
+                            "rung per round (or one rung for one base model), or leave --rounds out")
     if args.guide is None:
         raise UserError("--guide: missing; give --guide URL,MODEL, or --guide none for a guide-less cascade "
                         "(no guide calls)")
