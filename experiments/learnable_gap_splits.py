@@ -14,6 +14,10 @@ the training split (the ``recalibrate`` protocol of ``reproduce``). On the same 
 * the best observable reference (``ccpo_jax.ccpo.observable.best_observable_row``).
 
 Prints and writes DIR/learnable_gap_splits.json: per draw, each seed's cost over the reference.
+
+``--select N``: hold N of the training questions out of training, and report also the seed a user would
+pick by its cost on them (kappa fitted on those N questions, in-sample; the test splits are not looked
+at): ``selected`` is that seed's ratio, to compare with the mean and the worst seed of the same run.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ DEFAULT_CASES = "mmlu-llama2:0.05,mmlu-llama3:0.05,mmlu-llama2:0.1,hotpotqa-llam
 REDRAWS, SEEDS = 50, 5
 
 
-def one_draw(profile: str, alpha: float, draw: int) -> dict:
+def one_draw(profile: str, alpha: float, draw: int, select: int = 0) -> dict:
     from ccpo_jax.ccpo.evaluation import evaluate_trained
     from ccpo_jax.ccpo.members import train_many
     from ccpo_jax.ccpo.observable import best_observable_row
@@ -53,8 +57,15 @@ def one_draw(profile: str, alpha: float, draw: int) -> dict:
     draws = np.stack([rng.permutation(perm[n_train:]) for _ in range(REDRAWS)])
     cal, test = draws[:, :n_cal], draws[:, n_cal:n_cal + n_test]
     variants = [v for v in row_variants((), DEFAULT, alpha) if v.name == "CCPO (lambda=0)"]
-    state, _, _ = train_many(DEFAULT, params, variants, np.repeat(perm[None, :n_train], SEEDS, axis=0),
+    fit, val = perm[:n_train - select], perm[n_train - select:n_train]
+    state, _, _ = train_many(DEFAULT, params, variants, np.repeat(fit[None], SEEDS, axis=0),
                              jax.random.PRNGKey(0), Execution(progress=False))
+    chosen = None
+    if select:
+        one = jax.tree.map(lambda x: np.asarray(x).reshape((x.shape[0], 1, SEEDS) + x.shape[2:]), state)
+        rows, _ = evaluate_trained(DEFAULT, params, variants, one, val[None], val[None], jax.random.PRNGKey(2),
+                                   retrain=True)
+        chosen = int(np.argmin(rows["CCPO (lambda=0)"]["cost_cents"][:, 0]))
     state = jax.tree.map(lambda x: np.repeat(np.asarray(x).reshape((x.shape[0], 1, SEEDS) + x.shape[2:]), REDRAWS,
                                              axis=1), state)
     ref, _ = best_observable_row(params, test, alpha)
@@ -66,6 +77,8 @@ def one_draw(profile: str, alpha: float, draw: int) -> dict:
         ratio = r["cost_cents"].mean(axis=1) / ref_cost
         out[name] = {"over_ref_per_seed": np.round(ratio, 4).tolist(), "over_ref_mean": float(ratio.mean()),
                      "coverage": float(r["coverage"].mean()), "avg_len": float(r["avg_len"].mean())}
+        if chosen is not None:
+            out[name]["selected_seed"], out[name]["selected"] = chosen, float(ratio[chosen])
     return out
 
 
@@ -74,6 +87,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--draws", type=int, default=5)
+    ap.add_argument("--select", type=int, default=0, help="training questions held out to pick a seed (0: none)")
     a = ap.parse_args(argv)
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -82,7 +96,7 @@ def main(argv=None) -> None:
     for case in a.cases.split(","):
         profile, alpha = case.split(":")
         t0 = time.perf_counter()
-        draws = [one_draw(profile, float(alpha), d) for d in range(a.draws)]
+        draws = [one_draw(profile, float(alpha), d, a.select) for d in range(a.draws)]
         means = [d["calibrated"]["over_ref_mean"] for d in draws]
         res["cases"][case] = {"draws": draws, "mean_over_draws": float(np.mean(means)),
                               "median_seed_ratio": float(np.median([x for d in draws
@@ -90,6 +104,8 @@ def main(argv=None) -> None:
                               "seconds": time.perf_counter() - t0}
         print(f"{case}: calibrated / ref per draw {np.round(means, 3).tolist()} (mean {np.mean(means):.3f}); "
               f"in-sample {[round(d['in-sample']['over_ref_mean'], 3) for d in draws]}; "
+              + (f"selected seed {[round(d['calibrated']['selected'], 3) for d in draws]}; " if a.select else "")
+              + f"worst seed {[round(max(d['calibrated']['over_ref_per_seed']), 3) for d in draws]}; "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
     (out_dir / "learnable_gap_splits.json").write_text(json.dumps(res, indent=1))
 
