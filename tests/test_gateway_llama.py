@@ -128,6 +128,12 @@ def test_two_rung_ladder_and_cascade_against_real_servers(tmp_path):
                     for t, d_ in enumerate(ccpo["decisions"]):
                         want = g.gw.router.decide(rounds[: t + 1], can_continue=t == 0)
                         assert d_["action_set"] == want["action_set"]
+                    # streamed: the same two rounds (llama.cpp answers at temperature 0), the last one's answer
+                    chunks = list(client.chat.completions.create(
+                        model=MODEL_ID, stream=True, messages=[{"role": "user", "content": "Capital number 2?"}]))
+                    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Rome"
+                    streamed = json.loads(journal.read_text().splitlines()[-1])["rounds"]
+                    assert [rd["base"]["answer"] for rd in streamed] == ["Paris", "Rome"]
                 assert [rd["base"]["answer"] for rd in rounds] == ["Paris", "Rome"]
                 assert rounds[0]["base"]["confidence"] == pytest.approx(0.45, abs=2e-3)
                 assert rounds[1]["base"]["confidence"] == pytest.approx(1.0, abs=2e-3)
