@@ -67,11 +67,13 @@ def _calls(out: Path) -> list[dict]:
 def cascade(server, questions_file, tmp_path_factory):
     """An uninterrupted 3-rung cascade: (its file, the CLI's result, the requests the server saw)."""
     out = tmp_path_factory.mktemp("cascade") / "cache.jsonl"
-    n0 = len(server.seen)
+    n0, t0 = len(server.seen), len(server.asked)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SOURCE_DATE_EPOCH", EPOCH)
         r = run_cli(_args(server, questions_file, out))
     assert r.returncode == 0, r.stderr
+    # every rung is asked at the first round's temperature (0 by default; the gateway's rule too)
+    assert {a["temperature"] for a in server.asked[t0:]} == {0.0}
     return out, r, server.seen[n0:]
 
 

@@ -339,6 +339,13 @@ def read_guide(text: str, logprobs: Sequence[tuple[str, float]] | None, base_ans
 # -- messages ----------------------------------------------------------------------------------
 
 
+def base_temperature(temperatures: tuple[float, float], t: int, cascade: bool) -> float:
+    """Round ``t``'s (0-based) base temperature from (FIRST, LATER): FIRST at round 1, LATER after it,
+    except in a guide-less cascade, whose round is each rung's own first answer to the question (no
+    guide reply to retry on), so FIRST every round. One rule for ``data collect`` and the gateway."""
+    return temperatures[0] if t == 0 or cascade else temperatures[1]
+
+
 def base_messages(question: str, history: Sequence[tuple[str, str]], retry: str = "base") -> list[dict]:
     """The base model's chat at a round: ``history`` = [(its completion, feedback)] of earlier rounds.
 

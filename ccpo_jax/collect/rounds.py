@@ -29,9 +29,8 @@ def collect_question(q: Question, s: Settings, c: Caller) -> dict:
     history: list[tuple[str, str]] = []
     seen: list[dict] = []  # what the LLM-as-policy is shown, per round
     for t in range(s.T):
-        # a cascade's round is its rung's own first answer to the question (no guide reply to retry
-        # on; as the ladder importers' rounds are): round 1's prompt and temperature every round
-        temp = s.base_temperature[0] if t == 0 or s.cascade else s.base_temperature[1]
+        # a cascade's round is its rung's own first answer (as the ladder importers' rounds are)
+        temp = P.base_temperature(s.base_temperature, t, s.cascade)
         b = c.call(q.id, f"r{t}.base", s.base_role(t), P.base_messages(q.question, history), s.base_max_tokens, temp)
         br = P.read_base(b.text, b.logprobs)
         c.meter.cut_reply("base answer", b.finish_reason, not br.parsed)

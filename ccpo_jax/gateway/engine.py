@@ -236,8 +236,7 @@ async def run_protocol(question: str, group: str | None, caps: Caps, *, decider:
     spent = 0.0
     stopped_by = "router"
     for t in range(limit):
-        # a cascade asks each rung afresh, at the first round's temperature (as `data collect --guide none`)
-        temp = cfg.base_temperature[0] if t == 0 or not has_guide else cfg.base_temperature[1]
+        temp = P.base_temperature(cfg.base_temperature, t, cascade=not has_guide)
         bm = P.base_messages(question, history)
         b = await call("base", t, request_body("", bm, cfg.base_max_tokens, temp, cfg.seed, cfg.logprobs))
         br = P.read_base(b.text, b.logprobs)
