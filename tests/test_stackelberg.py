@@ -268,9 +268,11 @@ def _untrained_ctrls(cfg, n_models):
     for i, kind in enumerate(("scalar", "task")):
         env = SessionEnv(SessionConfig(state=kind), n_models)
         leader, policy = BoxPolicy(2, cfg.leader.hidden, cfg.leader.policy), BoxPolicy(3, cfg.gail.hidden, cfg.gail.policy)
-        k1, k2 = jax.random.split(jax.random.PRNGKey(i))
+        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(i), 3)
+        # the BC follower: other weights, shifted so that its actions are far from the near-0.5 initial ones
+        bc = jax.tree.map(lambda x: x + 0.2, policy.init(k3, env.obs_dim + 2))
         ctrls[kind] = Controller(env, policy, leader, leader_params=leader.init(k1, env.obs_dim),
-                                 follower_params=policy.init(k2, env.obs_dim + 2))
+                                 follower_params=policy.init(k2, env.obs_dim + 2), bc_params=bc)
     return ctrls
 
 
@@ -300,15 +302,21 @@ def test_evaluation_compiles_one_rollout_per_env_kind(monkeypatch, small_grid, s
     plan = strategies.eval_plan(cfg)
     assert list(small) == list(large) == list(plan)
     assert large["Scalar+R"]["tokens"].shape == (5, 2) and small["Middle"]["a_exec"].shape == (3, 2, 3)
-    for name in ("Conservative", "Task-aware+R"):  # one static, one learned: the reference per-strategy rollout
-        ekind, ckind, mode, static = plan[name]
+    # one static, one learned, one with the BC follower: the reference per-strategy rollout
+    for name in ("Conservative", "Task-aware+R", "Task-aware+R, BC follower"):
+        ekind, ckind, mode, static, follower = plan[name]
         env = SessionEnv(dataclasses.replace(cfg.session, state=ekind, mode="replay", horizon=2), ctrls[ekind].env.n_models)
         ctrl = None if ckind is None else ctrls[ckind]._replace(env=env)
         act = strategies.make_act(ctrl, cfg, u_head, mode, static)
-        pp = RolloutParams() if ctrl is None else RolloutParams(leader=ctrl.leader_params, fol=ctrl.follower_params)
+        fol = None if ctrl is None else ctrl.bc_params if follower == "bc" else ctrl.follower_params
+        pp = RolloutParams() if ctrl is None else RolloutParams(leader=ctrl.leader_params, fol=fol)
         want = rollout(env, act, jax.random.fold_in(sizes[1][1], list(plan).index(name)), session_params, pp, 5)
         for k, v in want.items():
             np.testing.assert_allclose(large[name][k], np.asarray(v), rtol=1e-5, atol=1e-5, err_msg=f"{name} {k}")
+        if follower == "bc":  # it really plays the other follower: the GAIL one acts differently on these sessions
+            gail = rollout(env, act, jax.random.fold_in(sizes[1][1], list(plan).index(name)), session_params,
+                           pp._replace(fol=ctrl.follower_params), 5)
+            assert np.abs(large[name]["a_raw"] - np.asarray(gail["a_raw"])).max() > 1e-3
 
 
 # -- leader oracles -------------------------------------------------------------------------

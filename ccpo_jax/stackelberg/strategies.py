@@ -18,16 +18,20 @@ from .evaluate import rollout_episodes
 
 class PlanEntry(NamedTuple):
     """One strategy of :func:`eval_plan`: the env kind it runs in, its controller kind (None for a static
-    action), its :data:`MODES` mode and its static action (None for a learned one)."""
+    action), its :data:`MODES` mode, its static action (None for a learned one) and its follower: the
+    controller's GAIL follower ('gail') or the behaviour-cloning one trained beside it ('bc')."""
     env_kind: str
     controller: str | None
     mode: str
     static: tuple | None
+    follower: str = "gail"
 
 
-REFERENCE_ROWS = ("Untrained+R", "Best constant+R", "Best table+R")
+REFERENCE_ROWS = ("Untrained+R", "Best constant+R", "Best table+R", "Scalar+R, BC follower", "Task-aware+R, BC follower")
 """Table 4 reference rows (not strategies of the paper): what repair alone gives under an untrained leader,
-and the brute-force leader oracles chosen in the surrogate (:func:`ccpo_jax.stackelberg.leader_oracles.leader_oracles`)."""
+the brute-force leader oracles chosen in the surrogate (:func:`ccpo_jax.stackelberg.leader_oracles.leader_oracles`),
+and the two repaired controllers with their behaviour-cloning follower in place of GAIL's (the same leader:
+the two follower learners side by side)."""
 
 MODES = ("static", "raw", "proj", "repair", "table")
 """Strategy modes; in one env kind the mode is a traced index into this tuple (see :func:`make_strategy_act`)."""
@@ -35,7 +39,7 @@ MODES = ("static", "raw", "proj", "repair", "table")
 
 def eval_plan(cfg: StackelbergConfig) -> dict[str, PlanEntry]:
     """The five strategies of Table 4 (arXiv 2606.23026 §10.2) plus 'Scalar raw' and the projection-only
-    variants of the audits (Table 7, §8): name -> (env kind, controller kind, mode, static action)."""
+    variants of the audits (Table 7, §8) and the reference rows: name -> :class:`PlanEntry`."""
     return {
         "Middle": PlanEntry("scalar", None, "static", cfg.eval.middle),
         "Conservative": PlanEntry("scalar", None, "static", cfg.eval.conservative),
@@ -50,6 +54,10 @@ def eval_plan(cfg: StackelbergConfig) -> dict[str, PlanEntry]:
         "Untrained+R": PlanEntry("scalar", "scalar", "repair", None),
         "Best constant+R": PlanEntry("scalar", "scalar", "table", None),
         "Best table+R": PlanEntry("scalar", "scalar", "table", None),
+        # the follower learners side by side: the same leaders and repair with the BC follower (appended
+        # last, so every other row keeps its episode keys)
+        "Scalar+R, BC follower": PlanEntry("scalar", "scalar", "repair", None, "bc"),
+        "Task-aware+R, BC follower": PlanEntry("task", "task", "repair", None, "bc"),
     }
 
 
@@ -70,8 +78,8 @@ def _episode_keys(key, i: int, episodes: int):
 def evaluate_sizes(cfg: StackelbergConfig, params, ctrls: dict, u_head, sizes: list[tuple[int, Any]]) -> list[dict[str, dict]]:
     """The strategies of :func:`eval_plan` on grid replay for each ``(episodes, key)`` of ``sizes``
     (name -> per-turn arrays [N, H]), with one rollout program per env kind: the strategies of a
-    kind are vmapped (traced mode, static action and episode keys; the kind's controller
-    parameters shared) and the episode counts are concatenated along the episode axis."""
+    kind are vmapped (traced mode, static action, leader and follower parameters and episode keys)
+    and the episode counts are concatenated along the episode axis."""
     n_models = int(params.grid_tokens.shape[1])
     plan = eval_plan(cfg)
     index = {name: i for i, name in enumerate(plan)}
@@ -85,14 +93,16 @@ def evaluate_sizes(cfg: StackelbergConfig, params, ctrls: dict, u_head, sizes: l
         no_table = jnp.zeros((N_TASKS, n_models, 2), jnp.float32)
         init = c.leader_params if c.leader_init_params is None else c.leader_init_params
         leaders = [init if n == "Untrained+R" else c.leader_params for n in names]
+        fols = [c.bc_params if plan[n].follower == "bc" else c.follower_params for n in names]
+        stack = lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)  # noqa: E731
         pp = RolloutParams(
-            leader=jax.tree.map(lambda *xs: jnp.stack(xs), *leaders), fol=c.follower_params,
+            leader=stack(leaders), fol=stack(fols),
             mode=jnp.asarray([MODES.index(plan[n].mode) for n in names], jnp.int32),
             static=jnp.asarray([plan[n].static or (0.0, 0.0, 0.0) for n in names], jnp.float32),
             table=jnp.stack([jnp.asarray(tables[n], jnp.float32) if n in tables else no_table for n in names]))
         keys = jnp.stack([jnp.concatenate([_episode_keys(k, index[n], e) for e, k in sizes]) for n in names])
         f = jax.jit(jax.vmap(lambda k, p, pp: rollout_episodes(env, make_strategy_act(ctrl, cfg, u_head), k, p, pp),
-                             in_axes=(0, None, RolloutParams(leader=0, fol=None, mode=0, static=0, table=0))))
+                             in_axes=(0, None, RolloutParams(leader=0, fol=0, mode=0, static=0, table=0))))
         res = jax.tree.map(np.asarray, f(keys, params, pp))
         starts = np.cumsum([0] + [e for e, _ in sizes])
         for j, (e, _) in enumerate(sizes):

@@ -40,6 +40,28 @@ def _oracle_table(res: dict) -> str:
     return "\n".join(L)
 
 
+def _follower_table(res: dict) -> str:
+    """The follower section of table.md: GAIL's and BC's held-out imitation errors per controller and the
+    repaired controller with each follower on grid replay (the Table 4 row and its ', BC follower' reference)."""
+    ev = res["evaluation"]["large"]
+    rows = {**ev["strategies"], **ev.get("reference", {})}
+    L = ["\n## Followers: GAIL beside behaviour cloning (held-out mean absolute action error against the noise-free "
+         f"expert; large run{', SYNTHETIC' if res['data']['synthetic'] else ''})\n",
+         "| Controller | GAIL error (selected seed) | BC error (best seed) | GAIL / BC | Label noise | Constant action | "
+         "Tok. / Q with GAIL | Tok. / Q with BC |", "|---|---|---|---|---|---|---|---|"]
+    for kind, name in (("scalar", "Scalar+R"), ("task", "Task-aware+R")):
+        tr = res.get("training", {}).get(kind)
+        bc_row = rows.get(f"{name}, BC follower")
+        if tr is None or bc_row is None:
+            continue
+        im = tr["imitation_error"]
+        g, b = im["gail"][tr["follower_seed"]], min(im["bc"])
+        cell = lambda r: f"{r['tokens_per_turn']:.1f} / {r['quality']:.3f}"  # noqa: E731
+        L.append(f"| {kind} | {g:.4f} | {b:.4f} | {g / b:.2f}x | {im['label_noise']:.4f} | "
+                 f"{im['constant_mean_action']:.4f} | {cell(rows[name])} | {cell(bc_row)} |")
+    return "\n".join(L) if len(L) > 3 else ""
+
+
 def leader_profile_record(cfg: StackelbergConfig) -> dict:
     """results.json's ``leader_profile``: the leader utility's profile name, whether it is SYNTHETIC, its weights."""
     s = cfg.session
@@ -85,6 +107,7 @@ def write_table(path: Path, res: dict) -> None:
                      f"{100 * r['token_change_vs_conservative']:+.1f}% | {_fmt_p(r['p_tokens_vs_conservative'])} | "
                      f"{_fmt_p(r['p_quality_vs_conservative'])} | - | - |")
     L.append(_oracle_table(res))
+    L.append(_follower_table(res))
     ev = res["evaluation"]["large"]
     L.append(f"\n## Table 5 (per task, tokens / quality, large run{', SYNTHETIC' if syn else ''})\n")
     L.append("| Task | " + " | ".join(STRATEGIES) + " |")
