@@ -38,7 +38,13 @@ def test_quick_cli_writes_everything(quick_run):
             assert 0.0 <= row["p_tokens_vs_conservative"] <= 1.0
     assert any((out / "tb").iterdir()) and any((out / "checkpoints").iterdir())
     ref = ev["large"]["reference"]
-    assert set(ref) == {"Untrained+R", "Best constant+R", "Best table+R"}
+    assert set(ref) == {"Untrained+R", "Best constant+R", "Best table+R", "Scalar+R, BC follower",
+                        "Task-aware+R, BC follower"}
+    md = (out / "table.md").read_text()
+    for kind in ("scalar", "task"):  # the Followers table: GAIL's selected seed and BC's best, from results.json
+        im = res["training"][kind]["imitation_error"]
+        g, b = im["gail"][res["training"][kind]["follower_seed"]], min(im["bc"])
+        assert f"| {kind} | {g:.4f} | {b:.4f} | {g / b:.2f}x |" in md
     assert all(r["trap_audit_executed"]["trap_rate"] == 0.0 and r["n_turns"] == 400 * 3 for r in ref.values())
     for kind in ("scalar", "task"):
         for mode in ("surrogate", "replay"):

@@ -87,7 +87,7 @@ def test_transfer_gap_is_the_surrogate_constant_on_replay(session_params):
 def test_leader_lr_anneals_linearly_to_zero_per_iteration():
     """``leader.anneal_lr``: Adam's step is lr (1 - i / I) in iteration i, constant over its epochs x
     minibatches updates, and 0 from iteration I on; so with I = 1 a second iteration moves no parameter,
-    while the constant step (the old default) does."""
+    while the constant step (the default until 2026-12-04) does."""
     from ccpo_jax.stackelberg.ppo import leader_lr
 
     cfg = LeaderPPOConfig(iterations=4, lr=2e-3, epochs=2, minibatches=3, anneal_lr=True)
@@ -95,7 +95,7 @@ def test_leader_lr_anneals_linearly_to_zero_per_iteration():
     counts = np.array([0, 5, 6, 11, 12, 18, 23, 24, 40])
     want = 2e-3 * np.maximum(1 - (counts // 6) / 4, 0)
     np.testing.assert_allclose([float(sched(jnp.int32(c))) for c in counts], want, rtol=1e-6)
-    assert leader_lr(LeaderPPOConfig(lr=2e-3)) == 2e-3
+    assert leader_lr(LeaderPPOConfig(lr=2e-3, anneal_lr=False)) == 2e-3
 
     def reset(key, p):
         return jnp.zeros((2,)), jnp.int32(0)

@@ -1,6 +1,7 @@
 """The Stackelberg learners against the brute-force oracles on the default SYNTHETIC grid, on every seed of 3
-(issue 28): the PPO leader within one standard error of the best constant commitment (surrogate, where PPO
-trains), and the follower (BC-initialised GAIL) within 1.5x of behaviour cloning's held-out action error; under the
+(issue 28): the PPO leader within one standard error of the best constant commitment and within 0.005 U_L per
+session of it (surrogate, where PPO trains), and the follower (BC-initialised GAIL) within 1.3x of behaviour cloning's held-out action error (issue 40's
+goal; 1.5x until the discriminator took 5 steps an iteration); under the
 SYNTHETIC 'state-feedback' leader profile, whose best policy depends on the task, the task-aware PPO leader within one
 standard error of the brute-force best (task, model) table, which beats the best constant by many."""
 from __future__ import annotations
@@ -35,9 +36,10 @@ def test_leader_reaches_best_constant_and_gail_imitates_like_bc(tmp_path, setup,
     print(f"seed {seed}: best constant {best['u_leader']:.4f} (se {best['u_leader_se']:.4f}) {best['action']}, "
           f"learned {learned['u_leader']:.4f}, untrained {o['untrained']['u_leader']:.4f}; imitation {ctrl.report['imitation_error']}")
     assert learned["u_leader"] >= best["u_leader"] - best["u_leader_se"]
+    assert learned["gap_to_constant"]["mean"] >= -0.005  # issue 40's goal (measured -0.0039 / -0.0023 / -0.0020)
     assert learned["u_leader"] > o["untrained"]["u_leader"] + 2 * o["untrained"]["gap_to_constant"]["se"]
     err = ctrl.report["imitation_error"]
-    assert min(err["gail"]) <= 1.5 * min(err["bc"])
+    assert min(err["gail"]) <= 1.3 * min(err["bc"])
     assert min(err["bc"]) < 0.5 * err["constant_mean_action"]
 
 

@@ -43,6 +43,8 @@ def _oracle_table(res: dict) -> str:
 def _follower_table(res: dict) -> str:
     """The follower section of table.md: GAIL's and BC's held-out imitation errors per controller and the
     repaired controller with each follower on grid replay (the Table 4 row and its ', BC follower' reference)."""
+    if not res.get("training"):
+        return ""
     ev = res["evaluation"]["large"]
     rows = {**ev["strategies"], **ev.get("reference", {})}
     L = ["\n## Followers: GAIL beside behaviour cloning (held-out mean absolute action error against the noise-free "
@@ -50,7 +52,7 @@ def _follower_table(res: dict) -> str:
          "| Controller | GAIL error (selected seed) | BC error (best seed) | GAIL / BC | Label noise | Constant action | "
          "Tok. / Q with GAIL | Tok. / Q with BC |", "|---|---|---|---|---|---|---|---|"]
     for kind, name in (("scalar", "Scalar+R"), ("task", "Task-aware+R")):
-        tr = res.get("training", {}).get(kind)
+        tr = res["training"].get(kind)
         bc_row = rows.get(f"{name}, BC follower")
         if tr is None or bc_row is None:
             continue

@@ -63,15 +63,22 @@ class TrainedFollower(NamedTuple):
     report: dict
 
 
+def follower_data(env: SessionEnv, cfg: StackelbergConfig, params, key):
+    """Phase 1's data and keys from the follower's key: ``(demos, held, k_bc, k_gail)``, the expert's
+    demonstrations, held-out expert states (the imitation error's) and the BC and GAIL seeds' keys."""
+    k_demo, k_bc, k_gail = jax.random.split(key, 3)
+    demo_fn = jax.jit(lambda k, p: expert_demos(k, env, p, cfg.expert))
+    demos = demo_fn(jax.random.fold_in(k_demo, cfg.expert.seed), params)
+    held = demo_fn(jax.random.fold_in(k_demo, cfg.expert.seed + 7919), params)
+    return demos, held, k_bc, k_gail
+
+
 def _train_follower(kind: str, env: SessionEnv, cfg: StackelbergConfig, params, key, ckpt_root: Path, writer,
                     progress: bool, meta: dict) -> TrainedFollower:
     """Phase 1: behaviour cloning and GAIL on the same demonstrations, all seeds at once. The follower is
     the GAIL seed with the lowest imitation error on held-out expert states (against the noise-free
     expert action); BC's errors are reported beside it."""
-    k_demo, k_bc, k_gail = jax.random.split(key, 3)
-    demo_fn = jax.jit(lambda k, p: expert_demos(k, env, p, cfg.expert))
-    demos = demo_fn(jax.random.fold_in(k_demo, cfg.expert.seed), params)
-    held = demo_fn(jax.random.fold_in(k_demo, cfg.expert.seed + 7919), params)  # held-out expert states
+    demos, held, k_bc, k_gail = follower_data(env, cfg, params, key)
     policy, bc_init, bc_run = make_bc(env.obs_dim + 2, 3, cfg.gail)
     bc_state, _ = _train_chunks(f"{kind}_follower_bc", bc_init, bc_run, (demos,), (None,),
                                 jax.random.split(k_bc, cfg.seeds), cfg.gail.bc_steps, cfg.chunks, ckpt_root, writer,
