@@ -107,8 +107,8 @@ class LeaderPPOConfig:
     lr: float = 4e-3
     """Adam's starting step (at 3e-4 the 200 iterations moved the squashed policy's logits too little to reach a
     corner; at a constant 2e-3, the default until 2026-12-04, 1 of 6 surrogate gaps to the best constant on seeds
-    0-2 was beyond 0.005; annealed from 4e-3, with the 5-step discriminator's follower, 0 of 6 on seeds 0-2 and 1 of
-6 on seeds 3-5; docs/stackelberg.md, "The learners' last mile")."""
+    0-2 was beyond 0.005; annealed from 4e-3, with the 5-step discriminator's follower, 0 of 6 on seeds 0-2 and
+    1 of 6 on seeds 3-5; docs/stackelberg.md, "The learners' last mile")."""
     anneal_lr: bool = True
     """Anneal Adam's step linearly from ``lr`` to 0 over ``iterations`` (standard PPO practice, CleanRL's
     ``anneal_lr``). Annealing from 2e-3 halves the summed step and widened every surrogate gap (to 0.006-0.020);
