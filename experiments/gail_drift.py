@@ -57,14 +57,14 @@ def follower_drift(cfg, params, seed: int, kind: str) -> dict:
         on_edge = lambda m: jnp.sum(e * m) / jnp.sum(m)  # noqa: E731 (a mean over a mask, jit-safe)
         return e.mean(), on_edge(edge), on_edge(~edge), jnp.abs(s - policy.mean(p, held.obs)).mean()
 
-    iters, err, err_edge, err_inner, spread, acc = [], [], [], [], [], []
-    for it in range(0, cfg.gail.iterations + 1, STEP):
+    err, err_edge, err_inner, spread, acc = [], [], [], [], []
+    iters = [*range(0, cfg.gail.iterations, STEP), cfg.gail.iterations]  # every 25 and the last
+    for i, it in enumerate(iters):
         r = [np.asarray(x).tolist() for x in read(st.actor)]
         for lst, v in zip((err, err_edge, err_inner, spread), r):
             lst.append(v)
-        iters.append(it)
-        if it < cfg.gail.iterations:
-            st, m = run(st, demos, min(STEP, cfg.gail.iterations - it))
+        if i + 1 < len(iters):
+            st, m = run(st, demos, iters[i + 1] - it)
             acc.append(np.asarray(m["disc_acc"]).mean(1).tolist())
     bc_err = np.asarray(jax.jit(jax.vmap(lambda p: imitation_error(policy, p, held)))(bc[0]))
     return {"iterations": iters, "gail_error": err, "gail_error_edge": err_edge, "gail_error_interior": err_inner,

@@ -1,6 +1,7 @@
 """The Stackelberg learners' last mile (issue 40, docs/stackelberg.md "The learners' last mile"): the
-transfer gap of the leader oracles against a brute-force rollout of every constant, and the linear
-step anneals of the PPO leader and the GAIL follower."""
+transfer gap of the leader oracles against a brute-force rollout of every constant, the linear
+step anneals of the PPO leader and the GAIL follower, and experiments/gail_drift.py against the pipeline's
+own follower phase."""
 from __future__ import annotations
 
 import jax
@@ -130,3 +131,32 @@ def test_gail_policy_step_anneals_to_zero():
         same = jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), (one.actor, one.critic), (two.actor, two.critic)))
         assert all(same) == anneal
         assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), one.disc, two.disc)))
+
+
+def test_gail_drift_experiment_replays_the_pipelines_follower_phase(tmp_path, session_params):
+    """experiments/gail_drift.py reads GAIL every 25 iterations; its last reading must be the follower phase
+    of the pipeline itself (``training._train_follower`` with the key ``train_controller`` gives it): the same
+    BC errors, and the same GAIL errors after all iterations (31: a short last chunk), per seed."""
+    import dataclasses
+
+    from ccpo_jax.runtime.scalars import ScalarWriter
+    from ccpo_jax.stackelberg.config import StackelbergConfig
+    from ccpo_jax.stackelberg.training import _train_follower
+    from experiments.gail_drift import follower_drift
+
+    cfg = StackelbergConfig()
+    cfg = dataclasses.replace(cfg, seeds=2, expert=dataclasses.replace(cfg.expert, n_demos=256),
+                              gail=dataclasses.replace(cfg.gail, iterations=31, batch=64, bc_steps=40, hidden=(16,)))
+    seed, kind = 3, "task"
+    drift = follower_drift(cfg, session_params, seed, kind)
+    assert drift["iterations"] == [0, 25, 31]
+    env = SessionEnv(dataclasses.replace(cfg.session, state=kind, mode="surrogate"), int(session_params.grid_tokens.shape[1]))
+    key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), 1), 3)[0]  # train_controller's follower key
+    w = ScalarWriter(tmp_path / "tb", ".t")
+    fol = _train_follower(kind, env, cfg, session_params, key, tmp_path / "ck", w, False, {})
+    w.close()
+    im = fol.report["imitation_error"]
+    np.testing.assert_allclose(drift["bc_error"], im["bc"], rtol=1e-5)
+    np.testing.assert_allclose(drift["gail_error"][0], im["bc"], rtol=1e-5)  # GAIL starts at BC
+    np.testing.assert_allclose(drift["gail_error"][-1], im["gail"], rtol=1e-4)
+    assert len(drift["disc_acc"]) == 2 and all(0.0 <= a <= 1.0 for row in drift["disc_acc"] for a in row)
