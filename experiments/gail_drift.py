@@ -33,7 +33,7 @@ STEP = 25
 
 
 def follower_drift(cfg, params, seed: int, kind: str) -> dict:
-    from ccpo_jax.stackelberg.gail import imitation_error, make_bc, make_gail
+    from ccpo_jax.stackelberg.gail import make_bc, make_gail
     from ccpo_jax.stackelberg.training import follower_data
     from envs.governance.session import SessionEnv
 
@@ -66,9 +66,9 @@ def follower_drift(cfg, params, seed: int, kind: str) -> dict:
         if i + 1 < len(iters):
             st, m = run(st, demos, iters[i + 1] - it)
             acc.append(np.asarray(m["disc_acc"]).mean(1).tolist())
-    bc_err = np.asarray(jax.jit(jax.vmap(lambda p: imitation_error(policy, p, held)))(bc[0]))
+    bc_err = np.asarray(err[0])  # GAIL starts at BC: its first reading is BC's imitation error
     return {"iterations": iters, "gail_error": err, "gail_error_edge": err_edge, "gail_error_interior": err_inner,
-            "policy_spread": spread, "disc_acc": acc, "bc_error": bc_err.tolist(),
+            "policy_spread": spread, "disc_acc": acc, "bc_error": err[0],
             "expert_spread": float(jnp.abs(held.action - held.clean_action).mean()),
             "edge_share": float(edge.mean()),
             "selected_over_best_bc": float(np.min(err[-1]) / bc_err.min())}
