@@ -16,6 +16,7 @@ from ccpo_jax.ccpo import rows as rows_mod
 from ccpo_jax.ccpo.presets import DEFAULT
 from ccpo_jax.ccpo.reproduce import reproduce
 from ccpo_jax.ccpo.rows import RowsRun, RunData, train_sweep
+from ccpo_jax.ccpo.settings import KEPT_SEED
 from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.ccpo.sweep import sweep
 from ccpo_jax.errors import UserError
@@ -125,7 +126,7 @@ def test_the_point_at_an_alpha_equals_reproduce_at_it(tmp_path, small_cache):
     sw = sweep(alphas=(0.1, 0.2), lambdas=(0.0, 2e-4), out_dir=tmp_path / "sweep", **kw)
     rp = reproduce(alpha=0.2, out_dir=tmp_path / "rep", **kw)
     pol = rp.results["policies"]
-    assert set(sw.frontier["rows"]) == set(pol)
+    assert set(sw.frontier["rows"]) == set(pol) and "CCPO (lambda=2e-4)" + KEPT_SEED in pol  # the kept seeds too
     for row, e in sw.frontier["rows"].items():
         (pt,) = [p for p in e["points"] if p["alpha"] == 0.2]
         for m in ("cost_cents", "coverage"):
@@ -145,7 +146,7 @@ def test_the_point_equals_reproduce_under_retrain_with_blocks_across_rows(tmp_pa
     sw = sweep(alphas=(0.1, 0.2), lambdas=(0.0,), out_dir=tmp_path / "sweep", **kw)
     rp = reproduce(alpha=0.2, out_dir=tmp_path / "rep", **kw)
     pol = rp.results["policies"]
-    learned = {"CPO", "CPO batch", "CPO online", "CCPO (lambda=0)"}
+    learned = {"CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CPO batch" + KEPT_SEED, "CCPO (lambda=0)" + KEPT_SEED}
     assert learned <= set(sw.frontier["rows"]) and "CCPO (lambda=2e-4)" not in sw.frontier["rows"]
     for row in learned:
         (pt,) = [p for p in sw.frontier["rows"][row]["points"] if p["alpha"] == 0.2]
@@ -185,6 +186,7 @@ def test_a_killed_sweep_resumes_to_the_same_frontier(tmp_path, small_cache, monk
     kw = dict(cache=str(small_cache), n_splits=2, split_sizes="60,20,20", seeds=1, iterations=4,
               overrides=["chunk=2"], alphas=(0.1, 0.2), lambdas=(0.0,), progress=False, echo=None)
     whole = sweep(out_dir=tmp_path / "whole", **kw)
+    assert not any(r.endswith(KEPT_SEED) for r in whole.frontier["rows"])  # one seed: nothing to choose from
     real = rows_mod.train_many
 
     def killed(*a):

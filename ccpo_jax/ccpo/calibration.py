@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ccpo_jax.core.guarantee import GUARANTEES, Guarantee, below_target, pac_min_n, rank_table  # noqa: F401
+from ccpo_jax.ccpo.settings import twin_base
 from ccpo_jax.errors import UserError
 from envs.cache.schema import ResponseCache, cache_groups
 
@@ -151,8 +152,8 @@ def effective_group_min(group_min: int, alpha: float, guarantee: Guarantee) -> i
 
 
 def is_calibrated_row(row: str) -> bool:
-    """A row whose sets are batch-calibrated: CPO batch, the CCPO rows, and their Mondrian twins."""
-    base = row[: -len(MONDRIAN)] if row.endswith(MONDRIAN) else row
+    """A row whose sets are batch-calibrated: CPO batch, the CCPO rows, and their twins (kept seed, Mondrian)."""
+    base = twin_base(row)
     return base == "CPO batch" or base.startswith("CCPO (")
 
 
@@ -215,7 +216,7 @@ def check_feasible(ltt: Mapping[str, Mapping[str, Any]] | None, alpha: float, gu
     at = ", ".join(f"{row}: " + "/".join(
         ([f"guide rate {float(np.mean(x['cal_guide_rate'])):.3f}"] if guarantee.guide_cap is not None else [])
         + ([f"mean cost {float(np.mean(x['cal_cost'])):.4g} cents"] if guarantee.cost_cap is not None else []))
-        for row, x in ltt.items())
+        for row, x in ltt.items() if twin_base(row) == row)
     raise UserError(f"{cap_field(guarantee)}: infeasible request ({caps_text(alpha, guarantee)}): on no split did a "
                     f"threshold of any calibrated row pass all {guarantee.families} tests; at the thresholds where "
                     f"coverage holds the calibration questions show (mean over splits): {at}; loosen "

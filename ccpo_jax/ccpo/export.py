@@ -187,6 +187,8 @@ def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], polic
         "kappa_note": meta.get("kappa_note", "kappa is the batch-calibrated threshold"),
         "protocol": meta.get("protocol"),
         "split": meta.get("split"),
+        "seed": meta.get("seed"),
+        "seed_rule": meta.get("seed_rule", "seed 0"),
         "actions": list(ACTION_NAMES),
         "T": T,
         "features": {

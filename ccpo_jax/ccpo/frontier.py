@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ccpo_jax.ccpo.report import environment_info
+from ccpo_jax.ccpo.settings import twin_base
 from envs.cache.atomic import atomic_path, atomic_write_json, atomic_write_text
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW
 from envs.replay.bound import BOUND_ROW
@@ -55,7 +56,8 @@ def point_stats(v: Any) -> dict[str, float | None]:
 
 
 def row_lambda(row: str) -> float:
-    """The set-size penalty of a row: a CCPO row's lambda (``CCPO (lambda=2e-4)``), 0 otherwise."""
+    """The set-size penalty of a row: a CCPO row's (or its twin's) lambda (``CCPO (lambda=2e-4)``), 0 otherwise."""
+    row = twin_base(row)
     if row.startswith("CCPO (lambda=") and row.endswith(")"):
         return float(row[len("CCPO (lambda="):-1])
     return 0.0

@@ -18,6 +18,7 @@ import numpy as np
 from flax import serialization
 
 from ccpo_jax.ccpo.config import TrainConfig, Variant
+from ccpo_jax.ccpo.settings import KEPT_RULE
 from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.core.networks import policy_net
 from envs.cache.atomic import atomic_write_bytes, atomic_write_text
@@ -43,11 +44,13 @@ def policy_row(var: Variant) -> str | None:
 
 
 def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, kappas, cache, protocol: str,
-                  diagnostics: dict | None = None, mondrian: dict | None = None, guarantee: Guarantee | None = None) -> None:
-    """Write every trained policy of split 0, seed 0 to ``out/<slug>/``.
+                  diagnostics: dict | None = None, mondrian: dict | None = None, guarantee: Guarantee | None = None,
+                  seeds: dict[str, int] | None = None) -> None:
+    """Write every trained policy of split 0 to ``out/<slug>/``: of seed ``seeds[row]`` (the row's kept seed,
+    ``ccpo_jax.ccpo.rows.saved_seed``; 0 when not given).
 
     ``state`` leaves are [V, S_train, N, ...]; ``kappas[row]`` [N, S] the calibrated kappas;
-    ``policy.json`` gets the row name, alpha, the batch-calibrated kappa of split 0, the
+    ``policy.json`` gets the row name, the seed, alpha, the batch-calibrated kappa of split 0, the
     final online kappa, T, the network shape, the feature names and the cache's provenance
     and checksum; ``diagnostics[row]`` (optional) goes to ``calibration``, which
     ``ccpo-jax export`` reads to refuse a degenerate router and to pick its default row;
@@ -60,7 +63,8 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
         row = policy_row(var)
         if row is None:
             continue
-        pol = jax.tree.map(lambda x: np.asarray(x[v, 0, 0]), state.policy)  # split 0, seed 0
+        seed = int((seeds or {}).get(row, 0))
+        pol = jax.tree.map(lambda x: np.asarray(x[v, 0, seed]), state.policy)  # split 0, the saved seed
         d = out / policy_slug(row)
         d.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(d / POLICY_PARAMS, serialization.to_bytes(pol))
@@ -71,10 +75,12 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
             "lambda": float(var.lam),
             "constraint_z": var.margin(cfg),
             "alpha": float(var.alpha),
-            "kappa": float(np.asarray(kappas[row])[0, 0]),
-            "kappa_online": float(np.asarray(state.kappa[v, 0, 0])),
-            "kappa_note": "kappa is the batch-calibrated threshold of seed 0 on split 0; kappa_online the online one",
-            "seed": 0,
+            "kappa": float(np.asarray(kappas[row])[seed, 0]),
+            "kappa_online": float(np.asarray(state.kappa[v, 0, seed])),
+            "kappa_note": "kappa is the batch-calibrated threshold of the saved seed on split 0; kappa_online the "
+                          "online one",
+            "seed": seed,
+            "seed_rule": f"the kept seed: {KEPT_RULE}" if seeds and row in seeds else "seed 0",
             "protocol": protocol,
             "split": 0,
             "T": int(m.T),

@@ -40,7 +40,7 @@ from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn  # noqa: F401 - Learne
 from ccpo_jax.ccpo.evaluation import question_cost_max
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, best_observable_row, describe, seconds
 from ccpo_jax.ccpo.run_config import ReproduceConfig, check_cost_cap
-from ccpo_jax.ccpo.settings import Setting
+from ccpo_jax.ccpo.settings import KEPT_RULE, Setting
 from ccpo_jax.core.conformal import calibration_size_warning
 from envs.replay.bound import BOUND_ROW
 from envs.cache.schema import ResponseCache
@@ -83,10 +83,11 @@ def _announce(say: Callable[[str], Any], run: Prepared, trains: bool, small: str
 def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: ResponseCache, rows: dict, timing: dict,
                    trains: bool, splits_test: Any = None, pooling: dict | None = None,
                    group_rows: dict | None = None, ltt: dict | None = None,
-                   best_obs: dict | None = None) -> tuple[dict, str]:
+                   best_obs: dict | None = None, kept: dict | None = None) -> tuple[dict, str]:
     """results.json, table.md and the box plots of a finished run, in its work directory (with
     ``--calibration mondrian`` also the per-group coverage and its picture; ``best_obs``: how the
-    best observable reference was fitted, ``ccpo_jax.ccpo.observable``)."""
+    best observable reference was fitted, ``ccpo_jax.ccpo.observable``; ``kept``: how each kept-seed
+    twin chose its seed, ``ccpo_jax.ccpo.rows.LearnedRows.kept``)."""
     results = report.build_results(
         setting=st.name, alpha=cfg.alpha, protocol=cfg.protocol, n_splits=cfg.n_splits,
         cache=report.cache_info(cache), rows=rows, timing=timing, seeds=cfg.seeds if trains else 1,
@@ -95,6 +96,9 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
     if best_obs is not None and BEST_OBS_ROW in results["policies"]:
         results["policies"][BEST_OBS_ROW].update(describe(best_obs))
         results["timing"]["best_observable_s"] = seconds(best_obs)  # part of eval_s
+    for row, how in (kept or {}).items():
+        if row in results["policies"]:
+            results["policies"][row]["kept_seed"] = dict(how, rule=KEPT_RULE)
     compare = is_setting_profile(st, cache)
     left = left_out_rows(cache, splits_test) if splits_test is not None else {}
     results["left_out"] = left
@@ -132,19 +136,19 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
 def _learned(trainer: LearnedRowsFn | None, run: Prepared, rows: dict, timing: dict, notes: list[str],
              say: Callable[[str], Any]):
     """Train and evaluate the learned rows (step 4 of :func:`reproduce`): add them to ``rows`` and
-    their times to ``timing``; refuse a two-risk request no row met; (per-group rows, two-risk outcome).
-    No trainer (``train=False``): a note, and (None, None)."""
+    their times to ``timing``; refuse a two-risk request no row met; (per-group rows, two-risk outcome, kept
+    seeds). No trainer (``train=False``): a note, and (None, None, None)."""
     if trainer is None:
         notes.append("learned rows (CPO, CPO batch, CPO online, CCPO) not run (train=False)")
         say(f"  note: {notes[-1]}")
-        return None, None
+        return None, None, None
     cfg = run.cfg
     got: LearnedRows = trainer(cfg, run.data, run.execution)
     check_feasible(getattr(got, "ltt", None), cfg.alpha, run_guarantee(cfg))
     rows.update(as_rows(got.rows, cfg.n_splits, "the trainer"))
     for k in ("compile_s", "train_s", "eval_s"):
         timing[k] += float(got.timing.get(k, 0.0))
-    return got.groups, getattr(got, "ltt", None)
+    return got.groups, getattr(got, "ltt", None), getattr(got, "kept", None)
 
 
 def reproduce(
@@ -195,11 +199,11 @@ def reproduce(
         rows[BEST_OBS_ROW], best_obs = best_observable_row(params, splits.test, cfg.alpha)  # nor this: no answers
         timing = {"compile_s": 0.0, "train_s": 0.0, "eval_s": time.perf_counter() - t0}
         # 3. training and evaluation of the learned rows
-        group_rows, ltt = _learned(trainer, run, rows, timing, notes, say)
+        group_rows, ltt, kept = _learned(trainer, run, rows, timing, notes, say)
         # 4. outputs
         timing["total_s"] = time.perf_counter() - t_start
         results, table = _write_outputs(work, st, cfg, cache_obj, rows, timing, trainer is not None, splits.test,
-                                        pooling, group_rows, ltt, best_obs)
+                                        pooling, group_rows, ltt, best_obs, kept)
     out = run.out
     say("")
     say(table.rstrip("\n"))

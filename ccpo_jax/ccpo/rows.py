@@ -3,8 +3,9 @@
 :func:`learned_rows` is what ``ccpo-jax reproduce`` calls (:mod:`ccpo_jax.ccpo.reproduce`):
 it trains the row variants (:func:`row_variants`) for several seeds in one program
 (:func:`train_seeds` -> :func:`ccpo_jax.ccpo.members.train_many`), evaluates them on every
-split (:func:`ccpo_jax.ccpo.evaluation.evaluate_trained`) and saves seed 0's policies
-(:mod:`ccpo_jax.ccpo.policy_store`). Rows follow arXiv 2511.11828 section 5: ``CPO`` is the
+split (:func:`ccpo_jax.ccpo.evaluation.evaluate_trained`), adds each calibrated row's kept-seed twin
+(:func:`kept_seeds`: the seed a user would deploy, chosen on its own training questions) and saves
+the kept seeds' policies (:mod:`ccpo_jax.ccpo.policy_store`). Rows follow arXiv 2511.11828 section 5: ``CPO`` is the
 pointwise policy, ``CPO batch`` / ``CPO online`` its sets with a calibrated / the online
 kappa (Eq. 10), ``CCPO (lambda=l)`` the conformally trained policy's calibrated sets.
 """
@@ -20,11 +21,11 @@ import jax
 import numpy as np
 
 from ccpo_jax.ccpo.config import TrainConfig, Variant
-from ccpo_jax.ccpo.evaluation import (GroupSpec, calibration_diagnostics, evaluate_members, variant_group_rows,
-                                      variant_ltt, variant_rows)
+from ccpo_jax.ccpo.evaluation import (GroupSpec, calibrated_rows, calibration_diagnostics, evaluate_members,
+                                      variant_group_rows, variant_ltt, variant_rows)
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, policy_row, save_policies
-from ccpo_jax.ccpo.settings import lambda_row_name
+from ccpo_jax.ccpo.settings import KEPT_SEED, lambda_row_name
 from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.ccpo.calibration import group_spec, run_guarantee
 from ccpo_jax.errors import UserError
@@ -54,6 +55,9 @@ class LearnedRows:
     ltt: dict[str, Any] | None = None
     """With a cap (``--guide-cap``, ``--cost-cap``): ``{row: {"feasible", "guide_rate", "cal_guide_rate", ...: [N, S]}}``
     for every calibrated row (:func:`ccpo_jax.ccpo.evaluation.variant_ltt`)."""
+    kept: dict[str, dict[str, Any]] | None = None
+    """With several seeds: ``{row [kept seed]: {"seed": [S_train], "train_cost_cents": [S_train][N]}}``, how
+    each kept-seed twin chose its seed on each training split (:func:`kept_seeds`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +148,9 @@ class TrainedRows:
     groups: dict = dataclasses.field(default_factory=dict)
     ev: Any = None
     ltt: dict = dataclasses.field(default_factory=dict)
+    kept: dict = dataclasses.field(default_factory=dict)
+    """calibrated row -> its kept seed on every training split [S_train] and the in-sample costs [N, S_train]
+    (:func:`kept_seeds`; empty for one seed)."""
 
 
 def member_keys(key: jax.Array, names: list[str], n: int) -> jax.Array:
@@ -154,10 +161,52 @@ def member_keys(key: jax.Array, names: list[str], n: int) -> jax.Array:
     return jax.numpy.stack([jax.random.split(jax.random.fold_in(key, zlib.crc32(nm.encode())), n) for nm in names])
 
 
+def kept_seeds(run: Any, data: RunData, variants: list[Variant], state, train_idx: np.ndarray
+               ) -> list[dict[str, np.ndarray]]:
+    """Of each variant's N seeds, the one a user would deploy, per training split: the seed whose calibrated
+    sets cost least on the training questions it was trained on, its threshold fitted on those same
+    questions (in-sample, under the run's guarantee). No calibration or test question is looked at, so
+    the kept seed's test figures are as honest as any seed's.
+
+    ``state`` leaves are [V, S_train, N, ...], ``train_idx`` [S_train, n_train]. Returns per variant
+    ``{"seed": int [S_train], "train_cost_cents": [N, S_train]}`` (ties: the lowest seed; under a cap a
+    seed without a feasible threshold never wins unless none has one, then seed 0). Measured over 25
+    training-split draws of five SYNTHETIC Table 2-5 settings, the kept seed cost less on the test splits
+    than the seeds' mean on 21 (``experiments/learnable_gap_splits.py --select-train``; docs/results.md)."""
+    ev = evaluate_members(run.train_config(), data.params, variants, state, train_idx, train_idx,
+                          jax.random.PRNGKey(0), retrain=True, guarantee=run_guarantee(run))
+    out = []
+    for v in range(len(variants)):
+        cost = np.asarray(ev.batch["cost_cents"][v], np.float64)  # [N, S_train]
+        if ev.ltt is not None:
+            cost = np.where(np.asarray(ev.ltt["feasible"][v], bool), cost, np.inf)
+        seed = np.where(np.isfinite(cost).any(axis=0), np.argmin(cost, axis=0), 0)
+        out.append({"seed": seed.astype(np.int64), "train_cost_cents": cost})
+    return out
+
+
+def kept_seed_rows(var: Variant, rows: dict[str, dict[str, np.ndarray]], kept: dict[str, np.ndarray],
+                   retrain: bool) -> dict[str, dict[str, np.ndarray]]:
+    """The kept-seed twin of each calibrated row of ``var`` (``rows``: its rows, ``{row: {metric: [N, S]}}``;
+    ``kept``: its entry of :func:`kept_seeds`): ``{row [kept seed]: {metric: [1, S]}}``, on split s the kept seed
+    of the policy evaluated there (its own training split's under ``retrain``; the one under
+    ``recalibrate``)."""
+    return {row + KEPT_SEED: {m: kept_seed_values(x, kept, retrain) for m, x in rows[row].items()}
+            for row in calibrated_rows(var) if row in rows}
+
+
+def kept_seed_values(x, kept: dict[str, np.ndarray], retrain: bool) -> np.ndarray:
+    """``x`` [N, S] at the kept seed of every split: [1, S] (one seed)."""
+    x = np.asarray(x)
+    seed = kept["seed"] if retrain else np.broadcast_to(kept["seed"][:1], (x.shape[1],))
+    return x[seed, np.arange(x.shape[1])][None]
+
+
 def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execution: Execution,
                         key_names: list[str], groups: GroupSpec | None = None):
     """Train ``variants`` x training splits x ``run.seeds`` in one program and evaluate every member on
-    every split: (state [V, S_train, N, ...], :class:`MemberEval`, curves, timing)."""
+    every split: (state [V, S_train, N, ...], :class:`MemberEval`, curves, timing, the kept seeds
+    (:func:`kept_seeds`; [] for one seed))."""
     config, splits = run.train_config(), data.splits
     N = int(run.seeds)
     if N < 1:
@@ -172,9 +221,10 @@ def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execut
     t0 = time.perf_counter()
     ev = evaluate_members(config, data.params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
                           retrain, groups, run_guarantee(run))
+    kept = kept_seeds(run, data, variants, state, train_idx) if N > 1 else []
     timing = dict(timing, eval_s=time.perf_counter() - t0)
     curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
-    return state, ev, curves, timing
+    return state, ev, curves, timing, kept
 
 
 def train_seeds(run: Any, data: RunData, execution: Execution) -> TrainedRows:
@@ -191,21 +241,29 @@ def train_seeds(run: Any, data: RunData, execution: Execution) -> TrainedRows:
     """
     variants = row_variants(tuple(run.lambdas), run.train_config(), run.alpha)
     groups = group_spec(run, data.cache)
-    state, ev, curves, timing = _train_and_evaluate(run, variants, data, execution, [v.name for v in variants], groups)
+    state, ev, curves, timing, kept = _train_and_evaluate(run, variants, data, execution, [v.name for v in variants],
+                                                          groups)
     rows: dict = {}
     kappas: dict = {}
     per_group: dict = {}
     ltt: dict = {}
+    chosen: dict = {}
     for v, var in enumerate(variants):
         ltt.update(variant_ltt(var, ev, v))
         r, k = variant_rows(var, ev, v)
         rows.update(r)
         kappas.update(k)
+        if kept:
+            retrain = run.protocol == "retrain"
+            rows.update(kept_seed_rows(var, r, kept[v], retrain))
+            chosen.update({row: kept[v] for row in calibrated_rows(var)})
+            ltt.update({row + KEPT_SEED: {k: kept_seed_values(x, kept[v], retrain) for k, x in ltt[row].items()}
+                        for row in calibrated_rows(var) if row in ltt})
         twins, g = variant_group_rows(var, ev, v)
         rows.update(twins)
         per_group.update(g)
     return TrainedRows(rows=rows, kappas=kappas, state=state, variants=variants, curves=curves, timing=timing,
-                       groups=per_group, ev=ev, ltt=ltt)
+                       groups=per_group, ev=ev, ltt=ltt, kept=chosen)
 
 
 def alpha_name(name: str, alpha: float) -> str:
@@ -229,16 +287,20 @@ def train_sweep(run: Any, data: RunData, execution: Execution
         base = [v for v in base if not (v.conformal and v.lam == 0.0)]
     variants = [dataclasses.replace(v, name=alpha_name(v.name, a), alpha=float(a), rows=v.table_rows())
                 for a in run.alphas for v in base]
-    state, ev, _, timing = _train_and_evaluate(run, variants, data, execution,
-                                               [v.name for a in run.alphas for v in base])
+    state, ev, _, timing, kept = _train_and_evaluate(run, variants, data, execution,
+                                                     [v.name for a in run.alphas for v in base])
     out: dict[float, dict[str, dict[str, np.ndarray]]] = {}
     for v, var in enumerate(variants):
-        out.setdefault(float(var.alpha), {}).update(variant_rows(var, ev, v)[0])
+        rows = variant_rows(var, ev, v)[0]
+        if kept:
+            rows.update(kept_seed_rows(var, rows, kept[v], run.protocol == "retrain"))
+        out.setdefault(float(var.alpha), {}).update(rows)
     return out, timing
 
 
 def learned_rows(run: Any, data: RunData, execution: Execution) -> LearnedRows:
-    """Train and evaluate the learned rows; save seed 0's split-0 policies beside ``execution.ckpt_dir``.
+    """Train and evaluate the learned rows; save each row's split-0 policy of its kept seed
+    (:func:`saved_seed`) beside ``execution.ckpt_dir``.
 
     ``run`` is the run configuration (:func:`train_seeds`), its ``lambdas`` the table's nonzero
     lambdas (CCPO (lambda=0) always trains); ``data.splits.train`` is [S, n_train],
@@ -246,34 +308,45 @@ def learned_rows(run: Any, data: RunData, execution: Execution) -> LearnedRows:
     from them), live training curves to ``execution.tb_dir``, the policies to
     ``ckpt_dir/../policies``. Rows hold [N seeds, S splits] arrays. With ``--calibration
     mondrian`` every calibrated row gets its Mondrian twin and the per-group outcome
-    (:attr:`LearnedRows.groups`); the saved policies carry their per-group thresholds (seed 0,
+    (:attr:`LearnedRows.groups`); the saved policies carry their per-group thresholds (saved seed,
     split 0) for ``ccpo-jax export``. The run's guarantee chooses every calibrated threshold's
     order statistic and is saved with the policies.
     """
     trained = train_seeds(run, data, execution)
     config, params, splits, cache, protocol = run.train_config(), data.params, data.splits, data.cache, run.protocol
     groups, guarantee, ckpt_dir = group_spec(run, cache), run_guarantee(run), execution.ckpt_dir
-    diagnostics = {}
+    diagnostics, seeds = {}, {}
     for v, var in enumerate(trained.variants):
         row = policy_row(var)
         if row is None:
             continue
-        pol = jax.tree.map(lambda x: x[v, 0, 0], trained.state.policy)
-        d = calibration_diagnostics(pol, params, float(np.asarray(trained.kappas[row])[0, 0]),
+        seed = seeds[row] = saved_seed(trained, row)
+        served = row + KEPT_SEED if row + KEPT_SEED in trained.rows else row  # the saved seed's own figures
+        pol = jax.tree.map(lambda x: x[v, 0, seed], trained.state.policy)
+        d = calibration_diagnostics(pol, params, float(np.asarray(trained.kappas[row])[seed, 0]),
                                     np.asarray(splits.cal)[0], var.alpha, config.hidden)
-        d["test_cost_cents_mean"] = _finite_mean(trained.rows[row]["cost_cents"])
-        d["test_coverage_mean"] = _finite_mean(trained.rows[row]["coverage"])
-        if row in trained.ltt:  # the saved threshold (seed 0, split 0) passed both tests, or not
-            d["ltt_feasible"] = bool(trained.ltt[row]["feasible"][0, 0])
+        d["test_cost_cents_mean"] = _finite_mean(trained.rows[served]["cost_cents"])
+        d["test_coverage_mean"] = _finite_mean(trained.rows[served]["coverage"])
+        if row in trained.ltt:  # the saved threshold (split 0) passed both tests, or not
+            d["ltt_feasible"] = bool(trained.ltt[row]["feasible"][seed, 0])
         diagnostics[row] = d
     mondrian = None if groups is None else mondrian_thresholds(trained, groups)
     save_policies(Path(ckpt_dir).parent / POLICIES_DIR, config, trained.variants, trained.state, trained.kappas,
-                  cache, protocol, diagnostics, mondrian, guarantee)
+                  cache, protocol, diagnostics, mondrian, guarantee, seeds)
     group_out = None
     if groups is not None:
         group_out = {"names": list(groups.names), "group_min": groups.group_min, "n_cal": trained.ev.groups.n_cal,
                      "n_test": trained.ev.groups.n_test, "rows": trained.groups}
-    return LearnedRows(rows=trained.rows, timing=trained.timing, groups=group_out, ltt=trained.ltt or None)
+    kept = {row + KEPT_SEED: {"seed": k["seed"].tolist(), "train_cost_cents": k["train_cost_cents"].T.tolist()}
+            for row, k in trained.kept.items()}
+    return LearnedRows(rows=trained.rows, timing=trained.timing, groups=group_out, ltt=trained.ltt or None,
+                       kept=kept or None)
+
+
+def saved_seed(trained: TrainedRows, row: str) -> int:
+    """The seed whose split-0 policy of ``row`` ``ccpo-jax export`` serves: the kept seed of the first training
+    split (:func:`kept_seeds`), seed 0 when there is one seed."""
+    return int(trained.kept[row]["seed"][0]) if row in trained.kept else 0
 
 
 def _finite_mean(x) -> float:
@@ -284,16 +357,17 @@ def _finite_mean(x) -> float:
 
 
 def mondrian_thresholds(trained: TrainedRows, groups: GroupSpec) -> dict[str, dict]:
-    """Each calibrated row's group-conditional thresholds of seed 0 on split 0, as saved with its
-    policy: ``{row: {"group_min", "kappas": {group: kappa} (own groups), "rest_kappa", "rest_groups":
-    [...] (pooled), "n_cal": {group: n}}}``."""
+    """Each calibrated row's group-conditional thresholds of its saved seed (:func:`saved_seed`) on split 0,
+    as saved with its policy: ``{row: {"group_min", "kappas": {group: kappa} (own groups), "rest_kappa",
+    "rest_groups": [...] (pooled), "n_cal": {group: n}}}``."""
     ge = trained.ev.groups
     out = {}
     for v, var in enumerate(trained.variants):
         row = policy_row(var)
         if row is None:
             continue
-        kap, own, n_cal = np.asarray(ge.kappa[v, 0, 0]), np.asarray(ge.own[v, 0, 0]), ge.n_cal[0]
+        seed = saved_seed(trained, row)
+        kap, own, n_cal = np.asarray(ge.kappa[v, seed, 0]), np.asarray(ge.own[v, seed, 0]), ge.n_cal[0]
         names = groups.names
         out[row] = {"group_min": groups.group_min,
                     "kappas": {names[g]: float(kap[g]) for g in range(len(names)) if own[g]},

@@ -82,13 +82,32 @@ def exit_row_name(model: str) -> str:
     return f"{model} EXIT"
 
 
+#: Suffix of a calibrated row's kept-seed twin, e.g. ``CCPO (lambda=0) [kept seed]``: of the row's
+#: training seeds, the one whose calibrated sets cost least on its own training questions
+#: (``ccpo_jax.ccpo.rows.kept_seeds``), the policy ``ccpo-jax export`` serves.
+KEPT_SEED = " [kept seed]"
+#: How a kept-seed twin chose its seed (results.json ``kept_seed.rule``, the exported router's ``seed_rule``).
+KEPT_RULE = ("of the row's training seeds, the one whose calibrated sets cost least on the training questions it was "
+             "trained on (threshold fitted there, in-sample); no calibration or test question is looked at")
+#: Suffix of a calibrated row's group-conditional (Mondrian) twin, e.g. ``CPO batch [Mondrian]``.
+MONDRIAN_TWIN = " [Mondrian]"
+
+
+def twin_base(name: str) -> str:
+    """The row a twin row (``ROW [kept seed]``, ``ROW [Mondrian]``) is a twin of; ``name`` itself otherwise."""
+    for suffix in (KEPT_SEED, MONDRIAN_TWIN):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 #: Rows in the paper's table order; rows not listed here sort after them.
 def row_order_key(name: str) -> tuple[int, str]:
     """Sort key putting rows in the paper's order: EXIT rows, Random, LLM policies, UALA, CPO..., CCPO;
-    a row's group-conditional twin (``ROW [Mondrian]``) right after it."""
-    if name.endswith(" [Mondrian]"):
-        k = row_order_key(name[: -len(" [Mondrian]")])
-        return (k[0], k[1] + "\x7f")
+    a row's twins right after it (``ROW [kept seed]``, then ``ROW [Mondrian]``)."""
+    if twin_base(name) != name:
+        k = row_order_key(twin_base(name))
+        return (k[0], k[1] + ("\x7e" if name.endswith(KEPT_SEED) else "\x7f"))
     fixed = {"Random": 1, "UALA": 3, "CPO": 4, "CPO batch": 5, "CPO online": 6}
     guide = row_key(GUIDE_MODEL)
     if name.endswith(" EXIT"):
