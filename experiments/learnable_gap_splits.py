@@ -13,7 +13,9 @@ the training split (the ``recalibrate`` protocol of ``reproduce``). On the same 
   are chosen on each test split's labels);
 * the best observable reference (``ccpo_jax.ccpo.observable.best_observable_row``).
 
-Prints and writes DIR/learnable_gap_splits.json: per draw, each seed's cost over the reference.
+Prints and writes DIR/learnable_gap_splits.json: per draw, each seed's cost over the reference, and the
+seeds' ensemble's (``ensemble``: the 5 seeds as one policy, pi the mean of their probabilities, kappa
+calibrated on each split: reproduce's ``CCPO (lambda=0) [ensemble]`` row).
 
 ``--select N``: hold N of the training questions out of training, and report also the seed a user would
 pick by its cost on them (kappa fitted on those N questions, in-sample; the test splits are not looked
@@ -43,7 +45,7 @@ REDRAWS, SEEDS = 50, 5
 
 
 def one_draw(profile: str, alpha: float, draw: int, select: int = 0, select_train: bool = False) -> dict:
-    from ccpo_jax.ccpo.evaluation import evaluate_trained
+    from ccpo_jax.ccpo.evaluation import evaluate_members, evaluate_trained
     from ccpo_jax.ccpo.members import train_many
     from ccpo_jax.ccpo.observable import best_observable_row
     from ccpo_jax.ccpo.presets import DEFAULT
@@ -69,11 +71,14 @@ def one_draw(profile: str, alpha: float, draw: int, select: int = 0, select_trai
         rows, _ = evaluate_trained(DEFAULT, params, variants, one, pick[None], pick[None], jax.random.PRNGKey(2),
                                    retrain=True)
         chosen = int(np.argmin(rows["CCPO (lambda=0)"]["cost_cents"][:, 0]))
-    state = jax.tree.map(lambda x: np.repeat(np.asarray(x).reshape((x.shape[0], 1, SEEDS) + x.shape[2:]), REDRAWS,
-                                             axis=1), state)
+    one_split = jax.tree.map(lambda x: np.asarray(x).reshape((x.shape[0], 1, SEEDS) + x.shape[2:]), state)
+    ens = evaluate_members(DEFAULT, params, variants, one_split, cal, test, jax.random.PRNGKey(1), False, ensemble=True)
+    state = jax.tree.map(lambda x: np.repeat(x, REDRAWS, axis=1), one_split)
     ref, _ = best_observable_row(params, test, alpha)
     ref_cost = float(np.mean(ref["cost_cents"]))
-    out = {"draw": draw, "reference_cost": ref_cost}
+    out = {"draw": draw, "reference_cost": ref_cost,
+           "ensemble": {"over_ref": float(np.mean(ens.batch["cost_cents"][0]) / ref_cost),
+                        "coverage": float(np.mean(ens.batch["coverage"][0]))}}
     for name, c in (("calibrated", cal), ("in-sample", test)):
         rows, _ = evaluate_trained(DEFAULT, params, variants, state, c, test, jax.random.PRNGKey(1), retrain=True)
         r = rows["CCPO (lambda=0)"]
@@ -106,6 +111,7 @@ def main(argv=None) -> None:
         draws = [one_draw(profile, float(alpha), d, a.select, a.select_train) for d in range(a.draws)]
         means = [d["calibrated"]["over_ref_mean"] for d in draws]
         res["cases"][case] = {"draws": draws, "mean_over_draws": float(np.mean(means)),
+                              "ensemble_mean_over_draws": float(np.mean([d["ensemble"]["over_ref"] for d in draws])),
                               "median_seed_ratio": float(np.median([x for d in draws
                                                                     for x in d["calibrated"]["over_ref_per_seed"]])),
                               "seconds": time.perf_counter() - t0}
@@ -113,6 +119,8 @@ def main(argv=None) -> None:
               f"in-sample {[round(d['in-sample']['over_ref_mean'], 3) for d in draws]}; "
               + (f"selected seed {[round(d['calibrated']['selected'], 3) for d in draws]}; " if a.select or a.select_train else "")
               + f"worst seed {[round(max(d['calibrated']['over_ref_per_seed']), 3) for d in draws]}; "
+              f"ensemble {[round(d['ensemble']['over_ref'], 3) for d in draws]} "
+              f"(coverage {[round(d['ensemble']['coverage'], 3) for d in draws]}); "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
     (out_dir / "learnable_gap_splits.json").write_text(json.dumps(res, indent=1))
 

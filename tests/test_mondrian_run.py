@@ -42,8 +42,9 @@ def test_every_calibrated_row_has_a_mondrian_twin_and_per_group_coverage(run):
     assert cal["kind"] == "mondrian" and cal["n_groups"] == 3 and cal["group_min"] == 20
     for row in ("CPO batch", "CCPO (lambda=0)"):
         twin = row + " [Mondrian]"
-        kept = row + " [kept seed]"  # the kept-seed twin (two seeds) sits between the row and its Mondrian twin
-        assert kept in pol and twin in pol and list(pol).index(twin) == list(pol).index(row) + 2
+        names = list(pol)  # with two seeds the kept-seed and ensemble twins sit between the row and its Mondrian twin
+        assert twin in pol and names[names.index(row):names.index(twin) + 1] == [
+            row, row + " [kept seed]", row + " [ensemble]", twin]
         for r in (row, twin):
             assert set(pol[r]["groups"]) == set(GROUPS)
             n_test = sum(pol[r]["groups"][g]["n_test"] for g in GROUPS)

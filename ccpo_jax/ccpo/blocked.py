@@ -28,12 +28,22 @@ def in_blocks(fn, obs: jax.Array, avail: jax.Array):
     return jax.tree.map(lambda x: x.reshape((n * BLOCK_ROWS,) + x.shape[2:])[:b], out)
 
 
-def blocked_policy_probs(policy_params: Any, obs: jax.Array, available: jax.Array, hidden=None) -> jax.Array:
-    """pi(.|o) ``[..., 3]`` for ``obs [..., F]``, computed in blocks of ``BLOCK_ROWS`` rows as the exported
-    module computes it. jit- and vmap-able."""
+def block_probs(policy_params: Any, hidden=None, ensemble: bool = False):
+    """``fn(obs [rows, F], avail [rows, 3]) -> pi(.|o) [rows, 3]``: one policy's masked softmax, or with
+    ``ensemble`` (every leaf with a leading member axis [M, ...]) the mean of the M members' (in member
+    order, float32): the function the trainer's evaluation and the exported module both run per block."""
     net = policy_net(tuple(hidden) if hidden is not None else HIDDEN)
+    if not ensemble:
+        return lambda o, a: masked_probs(net.apply(policy_params, o), a)
+    return lambda o, a: jnp.mean(jax.vmap(lambda p: masked_probs(net.apply(p, o), a))(policy_params), axis=0)
+
+
+def blocked_policy_probs(policy_params: Any, obs: jax.Array, available: jax.Array, hidden=None,
+                         ensemble: bool = False) -> jax.Array:
+    """pi(.|o) ``[..., 3]`` for ``obs [..., F]``, computed in blocks of ``BLOCK_ROWS`` rows as the exported
+    module computes it (``ensemble``: the members' mean, :func:`block_probs`). jit- and vmap-able."""
     lead = obs.shape[:-1]
     flat_o = obs.reshape((-1, obs.shape[-1]))
     flat_a = available.reshape((-1, N_ACTIONS))
-    probs = in_blocks(lambda o, a: masked_probs(net.apply(policy_params, o), a), flat_o, flat_a)
+    probs = in_blocks(block_probs(policy_params, hidden, ensemble), flat_o, flat_a)
     return probs.reshape(lead + (N_ACTIONS,))

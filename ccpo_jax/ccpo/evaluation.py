@@ -28,13 +28,14 @@ DEGENERATE_FULL_SET = 0.9
 DEGENERATE_KAPPA = 1e-6
 
 
-def policy_tables(policy, params: EnvParams, hidden=None):
+def policy_tables(policy, params: EnvParams, hidden=None, ensemble: bool = False):
     """Probabilities of every question and round [Q,T,3] and each question's largest covering kappa [Q].
 
     The forward pass runs in fixed-size row blocks (:mod:`ccpo_jax.ccpo.blocked`), exactly as the
-    exported router computes it, so the router's sets equal the trainer's bit for bit.
+    exported router computes it, so the router's sets equal the trainer's bit for bit. ``ensemble``:
+    ``policy``'s leaves carry a leading member axis and the probabilities are the members' mean.
     """
-    probs = blocked_policy_probs(policy, params.obs, params.available, hidden)
+    probs = blocked_policy_probs(policy, params.obs, params.available, hidden, ensemble)
     kappa_i = jax.vmap(conformal.largest_covering_kappa)(
         probs, params.base_correct, params.guide_correct, params.round_mask, params.unsolvable
     )
@@ -131,11 +132,15 @@ def cost_critical_sum(guarantee: Guarantee, n: int, cost_max: float) -> float:
 
 
 def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Variant], state, cal_idx, test_idx, key,
-                     retrain: bool, groups: GroupSpec | None = None, guarantee: Guarantee | None = None) -> MemberEval:
+                     retrain: bool, groups: GroupSpec | None = None, guarantee: Guarantee | None = None,
+                     ensemble: bool = False) -> MemberEval:
     """Every trained variant, seed and split in one jitted, vmapped call: see :func:`evaluate_trained`.
     With ``groups`` the calibrated rows are also calibrated per group (:class:`GroupEval`). With a
     ``pac`` ``guarantee`` every calibrated threshold (marginal and per group) takes the PAC rank of its
-    calibration count at the variant's alpha (:func:`ccpo_jax.ccpo.calibration.variant_ranks`)."""
+    calibration count at the variant's alpha (:func:`ccpo_jax.ccpo.calibration.variant_ranks`).
+    ``ensemble``: each variant's N seeds (of a training split) are one policy, the mean of their
+    probabilities (:func:`ccpo_jax.ccpo.blocked.block_probs`), calibrated as any: leaves [V, 1, S]; its
+    online kappa is the seeds' mean (its CPO online figures are not a row)."""
     S = cal_idx.shape[0]
     pac = guarantee is not None and guarantee.kind == "pac"
     ltt = pac and guarantee.capped
@@ -165,7 +170,7 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
 
     def one(policy, kappa_online, cal, test, k, alpha, ranks, counts, crit_sum):
         ranks = ranks if pac else None  # marginal: the float32 rank of conformal_rank, as always
-        probs, kappa_i = policy_tables(policy, params, config.hidden)
+        probs, kappa_i = policy_tables(policy, params, config.hidden, ensemble)
         extra = {}
         if ltt:
             khat, extra = two_risks(probs, kappa_i, cal, test, counts, crit_sum, ranks[n_cal_all])
@@ -190,7 +195,10 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
     per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0, None, None, None, None))
     per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None, 0, 0, 0, 0)))
     # [V, S_t, N, ...] -> [V, N, S_t, ...] (retrain) or [V, N, ...] (recalibrate)
-    if retrain:
+    if ensemble:  # the seeds as one member: [V, 1, S_t, N, ...] (retrain) or [V, 1, N, ...]
+        pol = jax.tree.map(lambda x: x[:, None] if retrain else x, state.policy)
+        kap = jnp.mean(state.kappa, axis=-1)[:, None] if retrain else jnp.mean(state.kappa[:, 0], axis=-1)[:, None]
+    elif retrain:
         pol = jax.tree.map(lambda x: jnp.swapaxes(x, 1, 2), state.policy)
         kap = jnp.swapaxes(state.kappa, 1, 2)
     else:
@@ -301,7 +309,8 @@ def evaluate_trained(config: TrainConfig, params: EnvParams, variants: list[Vari
     return rows, kappas
 
 
-def calibration_diagnostics(policy, params: EnvParams, kappa_hat: float, cal_idx, alpha: float, hidden=None) -> dict:
+def calibration_diagnostics(policy, params: EnvParams, kappa_hat: float, cal_idx, alpha: float, hidden=None,
+                            ensemble: bool = False) -> dict:
     """How the calibrated router of one policy behaves on its calibration questions.
 
     ``coverage`` of C_{pi,kappa-hat} (target ``1 - alpha``), ``full_set_fraction`` = share of
@@ -311,7 +320,7 @@ def calibration_diagnostics(policy, params: EnvParams, kappa_hat: float, cal_idx
     distribution of the set size over the calibration questions.
     """
     cal = jnp.asarray(cal_idx)
-    probs, _ = policy_tables(policy, params, hidden)
+    probs, _ = policy_tables(policy, params, hidden, ensemble)
     avail = params.available[cal]
     in_set = conformal.conformal_set(probs[cal], kappa_hat, avail)
     m = evaluate_sets(in_set, params, cal)

@@ -37,11 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
-from ccpo_jax.ccpo.blocked import in_blocks
+from ccpo_jax.ccpo.blocked import block_probs, in_blocks
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
 from ccpo_jax.core.conformal import conformal_set
 from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES, Calibration, guarantee_manifest, mondrian_manifest
-from ccpo_jax.core.networks import masked_probs, policy_net
 from ccpo_jax.errors import UserError
 from ccpo_jax.serving import Router
 from envs.replay.features import RAW_KEYS, SCALES, feature_names, ladder_roles, rung_feature
@@ -63,15 +62,16 @@ DEFAULT_ROW = "CCPO (lambda=0)"
 PLATFORMS = ("cpu", "cuda", "tpu")
 
 
-def policy_forward(hidden, treedef):
-    """``f(flat_params, obs [b, F], available [b, 3], kappa) -> (probs [b, 3], in_set [b, 3])``, in blocks."""
-    net = policy_net(tuple(hidden))
+def policy_forward(hidden, treedef, ensemble: bool = False):
+    """``f(flat_params, obs [b, F], available [b, 3], kappa) -> (probs [b, 3], in_set [b, 3])``, in blocks
+    (``ensemble``: leaves [N, ...], pi the members' mean, as the trainer's evaluation computes it)."""
 
     def f(flat, obs, avail, kappa):
         p = jax.tree_util.tree_unflatten(treedef, list(flat))
+        probs_of = block_probs(p, hidden, ensemble)
 
         def block(o, a):
-            probs = masked_probs(net.apply(p, o), a)
+            probs = probs_of(o, a)
             return probs, conformal_set(probs, kappa, a)
 
         return in_blocks(block, obs, avail)
@@ -79,7 +79,7 @@ def policy_forward(hidden, treedef):
     return f
 
 
-def export_module(params: Any, hidden, F: int) -> tuple[bytes, list[str], list[np.ndarray]]:
+def export_module(params: Any, hidden, F: int, ensemble: bool = False) -> tuple[bytes, list[str], list[np.ndarray]]:
     """Serialized batch-polymorphic module, leaf names and leaf arrays (in the module's input order)."""
     with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
     names = ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in with_path]
@@ -91,7 +91,7 @@ def export_module(params: Any, hidden, F: int) -> tuple[bytes, list[str], list[n
         jax.ShapeDtypeStruct((b, N_ACTIONS), jnp.bool_),
         jax.ShapeDtypeStruct((), jnp.float32),
     )
-    exp = jax_export.export(jax.jit(policy_forward(hidden, treedef)), platforms=PLATFORMS)(*specs)
+    exp = jax_export.export(jax.jit(policy_forward(hidden, treedef, ensemble)), platforms=PLATFORMS)(*specs)
     return bytes(exp.serialize()), names, leaves
 
 
@@ -178,7 +178,10 @@ def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], polic
             "training": "ccpo" if conformal else "cpo",
             "lambda": float(meta.get("lambda", 0.0)),
             "network": {"type": "mlp-tanh", "hidden": [int(h) for h in meta["hidden"]], "outputs": N_ACTIONS,
-                        "probs": "softmax over available actions (ccpo_jax.core.networks.masked_probs)"},
+                        "probs": "softmax over available actions (ccpo_jax.core.networks.masked_probs)",
+                        **({"ensemble": int(meta["ensemble"]),
+                            "ensemble_probs": "the mean of the members' probs (every leaf [members, ...]; "
+                                              "ccpo_jax.ccpo.blocked.block_probs)"} if meta.get("ensemble") else {})},
             "set_rule": "C(o) = {a available : pi(a|o) >= kappa} (paper Eq. 2); may be empty",
         },
         "alpha": float(meta["alpha"]),
@@ -343,7 +346,7 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
             echo(f"warning: exporting a degenerate router (forced): {_why_degenerate(meta)}")
 
     F = len(policy_features(meta, policy_dir))
-    blob, names, leaves = export_module(params, meta["hidden"], F)
+    blob, names, leaves = export_module(params, meta["hidden"], F, bool(meta.get("ensemble")))
 
     exp = jax_export.deserialize(bytearray(blob))
     info = {"platforms": list(exp.platforms), "calling_convention_version": int(exp.calling_convention_version)}
@@ -371,8 +374,8 @@ def _self_check(path: Path, params: Any, meta: dict, n: int = 4096) -> None:
     obs = rng.normal(size=(n, router.F)).astype(np.float32)
     avail = rng.random((n, N_ACTIONS)) < 0.8
     avail[:, 0] = True
-    net = policy_net(tuple(meta["hidden"]))
-    ref = jax.jit(lambda p, o, a: conformal_set(masked_probs(net.apply(p, o), a), np.float32(meta["kappa"]), a))
+    ens = bool(meta.get("ensemble"))
+    ref = jax.jit(lambda p, o, a: conformal_set(block_probs(p, meta["hidden"], ens)(o, a), np.float32(meta["kappa"]), a))
     if not np.array_equal(np.asarray(ref(params, obs, avail)), router.action_set(obs, avail)):
         raise UserError(f"{path}: the exported module's action sets differ from the trainer's; export aborted")
 

@@ -18,7 +18,7 @@ import numpy as np
 from flax import serialization
 
 from ccpo_jax.ccpo.config import TrainConfig, Variant
-from ccpo_jax.ccpo.settings import KEPT_RULE
+from ccpo_jax.ccpo.settings import ENSEMBLE, ENSEMBLE_RULE, KEPT_RULE
 from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.core.networks import policy_net
 from envs.cache.atomic import atomic_write_bytes, atomic_write_text
@@ -45,15 +45,16 @@ def policy_row(var: Variant) -> str | None:
 
 def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, kappas, cache, protocol: str,
                   diagnostics: dict | None = None, mondrian: dict | None = None, guarantee: Guarantee | None = None,
-                  seeds: dict[str, int] | None = None) -> None:
+                  seeds: dict[str, int] | None = None, ensembles: bool = False) -> None:
     """Write every trained policy of split 0 to ``out/<slug>/``: of seed ``seeds[row]`` (the row's kept seed,
-    ``ccpo_jax.ccpo.rows.saved_seed``; 0 when not given).
+    ``ccpo_jax.ccpo.rows.saved_seed``; 0 when not given); with ``ensembles`` also each row's ensemble
+    ``ROW [ensemble]`` (all N seeds of split 0 as one policy, leaves [N, ...], ``"ensemble": N``).
 
-    ``state`` leaves are [V, S_train, N, ...]; ``kappas[row]`` [N, S] the calibrated kappas;
-    ``policy.json`` gets the row name, the seed, alpha, the batch-calibrated kappa of split 0, the
-    final online kappa, T, the network shape, the feature names and the cache's provenance
-    and checksum; ``diagnostics[row]`` (optional) goes to ``calibration``, which
-    ``ccpo-jax export`` reads to refuse a degenerate router and to pick its default row;
+    ``state`` leaves are [V, S_train, N, ...]; ``kappas[row]`` [N, S] the calibrated kappas
+    (``kappas[ROW [ensemble]]`` [1, S]); ``policy.json`` gets the row name, the seed, alpha, the
+    batch-calibrated kappa of split 0, the final online kappa, T, the network shape, the feature names
+    and the cache's provenance and checksum; ``diagnostics[row]`` (optional) goes to ``calibration``,
+    which ``ccpo-jax export`` reads to refuse a degenerate router and to pick its default row;
     ``mondrian[row]`` (optional, ``reproduce --calibration mondrian``) goes to ``mondrian``: the
     per-group thresholds that ``ccpo-jax export --calibration mondrian`` puts in the router;
     ``guarantee`` goes to ``guarantee`` (kind, alpha, delta: what the thresholds guarantee).
@@ -65,50 +66,70 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
             continue
         seed = int((seeds or {}).get(row, 0))
         pol = jax.tree.map(lambda x: np.asarray(x[v, 0, seed]), state.policy)  # split 0, the saved seed
-        d = out / policy_slug(row)
-        d.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(d / POLICY_PARAMS, serialization.to_bytes(pol))
-        m = cache.manifest
-        meta = {
-            "row": row,
-            "conformal_training": bool(var.conformal),
-            "lambda": float(var.lam),
-            "constraint_z": var.margin(cfg),
-            "alpha": float(var.alpha),
-            "kappa": float(np.asarray(kappas[row])[seed, 0]),
-            "kappa_online": float(np.asarray(state.kappa[v, 0, seed])),
-            "kappa_note": "kappa is the batch-calibrated threshold of the saved seed on split 0; kappa_online the "
-                          "online one",
-            "seed": seed,
-            "seed_rule": f"the kept seed: {KEPT_RULE}" if seeds and row in seeds else "seed 0",
-            "protocol": protocol,
-            "split": 0,
-            "T": int(m.T),
-            "hidden": list(cfg.hidden),
-            "actions": list(ACTION_NAMES),
-            "feature_names": list(feature_names(m.T, ladder_roles(m.models_of("base"), m.models_of("guide")))),
-            "cache": {"name": m.name, "provenance": m.provenance, "checksum": m.checksum or cache.checksum()},
-            "models": m.to_dict()["models"],  # a ladder: one entry per round
-            "train_config": dict(dataclasses.asdict(cfg), alpha=float(var.alpha)),  # the policy's alpha (Variant.alpha)
-            "jax": jax.__version__,
-        }
-        if diagnostics and row in diagnostics:
-            meta["calibration"] = diagnostics[row]
-        if guarantee is not None:
-            meta["guarantee"] = guarantee.describe(var.alpha)
-        if mondrian and row in mondrian:
-            meta["mondrian"] = mondrian[row]
-        atomic_write_text(d / POLICY_META, json.dumps(meta, indent=2, default=str) + "\n")
+        meta = _meta(row, var, cfg, cache, protocol, float(np.asarray(kappas[row])[seed, 0]),
+                     float(np.asarray(state.kappa[v, 0, seed])))
+        meta.update(seed=seed, seed_rule=f"the kept seed: {KEPT_RULE}" if seeds and row in seeds else "seed 0")
+        _write(out, row, pol, meta, diagnostics, mondrian, guarantee, var)
+        if ensembles and row + ENSEMBLE in kappas:
+            members = jax.tree.map(lambda x: np.asarray(x[v, 0]), state.policy)  # split 0, every seed [N, ...]
+            n = int(np.asarray(state.kappa).shape[2])
+            meta = _meta(row + ENSEMBLE, var, cfg, cache, protocol, float(np.asarray(kappas[row + ENSEMBLE])[0, 0]),
+                         float(np.mean(np.asarray(state.kappa[v, 0]))))
+            meta.update(seed=None, ensemble=n, seed_rule=f"all {n} seeds as one policy: {ENSEMBLE_RULE}")
+            _write(out, row + ENSEMBLE, members, meta, diagnostics, mondrian, guarantee, var)
+
+
+def _meta(row: str, var: Variant, cfg: TrainConfig, cache, protocol: str, kappa: float, kappa_online: float) -> dict:
+    m = cache.manifest
+    return {
+        "row": row,
+        "conformal_training": bool(var.conformal),
+        "lambda": float(var.lam),
+        "constraint_z": var.margin(cfg),
+        "alpha": float(var.alpha),
+        "kappa": kappa,
+        "kappa_online": kappa_online,
+        "kappa_note": "kappa is the batch-calibrated threshold of the saved policy on split 0; kappa_online the "
+                      "online one",
+        "protocol": protocol,
+        "split": 0,
+        "T": int(m.T),
+        "hidden": list(cfg.hidden),
+        "actions": list(ACTION_NAMES),
+        "feature_names": list(feature_names(m.T, ladder_roles(m.models_of("base"), m.models_of("guide")))),
+        "cache": {"name": m.name, "provenance": m.provenance, "checksum": m.checksum or cache.checksum()},
+        "models": m.to_dict()["models"],  # a ladder: one entry per round
+        "train_config": dict(dataclasses.asdict(cfg), alpha=float(var.alpha)),  # the policy's alpha (Variant.alpha)
+        "jax": jax.__version__,
+    }
+
+
+def _write(out: Path, row: str, pol, meta: dict, diagnostics: dict | None, mondrian: dict | None,
+           guarantee: Guarantee | None, var: Variant) -> None:
+    """One policy directory: ``params.msgpack`` and ``policy.json`` (with the row's diagnostics, Mondrian
+    thresholds and guarantee when given)."""
+    d = out / policy_slug(row)
+    d.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(d / POLICY_PARAMS, serialization.to_bytes(pol))
+    if diagnostics and row in diagnostics:
+        meta["calibration"] = diagnostics[row]
+    if guarantee is not None:
+        meta["guarantee"] = guarantee.describe(var.alpha)
+    if mondrian and row in mondrian:
+        meta["mondrian"] = mondrian[row]
+    atomic_write_text(d / POLICY_META, json.dumps(meta, indent=2, default=str) + "\n")
 
 
 def load_policy(path: Path) -> tuple[Any, dict]:
-    """(params, meta) of a policy saved by :func:`save_policies`."""
+    """(params, meta) of a policy saved by :func:`save_policies` (an ensemble's leaves: [N, ...])."""
     path = Path(path)
     meta = json.loads((path / POLICY_META).read_text())
     net = policy_net(tuple(meta["hidden"]))
     # the features the policy was trained on (a ladder's rung prices included)
     F = len(meta["feature_names"]) if "feature_names" in meta else n_features(meta["T"])
     template = net.init(jax.random.PRNGKey(0), jnp.zeros((F,), jnp.float32))
+    if meta.get("ensemble"):  # N members stacked on a leading axis
+        template = jax.tree.map(lambda x: jnp.zeros((int(meta["ensemble"]),) + x.shape, x.dtype), template)
     params = serialization.from_bytes(template, (path / POLICY_PARAMS).read_bytes())
     shapes = jax.tree.map(np.shape, params), jax.tree.map(np.shape, template)
     if shapes[0] != shapes[1]:  # from_bytes takes any shapes: a policy of another width than its features

@@ -40,7 +40,7 @@ from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn  # noqa: F401 - Learne
 from ccpo_jax.ccpo.evaluation import question_cost_max
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, best_observable_row, describe, seconds
 from ccpo_jax.ccpo.run_config import ReproduceConfig, check_cost_cap
-from ccpo_jax.ccpo.settings import KEPT_RULE, Setting
+from ccpo_jax.ccpo.settings import ENSEMBLE, ENSEMBLE_RULE, KEPT_RULE, Setting
 from ccpo_jax.core.conformal import calibration_size_warning
 from envs.replay.bound import BOUND_ROW
 from envs.cache.schema import ResponseCache
@@ -99,6 +99,9 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
     for row, how in (kept or {}).items():
         if row in results["policies"]:
             results["policies"][row]["kept_seed"] = dict(how, rule=KEPT_RULE)
+    for row, entry in results["policies"].items():
+        if row.endswith(ENSEMBLE):
+            entry["ensemble"] = {"members": cfg.seeds, "rule": ENSEMBLE_RULE}
     compare = is_setting_profile(st, cache)
     left = left_out_rows(cache, splits_test) if splits_test is not None else {}
     results["left_out"] = left

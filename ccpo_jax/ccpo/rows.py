@@ -21,11 +21,11 @@ import jax
 import numpy as np
 
 from ccpo_jax.ccpo.config import TrainConfig, Variant
-from ccpo_jax.ccpo.evaluation import (GroupSpec, calibrated_rows, calibration_diagnostics, evaluate_members,
-                                      variant_group_rows, variant_ltt, variant_rows)
+from ccpo_jax.ccpo.evaluation import (GroupSpec, MemberEval, calibrated_rows, calibration_diagnostics,
+                                      evaluate_members, variant_group_rows, variant_ltt, variant_rows)
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, policy_row, save_policies
-from ccpo_jax.ccpo.settings import KEPT_SEED, lambda_row_name
+from ccpo_jax.ccpo.settings import ENSEMBLE, KEPT_SEED, lambda_row_name
 from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.ccpo.calibration import group_spec, run_guarantee
 from ccpo_jax.errors import UserError
@@ -202,11 +202,23 @@ def kept_seed_values(x, kept: dict[str, np.ndarray], retrain: bool) -> np.ndarra
     return x[seed, np.arange(x.shape[1])][None]
 
 
+def ensemble_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict[str, dict[str, np.ndarray]], dict, dict]:
+    """The ensemble twin of each calibrated row of ``var`` from ``ev``, the evaluation of every variant's seeds
+    as one policy (``evaluate_members(..., ensemble=True)``): ``{row [ensemble]: {metric: [1, S]}}``, its
+    calibrated kappas ``{row [ensemble]: [1, S]}`` and under a cap its Learn-then-Test outcome."""
+    rows, kappas = variant_rows(var, ev, v)
+    ltt = variant_ltt(var, ev, v)
+    keep = calibrated_rows(var)
+    return ({r + ENSEMBLE: rows[r] for r in keep}, {r + ENSEMBLE: kappas[r] for r in keep},
+            {r + ENSEMBLE: ltt[r] for r in keep if r in ltt})
+
+
 def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execution: Execution,
                         key_names: list[str], groups: GroupSpec | None = None):
     """Train ``variants`` x training splits x ``run.seeds`` in one program and evaluate every member on
     every split: (state [V, S_train, N, ...], :class:`MemberEval`, curves, timing, the kept seeds
-    (:func:`kept_seeds`; [] for one seed))."""
+    (:func:`kept_seeds`; [] for one seed), the seeds as one ensemble policy (a :class:`MemberEval` with
+    one member; None for one seed))."""
     config, splits = run.train_config(), data.splits
     N = int(run.seeds)
     if N < 1:
@@ -222,9 +234,12 @@ def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execut
     ev = evaluate_members(config, data.params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
                           retrain, groups, run_guarantee(run))
     kept = kept_seeds(run, data, variants, state, train_idx) if N > 1 else []
+    ens = None if N == 1 else evaluate_members(config, data.params, variants, state, np.asarray(splits.cal),
+                                               np.asarray(splits.test), k_eval, retrain, None, run_guarantee(run),
+                                               ensemble=True)
     timing = dict(timing, eval_s=time.perf_counter() - t0)
     curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
-    return state, ev, curves, timing, kept
+    return state, ev, curves, timing, kept, ens
 
 
 def train_seeds(run: Any, data: RunData, execution: Execution) -> TrainedRows:
@@ -241,8 +256,8 @@ def train_seeds(run: Any, data: RunData, execution: Execution) -> TrainedRows:
     """
     variants = row_variants(tuple(run.lambdas), run.train_config(), run.alpha)
     groups = group_spec(run, data.cache)
-    state, ev, curves, timing, kept = _train_and_evaluate(run, variants, data, execution, [v.name for v in variants],
-                                                          groups)
+    state, ev, curves, timing, kept, ens = _train_and_evaluate(run, variants, data, execution,
+                                                               [v.name for v in variants], groups)
     rows: dict = {}
     kappas: dict = {}
     per_group: dict = {}
@@ -259,6 +274,11 @@ def train_seeds(run: Any, data: RunData, execution: Execution) -> TrainedRows:
             chosen.update({row: kept[v] for row in calibrated_rows(var)})
             ltt.update({row + KEPT_SEED: {k: kept_seed_values(x, kept[v], retrain) for k, x in ltt[row].items()}
                         for row in calibrated_rows(var) if row in ltt})
+        if ens is not None:
+            r_e, k_e, l_e = ensemble_rows(var, ens, v)
+            rows.update(r_e)
+            kappas.update(k_e)
+            ltt.update(l_e)
         twins, g = variant_group_rows(var, ev, v)
         rows.update(twins)
         per_group.update(g)
@@ -287,13 +307,15 @@ def train_sweep(run: Any, data: RunData, execution: Execution
         base = [v for v in base if not (v.conformal and v.lam == 0.0)]
     variants = [dataclasses.replace(v, name=alpha_name(v.name, a), alpha=float(a), rows=v.table_rows())
                 for a in run.alphas for v in base]
-    state, ev, _, timing, kept = _train_and_evaluate(run, variants, data, execution,
-                                                     [v.name for a in run.alphas for v in base])
+    state, ev, _, timing, kept, ens = _train_and_evaluate(run, variants, data, execution,
+                                                          [v.name for a in run.alphas for v in base])
     out: dict[float, dict[str, dict[str, np.ndarray]]] = {}
     for v, var in enumerate(variants):
         rows = variant_rows(var, ev, v)[0]
         if kept:
             rows.update(kept_seed_rows(var, rows, kept[v], run.protocol == "retrain"))
+        if ens is not None:
+            rows.update(ensemble_rows(var, ens, v)[0])
         out.setdefault(float(var.alpha), {}).update(rows)
     return out, timing
 
@@ -330,9 +352,18 @@ def learned_rows(run: Any, data: RunData, execution: Execution) -> LearnedRows:
         if row in trained.ltt:  # the saved threshold (split 0) passed both tests, or not
             d["ltt_feasible"] = bool(trained.ltt[row]["feasible"][seed, 0])
         diagnostics[row] = d
+        if row + ENSEMBLE in trained.rows:  # every seed of split 0 as one policy
+            members = jax.tree.map(lambda x: x[v, 0], trained.state.policy)
+            d = calibration_diagnostics(members, params, float(np.asarray(trained.kappas[row + ENSEMBLE])[0, 0]),
+                                        np.asarray(splits.cal)[0], var.alpha, config.hidden, ensemble=True)
+            d["test_cost_cents_mean"] = _finite_mean(trained.rows[row + ENSEMBLE]["cost_cents"])
+            d["test_coverage_mean"] = _finite_mean(trained.rows[row + ENSEMBLE]["coverage"])
+            if row + ENSEMBLE in trained.ltt:
+                d["ltt_feasible"] = bool(trained.ltt[row + ENSEMBLE]["feasible"][0, 0])
+            diagnostics[row + ENSEMBLE] = d
     mondrian = None if groups is None else mondrian_thresholds(trained, groups)
     save_policies(Path(ckpt_dir).parent / POLICIES_DIR, config, trained.variants, trained.state, trained.kappas,
-                  cache, protocol, diagnostics, mondrian, guarantee, seeds)
+                  cache, protocol, diagnostics, mondrian, guarantee, seeds, ensembles=True)
     group_out = None
     if groups is not None:
         group_out = {"names": list(groups.names), "group_min": groups.group_min, "n_cal": trained.ev.groups.n_cal,

@@ -89,13 +89,22 @@ KEPT_SEED = " [kept seed]"
 #: How a kept-seed twin chose its seed (results.json ``kept_seed.rule``, the exported router's ``seed_rule``).
 KEPT_RULE = ("of the row's training seeds, the one whose calibrated sets cost least on the training questions it was "
              "trained on (threshold fitted there, in-sample); no calibration or test question is looked at")
+#: Suffix of a calibrated row's ensemble twin, e.g. ``CCPO (lambda=0) [ensemble]``: the row's training seeds
+#: as one policy, pi(a|o) the mean of theirs, calibrated like any row (``ccpo_jax.ccpo.rows.ensemble_rows``).
+ENSEMBLE = " [ensemble]"
+#: How an ensemble twin's policy is made (results.json, the exported router's ``seed_rule``).
+ENSEMBLE_RULE = ("pi(a|o) is the mean of the seeds' probabilities (each softmax over the available actions), and "
+                 "the set {a : pi(a|o) >= kappa} is calibrated on it like any policy's")
 #: Suffix of a calibrated row's group-conditional (Mondrian) twin, e.g. ``CPO batch [Mondrian]``.
 MONDRIAN_TWIN = " [Mondrian]"
+#: The twins' suffixes, in the order they follow their row in a table.
+TWINS = (KEPT_SEED, ENSEMBLE, MONDRIAN_TWIN)
 
 
 def twin_base(name: str) -> str:
-    """The row a twin row (``ROW [kept seed]``, ``ROW [Mondrian]``) is a twin of; ``name`` itself otherwise."""
-    for suffix in (KEPT_SEED, MONDRIAN_TWIN):
+    """The row a twin row (``ROW [kept seed]``, ``ROW [ensemble]``, ``ROW [Mondrian]``) is a twin of; ``name``
+    itself otherwise."""
+    for suffix in TWINS:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
@@ -104,10 +113,10 @@ def twin_base(name: str) -> str:
 #: Rows in the paper's table order; rows not listed here sort after them.
 def row_order_key(name: str) -> tuple[int, str]:
     """Sort key putting rows in the paper's order: EXIT rows, Random, LLM policies, UALA, CPO..., CCPO;
-    a row's twins right after it (``ROW [kept seed]``, then ``ROW [Mondrian]``)."""
+    a row's twins right after it (``ROW [kept seed]``, ``ROW [ensemble]``, then ``ROW [Mondrian]``)."""
     if twin_base(name) != name:
         k = row_order_key(twin_base(name))
-        return (k[0], k[1] + ("\x7e" if name.endswith(KEPT_SEED) else "\x7f"))
+        return (k[0], k[1] + chr(0x7d + [name.endswith(s) for s in TWINS].index(True)))
     fixed = {"Random": 1, "UALA": 3, "CPO": 4, "CPO batch": 5, "CPO online": 6}
     guide = row_key(GUIDE_MODEL)
     if name.endswith(" EXIT"):

@@ -63,7 +63,8 @@ def _models(manifest: Mapping, role: str) -> ModelInfo | tuple[ModelInfo, ...] |
 
 def dense_layers(manifest: Mapping, params: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]] | None:
     """The (kernel, bias) pairs of an ``mlp-tanh`` policy in float64, from the manifest's leaf names
-    (``params/Dense_i/kernel`` and ``.../bias``), or None for any other network (no screening)."""
+    (``params/Dense_i/kernel`` and ``.../bias``; an ensemble's with a leading member axis), or None for any
+    other network (no screening)."""
     net = manifest.get("policy", {}).get("network", {})
     names = [leaf["name"] for leaf in manifest["params"]["leaves"]]
     if net.get("type") != "mlp-tanh":
@@ -252,10 +253,17 @@ class Router:
     def probs64(self, obs: np.ndarray, available: np.ndarray) -> np.ndarray:
         """pi(.|o) in float64 by NumPy: the mlp-tanh and the softmax over available actions of
         :func:`ccpo_jax.core.networks.masked_probs`, for screening (not bit-equal to the module)."""
+        if self._dense[0][0].ndim == 3:  # an ensemble: the members' mean (manifest policy.network.ensemble)
+            return np.mean([self._probs64(obs, available, [(W[m], b[m]) for W, b in self._dense])
+                            for m in range(self._dense[0][0].shape[0])], axis=0)
+        return self._probs64(obs, available, self._dense)
+
+    @staticmethod
+    def _probs64(obs: np.ndarray, available: np.ndarray, dense) -> np.ndarray:
         h = obs.astype(np.float64)
-        for W, b in self._dense[:-1]:
+        for W, b in dense[:-1]:
             h = np.tanh(h @ W + b)
-        W, b = self._dense[-1]
+        W, b = dense[-1]
         z = np.where(available, h @ W + b, -np.inf)
         e = np.exp(z - z.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)

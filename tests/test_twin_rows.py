@@ -1,7 +1,14 @@
-"""The kept seed (``ccpo_jax.ccpo.rows.kept_seeds``): of a calibrated row's training seeds, the one whose
-calibrated sets cost least on its own training questions. Checked against a brute force (each seed
-evaluated alone, in-sample on the training questions, the argmin taken here), under both protocols; its
-twin row ``ROW [kept seed]`` in the rows, results.json and table.md; and the policy ``export`` serves."""
+"""A calibrated row's two seed twins.
+
+``ROW [kept seed]`` (``ccpo_jax.ccpo.rows.kept_seeds``): of the row's training seeds, the one whose calibrated
+sets cost least on its own training questions. Checked against a brute force (each seed evaluated alone,
+in-sample on the training questions, the argmin taken here), under both protocols; in the rows, results.json
+and table.md; and the policy ``export`` serves.
+
+``ROW [ensemble]`` (``ccpo_jax.ccpo.rows.ensemble_rows``): the seeds as one policy, pi the mean of their
+probabilities. Checked against a NumPy float64 forward pass of every seed and a threshold found by scanning
+every candidate kappa on the calibration questions (neither the trainer's blocked forward pass nor
+``largest_covering_kappa`` / ``calibrate_kappa``); and its exported router against the trainer's sets."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,16 +21,17 @@ from flax import serialization
 
 from ccpo_jax.ccpo import rows as rows_mod
 from ccpo_jax.ccpo.evaluation import calibrated_rows, evaluate_trained
+from ccpo_jax.core.conformal import conformal_rank_f64, conformal_set
 from ccpo_jax.ccpo.export import export_router
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, POLICY_PARAMS, policy_row, policy_slug
 from ccpo_jax.ccpo.presets import DEFAULT
 from ccpo_jax.ccpo.reproduce import reproduce
 from ccpo_jax.ccpo.rows import RowsRun, RunData, learned_rows, train_seeds
-from ccpo_jax.ccpo.settings import KEPT_SEED, twin_base
+from ccpo_jax.ccpo.settings import ENSEMBLE, KEPT_SEED, twin_base
 from ccpo_jax.ccpo.splits import Splits
-from ccpo_jax.runtime.execution import Execution, QUIET
+from ccpo_jax.runtime.execution import QUIET
 from envs.generators.synthetic import generate
-from envs.replay.env import make_env_params
+from envs.replay.env import evaluate_sets, make_env_params
 
 SEEDS = 4
 
@@ -148,5 +156,80 @@ def test_reproduce_reports_the_twin_rows(tmp_path):
         assert twin["seeds"] == 1 and "below_target" in twin and "cost_vs_bound" in twin
         assert "cost_over_best_observable" in twin
     assert "CCPO (lambda=0) [kept seed]" in res.table and "[kept seed]: the one seed" in res.table
+    assert "CCPO (lambda=0) [ensemble]" in res.table and "[ensemble]: ROW's seeds as one policy" in res.table
+    assert names.index("CCPO (lambda=0)" + ENSEMBLE) == names.index("CCPO (lambda=0)") + 2
+    assert pol["CCPO (lambda=0)" + ENSEMBLE]["ensemble"]["members"] == 3
     meta = json.loads((tmp_path / "out" / POLICIES_DIR / "ccpo-lambda-0" / POLICY_META).read_text())
     assert meta["seed"] == pol["CCPO (lambda=0) [kept seed]"]["kept_seed"]["seed"][0]
+
+
+def _probs64(policy, obs: np.ndarray, avail: np.ndarray) -> np.ndarray:
+    """One policy's pi(.|o) in float64 by NumPy: the mlp-tanh (flax Dense layers) and the softmax over the
+    available actions."""
+    layers = sorted(policy["params"], key=lambda k: int(k.split("_")[1]))
+    h = obs.astype(np.float64)
+    for i, name in enumerate(layers):
+        h = h @ np.asarray(policy["params"][name]["kernel"], np.float64) + np.asarray(policy["params"][name]["bias"])
+        if i < len(layers) - 1:
+            h = np.tanh(h)
+    z = np.where(avail, h, -np.inf)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _ensemble_by_hand(data, members, cal, test, alpha) -> float:
+    """Test cost of the seeds' mean pi, its threshold the largest kappa among every calibration probability
+    at which at least ceil((n+1)(1-alpha)) calibration questions are covered (a scan, no order statistic)."""
+    p = data.params
+    obs, avail = np.asarray(p.obs), np.asarray(p.available)
+    probs = np.mean([_probs64(m, obs, avail) for m in members], axis=0).astype(np.float32)
+    need = int(conformal_rank_f64(cal.size, alpha))
+    cands = np.unique(probs[cal][avail[cal]])[::-1]
+    covered = jax.vmap(lambda k: jax.numpy.sum(evaluate_sets(conformal_set(probs[cal], k, avail[cal]), p, cal).covered))(
+        cands)
+    ok = np.nonzero(np.asarray(covered) >= need)[0]
+    kappa = cands[ok[0]] if ok.size else 0.0
+    return float(np.sum(evaluate_sets(conformal_set(probs[test], kappa, avail[test]), p, test).cost_cents))
+
+
+def test_the_ensemble_is_the_seeds_mean_policy_calibrated(trained):
+    run, data, tr = trained
+    S = data.splits.test.shape[0]
+    for v, var in enumerate(tr.variants):
+        for row in calibrated_rows(var):
+            got = tr.rows[row + ENSEMBLE]["cost_cents"]
+            assert got.shape == (1, S)
+            for split in range(S):
+                t = split if run.protocol == "retrain" else 0
+                members = [jax.tree.map(lambda x: np.asarray(x)[v, t, n], tr.state.policy) for n in range(SEEDS)]
+                want = _ensemble_by_hand(data, members, np.asarray(data.splits.cal)[split],
+                                         np.asarray(data.splits.test)[split], var.alpha)
+                assert got[0, split] == pytest.approx(want, rel=1e-3), (row, split)  # float64 vs float32 pi
+            # not one seed's figures: the ensemble is its own policy
+            assert not any(np.array_equal(got[0], tr.rows[row]["cost_cents"][n]) for n in range(SEEDS)), row
+
+
+def test_the_exported_ensemble_routes_as_the_trainer_evaluates(tmp_path):
+    """learned_rows saves ROW [ensemble] (all seeds of split 0); its exported router's sets on every question
+    and round of the cache equal the trainer's at the saved kappa, screened or not."""
+    from ccpo_jax.ccpo.evaluation import policy_tables
+    from ccpo_jax.serving import Router
+
+    run = RowsRun(DEFAULT.replace(iterations=8, chunk=4), (), seeds=3)
+    data = _data(2, False)
+    learned_rows(run, data, dataclasses.replace(QUIET, ckpt_dir=tmp_path / "run" / "checkpoints"))
+    pdir = tmp_path / "run" / POLICIES_DIR / policy_slug("CCPO (lambda=0)" + ENSEMBLE)
+    meta = json.loads((pdir / POLICY_META).read_text())
+    assert meta["ensemble"] == 3 and meta["seed"] is None and meta["calibration"]["n"] == 50
+    art = export_router(tmp_path / "run", tmp_path / "router", row="CCPO (lambda=0) [ensemble]", echo=None)
+    router = Router.load(art)
+    assert router.manifest["policy"]["network"]["ensemble"] == 3
+    from ccpo_jax.ccpo.policy_store import load_policy
+
+    members, _ = load_policy(pdir)
+    probs, _ = policy_tables(members, data.params, DEFAULT.hidden, ensemble=True)
+    obs = np.asarray(data.params.obs).reshape(-1, router.F)
+    avail = np.asarray(data.params.available).reshape(-1, 3)
+    want = np.asarray(conformal_set(probs.reshape(-1, 3), np.float32(meta["kappa"]), avail))
+    assert np.array_equal(router.action_set(obs, avail), want)
+    np.testing.assert_allclose(router.probs64(obs, avail), np.asarray(probs).reshape(-1, 3), atol=1e-5)
