@@ -33,10 +33,11 @@ import numpy as np
 import pytest
 
 from ccpo_jax.runtime.execution import Execution
-from ccpo_jax.ccpo.evaluation import evaluate_trained
+from ccpo_jax.ccpo.evaluation import evaluate_members, evaluate_trained
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.presets import DEFAULT
-from ccpo_jax.ccpo.rows import row_variants
+from ccpo_jax.ccpo.rows import ensemble_rows, row_variants
+from ccpo_jax.ccpo.settings import ENSEMBLE
 from envs.generators import oracle
 from envs.cache.schema import ResponseCache
 from envs.replay.env import evaluate_sets, make_env_params
@@ -214,6 +215,11 @@ def _train_and_evaluate(cfg):
         case_state = jax.tree.map(lambda x: jnp.repeat(x[:, i:i + 1], REDRAWS, axis=1), state)  # one policy per redraw
         rows, _ = evaluate_trained(cfg, params, variants, case_state, cal[sl], test[sl], jax.random.fold_in(jax.random.PRNGKey(1), i),
                                    retrain=True)
+        # the seeds as one policy (reproduce's ROW [ensemble]): [1, REDRAWS] per calibrated row
+        ens = evaluate_members(cfg, params, variants, jax.tree.map(lambda x: x[:, i:i + 1], state), cal[sl], test[sl],
+                               jax.random.PRNGKey(2), retrain=False, ensemble=True)
+        for v, var in enumerate(variants):
+            rows.update(ensemble_rows(var, ens, v)[0])
         if nm in builtin:
             opt = np.mean([oracle.optimum(builtin[nm], ALPHA).cost_of(oracle.type_of(caches[i])[t - i * n])
                            for t in test[sl]])
@@ -224,6 +230,10 @@ def _train_and_evaluate(cfg):
 
 
 def _check(name, opt_cost, rows):
+    for row in ("CPO batch", "CCPO (lambda=0)"):  # the ten seeds' ensemble: within 15 %, covering
+        ens = rows[row + ENSEMBLE]
+        assert ens["cost_cents"].mean() / opt_cost <= 1.15, f"{name}: {row}{ENSEMBLE} {ens['cost_cents'].mean():.4g}"
+        assert ens["coverage"].mean() >= 1 - ALPHA - 0.05, f"{name}: {row}{ENSEMBLE} coverage {ens['coverage'].mean()}"
     rows = {r: {k: v.mean(axis=1) for k, v in m.items()} for r, m in rows.items()}  # mean over redraws
     cpo = rows["CPO"]["coverage"]
     assert np.all(cpo >= 1 - ALPHA - 3 * SE_TEST), f"{name}: CPO pointwise success per seed {np.round(cpo, 3)}"
@@ -256,6 +266,11 @@ def test_learners_spend_the_alpha_slack(trained, case):
         cov = rows[row]["coverage"].mean(axis=1)
         assert (ratio <= tol).sum() >= SEEDS - 1, f"{case}: {row} cost / optimum per seed {np.round(ratio, 3)}"
         assert np.all(cov >= 1 - ALPHA - 0.03), f"{case}: {row} coverage per seed {np.round(cov, 3)}"
+        # the ten seeds' ensemble: one policy, held to the same bound
+        ens = rows[row + ENSEMBLE]
+        assert ens["cost_cents"].mean() / opt <= tol and ens["coverage"].mean() >= 1 - ALPHA - 0.03, (
+            f"{case}: {row}{ENSEMBLE} cost / optimum {ens['cost_cents'].mean() / opt:.3f}, "
+            f"coverage {ens['coverage'].mean():.3f}")
 
 
 def test_learners_on_a_single_round_cascade(trained):

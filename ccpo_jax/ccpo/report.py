@@ -33,7 +33,7 @@ import numpy as np
 
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, add_cost_over_best_observable
 from ccpo_jax.ccpo.presets import PAPER, deviations_from_dict
-from ccpo_jax.ccpo.settings import ENSEMBLE, KEPT_SEED, METRICS, Setting, row_key, row_order_key
+from ccpo_jax.ccpo.settings import METRICS, Setting, row_key, row_order_key, twin_notes
 from envs.cache.atomic import atomic_path, atomic_write_json, atomic_write_text
 from envs.replay.bound import BOUND_ROW
 from envs.cache.values import md_cell, md_code, printable
@@ -283,13 +283,7 @@ def format_table(
                      "seeds of each seed's mean (learned rows)")
     else:
         lines.append("- cells: mean [5%, 95%] over splits")
-    if any(r.endswith(KEPT_SEED) for r in results["policies"]):
-        lines.append(f"- ROW{KEPT_SEED}: the one seed of ROW a user would deploy (`policies/ROW`): the seed whose "
-                     "calibrated sets cost least on its own training questions, its threshold fitted there; chosen "
-                     "without any calibration or test question; cells over splits")
-    if any(r.endswith(ENSEMBLE) for r in results["policies"]):
-        lines.append(f"- ROW{ENSEMBLE}: ROW's seeds as one policy, pi the mean of their probabilities, calibrated on "
-                     "each split like any row (`policies/ROW-ensemble`); cells over splits")
+    lines += twin_notes(results["policies"])
     lines.append("")
     with_bound = BOUND_ROW in results["policies"]
     if with_bound:

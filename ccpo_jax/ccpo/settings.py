@@ -110,6 +110,19 @@ def twin_base(name: str) -> str:
     return name
 
 
+def twin_notes(rows) -> list[str]:
+    """table.md's header lines saying what the seed twins among ``rows`` are (none without them)."""
+    out = []
+    if any(r.endswith(KEPT_SEED) for r in rows):
+        out.append(f"- ROW{KEPT_SEED}: the one seed of ROW a user would deploy (`policies/ROW`): the seed whose "
+                   "calibrated sets cost least on its own training questions, its threshold fitted there; chosen "
+                   "without any calibration or test question; cells over splits")
+    if any(r.endswith(ENSEMBLE) for r in rows):
+        out.append(f"- ROW{ENSEMBLE}: ROW's seeds as one policy, pi the mean of their probabilities, calibrated on "
+                   "each split like any row (`policies/ROW-ensemble`); cells over splits")
+    return out
+
+
 #: Rows in the paper's table order; rows not listed here sort after them.
 def row_order_key(name: str) -> tuple[int, str]:
     """Sort key putting rows in the paper's order: EXIT rows, Random, LLM policies, UALA, CPO..., CCPO;
