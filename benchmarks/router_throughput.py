@@ -13,7 +13,7 @@ The artefact is ``--artifact`` or, by default, an export of an UNTRAINED policy 
 3 x 64) on a SYNTHETIC cache (hotpotqa-llama2, 200 questions): throughput does not depend on the
 weights. Prints a table and writes JSON records {"name","value","unit","backend","device","config"}.
 
-    python benchmarks/router_throughput.py [--artifact DIR] [--seconds 2] [--requests 2000] [--out FILE]
+    python benchmarks/router_throughput.py [--artifact DIR | --members N] [--seconds 2] [--requests 2000] [--out FILE]
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def make_artifact(root: Path) -> Path:
-    """Export an untrained policy trained-format run dir (SYNTHETIC cache)."""
+def make_artifact(root: Path, members: int = 1) -> Path:
+    """Export an untrained policy trained-format run dir (SYNTHETIC cache); ``members`` > 1: the ensemble row of
+    that many untrained policies (``ROW [ensemble]``: pi the members' mean)."""
     from ccpo_jax.ccpo.config import TrainConfig, Variant
     from ccpo_jax.ccpo.export import export_router
     from ccpo_jax.ccpo.policy_store import save_policies
@@ -44,12 +45,15 @@ def make_artifact(root: Path) -> Path:
     from envs.generators.synthetic import generate
 
     cache = generate("hotpotqa-llama2", 200, 0)
-    p = policy_net().init(jax.random.PRNGKey(0), jnp.zeros((n_features(cache.T),), jnp.float32))
-    state = types.SimpleNamespace(policy=jax.tree.map(lambda a: np.asarray(a)[None, None, None], p),
-                                  kappa=np.array([[[0.3]]], np.float32))  # [V, S, N seeds]
+    ps = [policy_net().init(jax.random.PRNGKey(m), jnp.zeros((n_features(cache.T),), jnp.float32))
+          for m in range(members)]
+    state = types.SimpleNamespace(policy=jax.tree.map(lambda *a: np.stack([np.asarray(x) for x in a])[None, None], *ps),
+                                  kappa=np.full((1, 1, members), 0.3, np.float32))  # [V, S, N seeds]
+    kappas = {"CCPO (lambda=0)": np.full((members, 1), 0.3, np.float32),
+              "CCPO (lambda=0) [ensemble]": np.array([[0.3]], np.float32)}
     save_policies(root / "run" / "policies", TrainConfig(), [Variant("CCPO (lambda=0)", True, 0.0)], state,
-                  {"CCPO (lambda=0)": np.array([[0.3]], np.float32)}, cache, "recalibrate")
-    return export_router(root / "run", root / "art")
+                  kappas, cache, "recalibrate", ensembles=members > 1)
+    return export_router(root / "run", root / "art", row="CCPO (lambda=0) [ensemble]" if members > 1 else None)
 
 
 def rate(fn, n_per_call: int, seconds: float, min_calls: int = 5) -> tuple[float, int]:
@@ -68,6 +72,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=2.0, help="time per Router measurement (default 2)")
     ap.add_argument("--requests", type=int, default=2000, help="HTTP requests (default 2000)")
     ap.add_argument("--out", default=None, help="JSON records file (default: print only)")
+    ap.add_argument("--members", type=int, default=1, help="the default artefact's policies: >1 exports an ensemble "
+                    "of that many (the row ROW [ensemble]; default 1)")
     args = ap.parse_args(argv)
 
     from ccpo_jax.serving import Router
@@ -76,7 +82,7 @@ def main(argv=None) -> int:
     from envs.generators.synthetic import generate
 
     with tempfile.TemporaryDirectory() as tmp:
-        art = Path(args.artifact) if args.artifact else make_artifact(Path(tmp))
+        art = Path(args.artifact) if args.artifact else make_artifact(Path(tmp), args.members)
         router = Router.load(art)
         cache = generate("hotpotqa-llama2", 1024, 1)
         recs = cache_to_records(cache)
@@ -89,7 +95,8 @@ def main(argv=None) -> int:
 
         def add(name, value, unit, **config):
             records.append({"name": name, "value": round(float(value), 1), "unit": unit, "backend": backend,
-                            "device": device, "config": {**config, "data": synthetic, "cpus": os.cpu_count()}})
+                            "device": device, "config": {**config, "data": synthetic, "cpus": os.cpu_count(),
+                                                             "members": args.members if not args.artifact else None}})
 
         for B in (1, 1024):
             r, calls = rate(lambda: router.action_set(obs[:B], avail[:B]), B, args.seconds)

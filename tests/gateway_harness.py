@@ -17,9 +17,11 @@ from pathlib import Path
 import numpy as np
 
 
-def build_artefact(root: Path, scale: float = 300.0, seed: int = 5, kappa: float = 0.3, cache=None) -> Path:
+def build_artefact(root: Path, scale: float = 300.0, seed: int = 5, kappa: float = 0.3, cache=None,
+                   members: int = 1) -> Path:
     """An exported router (T = 3) of a random policy: ``scale`` sharpens its probabilities. ``cache``:
-    the cache it is exported with (its models: a ladder, a guide-less cascade); default SYNTHETIC."""
+    the cache it is exported with (its models: a ladder, a guide-less cascade); default SYNTHETIC.
+    ``members`` > 1: the ensemble row of that many random policies (seeds ``seed``, ``seed + 1``, ...)."""
     import jax
     import jax.numpy as jnp
 
@@ -31,14 +33,18 @@ def build_artefact(root: Path, scale: float = 300.0, seed: int = 5, kappa: float
     from envs.generators.synthetic import generate
 
     cache = generate("hotpotqa-llama2", 60, 3) if cache is None else cache
-    p = policy_net().init(jax.random.PRNGKey(seed), jnp.zeros((make_env_params(cache).F,), jnp.float32))
-    p = jax.tree_util.tree_map_with_path(
-        lambda path, x: x * scale if "Dense_3" in jax.tree_util.keystr(path) else x, p)
-    stack = jax.tree.map(lambda a: np.asarray(a)[None, None, None], p)
-    state = types.SimpleNamespace(policy=stack, kappa=np.array([[[kappa]]], np.float32))
+    F = make_env_params(cache).F
+    ps = [jax.tree_util.tree_map_with_path(lambda path, x: x * scale if "Dense_3" in jax.tree_util.keystr(path) else x,
+                                           policy_net().init(jax.random.PRNGKey(seed + m), jnp.zeros((F,), jnp.float32)))
+          for m in range(members)]
+    stack = jax.tree.map(lambda *a: np.stack([np.asarray(x) for x in a])[None, None], *ps)  # [1, 1, members, ...]
+    state = types.SimpleNamespace(policy=stack, kappa=np.full((1, 1, members), kappa, np.float32))
+    kappas = {"CCPO (lambda=0)": np.full((members, 1), kappa, np.float32)}
+    if members > 1:
+        kappas["CCPO (lambda=0) [ensemble]"] = np.array([[kappa]], np.float32)
     save_policies(root / "run" / "policies", TrainConfig(), [Variant("CCPO (lambda=0)", True, 0.0)], state,
-                  {"CCPO (lambda=0)": np.array([[kappa]], np.float32)}, cache, "recalibrate")
-    return export_router(root / "run", root / "art")
+                  kappas, cache, "recalibrate", ensembles=members > 1)
+    return export_router(root / "run", root / "art", row="CCPO (lambda=0) [ensemble]" if members > 1 else None)
 
 
 class GatewayThread:

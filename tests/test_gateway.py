@@ -554,3 +554,25 @@ def test_live_eval_upstream_failure_is_one_error_line_and_a_valid_journal(art, t
     assert res.returncode == 2 and res.stderr.startswith("error: ") and "HTTP 500" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert read_jsonl(journal).n_questions == 5
+
+
+def test_an_ensemble_router_behind_the_gateway(tmp_path):
+    """An exported ensemble (three policies, ``ROW [ensemble]``) behind the gateway, asked by the openai client,
+    streamed and not: every decision equals the router's own on the journaled rounds (its float64 screen
+    averages the members as the module does)."""
+    art = build_artefact(tmp_path, members=3)
+    journal = tmp_path / "journal.jsonl"
+    with FakeChatServer(SCRIPTS) as up, _gateway(art, up, journal) as g:
+        router = g.gw.router
+        assert router.manifest["policy"]["network"]["ensemble"] == 3 and router.manifest["seed"] is None
+        client = openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0, timeout=30)
+        for q in QS[:4]:
+            r = _ask(client, q)
+            ccpo = r.model_extra["ccpo"]
+            rec = _journal(journal)[r.id]
+            for t, d in enumerate(ccpo["decisions"]):
+                want = router.decide(rec["rounds"][: t + 1], can_continue=t + 1 < router.T)
+                assert d["action_set"] == want["action_set"] and d["probs"] == pytest.approx(want["probs"], abs=1e-5)
+            chunks = list(client.chat.completions.create(model=MODEL_ID, stream=True,
+                                                         messages=[{"role": "user", "content": q}]))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
