@@ -79,6 +79,12 @@ def test_exported_mondrian_router_takes_the_group_from_the_request(run, tmp_path
                  "--out", str(tmp_path / "art")])
     assert r.returncode == 0, r.stderr
     assert "Mondrian:" in r.stdout
+    # the default row under --calibration mondrian is one saved with per-group thresholds (never an ensemble)
+    from ccpo_jax.ccpo.export import export_router
+
+    said = []
+    default = Router.load(export_router(res.out_dir, tmp_path / "default", calibration="mondrian", echo=said.append))
+    assert "[ensemble]" not in default.manifest["policy"]["row"] and default.manifest["mondrian"], said
     router = Router.load(tmp_path / "art")
     meta = json.loads((res.out_dir / "policies" / "ccpo-lambda-0" / "policy.json").read_text())["mondrian"]
     line = json.loads((res.out_dir.parent / "grouped.jsonl").read_text().splitlines()[1])

@@ -134,6 +134,29 @@ def test_the_saved_policy_is_the_kept_seeds(tmp_path, monkeypatch):
     art = export_router(tmp_path / "run", tmp_path / "router", row="CCPO (lambda=0)", force=True, echo=None)
     man = json.loads((art / "manifest.json").read_text())
     assert man["seed"] == int(tr.kept["CCPO (lambda=0)"]["seed"][0]) and man["seed_rule"].startswith("the kept seed")
+    # the table's name of that policy finds it too; the live evaluation reads that row's prediction
+    from ccpo_jax.gateway.liveeval import served_row
+
+    twin = export_router(tmp_path / "run", tmp_path / "twin", row="CCPO (lambda=0) [kept seed]", force=True, echo=None)
+    assert (twin / "params.npz").read_bytes() == (art / "params.npz").read_bytes()
+    assert served_row(man) == "CCPO (lambda=0) [kept seed]"
+
+
+def test_results_json_of_the_kept_seeds_is_plain_json():
+    from ccpo_jax.ccpo.rows import kept_json
+
+    got = kept_json({"CCPO (lambda=0)": {"seed": np.array([2]), "train_cost_cents": np.array([[3.0], [np.inf], [1.5]])}})
+    assert got == {"CCPO (lambda=0) [kept seed]": {"seed": [2], "train_cost_cents": [[3.0, None, 1.5]]}}
+    json.dumps(got, allow_nan=False)
+
+
+def test_one_seed_saves_seed_0_and_no_ensemble(tmp_path):
+    run = RowsRun(DEFAULT.replace(iterations=2, chunk=2), (), seeds=1)
+    learned_rows(run, _data(1, False), dataclasses.replace(QUIET, ckpt_dir=tmp_path / "run" / "checkpoints"))
+    pdir = tmp_path / "run" / POLICIES_DIR
+    assert sorted(p.name for p in pdir.iterdir()) == ["ccpo-lambda-0", "cpo-batch"]
+    meta = json.loads((pdir / "ccpo-lambda-0" / POLICY_META).read_text())
+    assert meta["seed"] == 0 and meta["seed_rule"] == "seed 0"
 
 
 def test_reproduce_reports_the_twin_rows(tmp_path):

@@ -121,7 +121,7 @@ def mondrian_manifest(meta: dict, policy_dir: Path) -> dict:
             "n_cal": {str(g): int(n) for g, n in m.get("n_cal", {}).items()},
             "rule": "a request's group with its own threshold (kappas) uses it; any other group, or none, "
                     "uses rest_kappa (the pooled small groups; the marginal kappa when none was pooled)",
-            "note": "thresholds of seed 0 on split 0, like kappa"}
+            "note": "thresholds of the saved seed on split 0, like kappa"}
 
 
 def guarantee_manifest(meta: dict, policy_dir: Path, want: str | None) -> dict:
@@ -152,7 +152,8 @@ def effective_group_min(group_min: int, alpha: float, guarantee: Guarantee) -> i
 
 
 def is_calibrated_row(row: str) -> bool:
-    """A row whose sets are batch-calibrated: CPO batch, the CCPO rows, and their twins (kept seed, Mondrian)."""
+    """A row whose sets are batch-calibrated: CPO batch, the CCPO rows, and their twins (kept seed, ensemble,
+    Mondrian)."""
     base = twin_base(row)
     return base == "CPO batch" or base.startswith("CCPO (")
 

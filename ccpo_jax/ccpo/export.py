@@ -39,6 +39,7 @@ from jax import export as jax_export
 
 from ccpo_jax.ccpo.blocked import block_probs, in_blocks
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
+from ccpo_jax.ccpo.settings import KEPT_SEED
 from ccpo_jax.core.conformal import conformal_set
 from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES, Calibration, guarantee_manifest, mondrian_manifest
 from ccpo_jax.errors import UserError
@@ -95,8 +96,9 @@ def export_module(params: Any, hidden, F: int, ensemble: bool = False) -> tuple[
     return bytes(exp.serialize()), names, leaves
 
 
-def find_policy(run_dir: Path, row: str | None) -> Path:
-    """The policy directory of ``row`` (a row name or its slug) in ``run_dir`` (or ``run_dir`` itself)."""
+def find_policy(run_dir: Path, row: str | None, calibration: str = "marginal") -> Path:
+    """The policy directory of ``row`` (a row name or its slug) in ``run_dir`` (or ``run_dir`` itself); None:
+    the default row for ``calibration`` (:func:`choose_default_row`)."""
     run_dir = Path(run_dir)
     if (run_dir / POLICY_META).is_file() and row is None:
         return run_dir
@@ -105,7 +107,9 @@ def find_policy(run_dir: Path, row: str | None) -> Path:
         raise UserError(f"{run_dir}: no {POLICIES_DIR}/ folder; expected the --out of 'ccpo-jax reproduce' "
                         "(a run that trained CPO/CCPO rows)")
     if row is None:
-        return choose_default_row(pdir)[0]
+        return choose_default_row(pdir, calibration)[0]
+    if row.endswith(KEPT_SEED):  # policies/ROW holds ROW's kept seed
+        row = row[: -len(KEPT_SEED)]
     for cand in (policy_slug(row), row):
         if (pdir / cand / POLICY_META).is_file():
             return pdir / cand
@@ -256,11 +260,15 @@ def _describe(meta: dict) -> str:
             f"{cal['test_coverage_mean']:.3f}, kappa-hat {cal['kappa']:.3g})")
 
 
-def choose_default_row(pdir: Path) -> tuple[Path, str]:
-    """The cheapest calibrated row (mean test cost over seeds x splits) whose calibration coverage
-    holds and whose router is not degenerate (``ccpo_jax.ccpo.evaluation.calibration_diagnostics``).
+def choose_default_row(pdir: Path, calibration: str = "marginal") -> tuple[Path, str]:
+    """The cheapest calibrated row (the saved policy's mean test cost over splits: the kept seed's, or the
+    ensemble's for ``ROW [ensemble]``; before the kept seed, the mean over seeds x splits) whose calibration
+    coverage holds and whose router is not degenerate (``ccpo_jax.ccpo.evaluation.calibration_diagnostics``);
+    with ``calibration`` "mondrian", among the rows saved with per-group thresholds (not the ensembles).
     Returns (policy dir, reason). Runs saved before diagnostics existed: ``DEFAULT_ROW``."""
     metas = _policy_metas(pdir)
+    if Calibration(calibration) is Calibration.MONDRIAN and any(m.get("mondrian") for _, m in metas):
+        metas = [(d, m) for d, m in metas if m.get("mondrian")]
     if metas and all("calibration" not in m for _, m in metas):
         d = pdir / policy_slug(DEFAULT_ROW)
         if d.is_dir():
@@ -316,7 +324,7 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
     if calibration not in CALIBRATIONS:
         raise UserError(f"calibration: unknown calibration {calibration!r}; valid: {', '.join(CALIBRATIONS)}",
                         field="calibration")
-    policy_dir = find_policy(run_dir, row)
+    policy_dir = find_policy(run_dir, row, calibration)
     try:
         params, meta = load_policy(policy_dir)
     except RecursionError:  # e.g. 100,000 nested lists in policy.json
@@ -341,7 +349,7 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
         raise UserError(f"{_why_degenerate(meta)}: a degenerate router{better}; pass `force` to export it anyway")
     if echo is not None:
         if row is None and (run_dir / "policies").is_dir():
-            echo(f"row: {choose_default_row(run_dir / 'policies')[1]}")
+            echo(f"row: {choose_default_row(run_dir / 'policies', calibration)[1]}")
         elif cal and cal["degenerate"]:
             echo(f"warning: exporting a degenerate router (forced): {_why_degenerate(meta)}")
 

@@ -75,7 +75,9 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
             n = int(np.asarray(state.kappa).shape[2])
             meta = _meta(row + ENSEMBLE, var, cfg, cache, protocol, float(np.asarray(kappas[row + ENSEMBLE])[0, 0]),
                          float(np.mean(np.asarray(state.kappa[v, 0]))))
-            meta.update(seed=None, ensemble=n, seed_rule=f"all {n} seeds as one policy: {ENSEMBLE_RULE}")
+            meta.update(seed=None, ensemble=n, seed_rule=f"all {n} seeds as one policy: {ENSEMBLE_RULE}",
+                        kappa_note="kappa is the batch-calibrated threshold of the ensemble on split 0; kappa_online "
+                                   "the mean of its members' online thresholds")
             _write(out, row + ENSEMBLE, members, meta, diagnostics, mondrian, guarantee, var)
 
 

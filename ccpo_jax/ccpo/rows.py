@@ -363,15 +363,23 @@ def learned_rows(run: Any, data: RunData, execution: Execution) -> LearnedRows:
             diagnostics[row + ENSEMBLE] = d
     mondrian = None if groups is None else mondrian_thresholds(trained, groups)
     save_policies(Path(ckpt_dir).parent / POLICIES_DIR, config, trained.variants, trained.state, trained.kappas,
-                  cache, protocol, diagnostics, mondrian, guarantee, seeds, ensembles=True)
+                  cache, protocol, diagnostics, mondrian, guarantee, {r: s for r, s in seeds.items() if r in trained.kept},
+                  ensembles=True)
     group_out = None
     if groups is not None:
         group_out = {"names": list(groups.names), "group_min": groups.group_min, "n_cal": trained.ev.groups.n_cal,
                      "n_test": trained.ev.groups.n_test, "rows": trained.groups}
-    kept = {row + KEPT_SEED: {"seed": k["seed"].tolist(), "train_cost_cents": k["train_cost_cents"].T.tolist()}
-            for row, k in trained.kept.items()}
     return LearnedRows(rows=trained.rows, timing=trained.timing, groups=group_out, ltt=trained.ltt or None,
-                       kept=kept or None)
+                       kept=kept_json(trained.kept) or None)
+
+
+def kept_json(kept: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, list]]:
+    """results.json's ``kept_seed`` of every twin: ``{row [kept seed]: {"seed": [S_train], "train_cost_cents":
+    [S_train][N]}}``, plain numbers; a seed without a feasible threshold under a cap (cost inf) is null."""
+    return {row + KEPT_SEED: {"seed": [int(s) for s in k["seed"]],
+                              "train_cost_cents": [[float(c) if np.isfinite(c) else None for c in per]
+                                                   for per in np.asarray(k["train_cost_cents"]).T]}
+            for row, k in kept.items()}
 
 
 def saved_seed(trained: TrainedRows, row: str) -> int:

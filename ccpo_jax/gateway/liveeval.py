@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 from scipy.stats import binomtest
 
+from ccpo_jax.ccpo.settings import KEPT_SEED
 from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.questions import load_questions
 from ccpo_jax.errors import UserError
@@ -38,6 +39,13 @@ def clopper_pearson(k: int, n: int) -> tuple[float, float]:
         return 0.0, 1.0
     ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
     return float(ci.low), float(ci.high)
+
+
+def served_row(manifest: dict) -> str:
+    """The results.json row whose figures are the exported policy's: ``ROW [kept seed]`` when the artefact is
+    a row's kept seed (``seed_rule``), else the row itself (an ensemble row, a one-seed run, an older run)."""
+    row = manifest["policy"]["row"]
+    return row + KEPT_SEED if str(manifest.get("seed_rule", "")).startswith("the kept seed") else row
 
 
 def replay_prediction(results: str | Path, row: str) -> dict:
@@ -78,7 +86,7 @@ def live_eval(artefact: str | Path, cfg: GatewayConfig, questions: str | Path, *
         raise UserError(f"{cfg.journal}: already exists; live-eval writes a new journal", field="journal")
     res_path = _find_results(artefact, results)
     gw = load_gateway(artefact, cfg)
-    pred = replay_prediction(res_path, gw.router.manifest["policy"]["row"]) if res_path else None
+    pred = replay_prediction(res_path, served_row(gw.router.manifest)) if res_path else None
     rows = asyncio.run(_run_all(gw, qs, budget_cents, concurrency))
     report = summarise(rows, pred, len(qs), 1.0 - gw.router.alpha)
     report["journal"] = str(cfg.journal)
