@@ -51,6 +51,31 @@ def test_openai_client_against_real_servers(gateway):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Paris"
 
 
+def test_an_ensemble_router_against_real_servers(tmp_path):
+    """An exported ensemble (``ROW [ensemble]``, three policies) in front of two real llama-servers: the openai
+    client, streamed and not; every decision equals the router's own on the journaled rounds."""
+    with LS.designed_servers(LS.BINARY, tmp_path) as urls:
+        cfg = GatewayConfig(base=Endpoint(urls["base"], "bigram-base"), guide=Endpoint(urls["guide"], "bigram-guide"),
+                            journal=str(tmp_path / "journal.jsonl"))
+        with GatewayThread(load_gateway(build_artefact(tmp_path / "ens", members=3), cfg)) as g:
+            router = g.gw.router
+            assert router.manifest["policy"]["network"]["ensemble"] == 3
+            client = openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0, timeout=120)
+            for q in ("Capital number 1?", "Capital number 2?"):
+                r = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": q}])
+                ccpo = r.model_extra["ccpo"]
+                rec = next(json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()
+                           if json.loads(x).get("id") == r.id)
+                for t, d in enumerate(ccpo["decisions"]):
+                    want = router.decide(rec["rounds"][: t + 1], can_continue=t + 1 < router.T)
+                    assert d["action_set"] == want["action_set"]
+                    assert d["probs"] == pytest.approx(want["probs"], abs=1e-5)
+                chunks = list(client.chat.completions.create(model=MODEL_ID, stream=True,
+                                                             messages=[{"role": "user", "content": q}]))
+                assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+                    r.choices[0].message.content
+
+
 def _rss_kib(pid: int = os.getpid()) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
