@@ -48,11 +48,37 @@ def _data(n_splits: int, retrain: bool) -> RunData:
                    jax.random.PRNGKey(0))
 
 
-@pytest.fixture(scope="module", params=["recalibrate", "retrain"])
-def trained(request):
-    run = RowsRun(DEFAULT.replace(iterations=8, chunk=4), (2e-4,), seeds=SEEDS, protocol=request.param)
-    data = _data(3 if request.param == "recalibrate" else 2, request.param == "retrain")
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """``learned_rows`` under recalibrate (3 splits, 4 seeds, lambdas 0 and 2e-4), its policies in RUN/policies:
+    (run, data, what train_seeds returned inside it, what learned_rows returned, RUN)."""
+    run = RowsRun(DEFAULT.replace(iterations=8, chunk=4), (2e-4,), seeds=SEEDS)
+    data = _data(3, False)
+    root = tmp_path_factory.mktemp("twins") / "run"
+    seen, real = {}, rows_mod.train_seeds
+
+    def spy(*a, **k):
+        seen["tr"] = real(*a, **k)
+        return seen["tr"]
+
+    rows_mod.train_seeds = spy
+    try:
+        got = learned_rows(run, data, dataclasses.replace(QUIET, ckpt_dir=root / "checkpoints"))
+    finally:
+        rows_mod.train_seeds = real
+    return run, data, seen["tr"], got, root
+
+
+@pytest.fixture(scope="module")
+def retrained():
+    run = RowsRun(DEFAULT.replace(iterations=8, chunk=4), (2e-4,), seeds=SEEDS, protocol="retrain")
+    data = _data(2, True)
     return run, data, train_seeds(run, data, QUIET)
+
+
+@pytest.fixture(params=["recalibrate", "retrain"])
+def trained(request):
+    return request.getfixturevalue("saved")[:3] if request.param == "recalibrate" else request.getfixturevalue("retrained")
 
 
 def _brute_force(run, data, tr) -> dict[str, np.ndarray]:
@@ -99,22 +125,11 @@ def test_the_twin_row_is_the_kept_seeds_figures_on_every_split(trained):
     assert not any(r.endswith(KEPT_SEED) for r in tr.rows if twin_base(r) in ("CPO", "CPO online"))
 
 
-def test_the_saved_policy_is_the_kept_seeds(tmp_path, monkeypatch):
+def test_the_saved_policy_is_the_kept_seeds(saved, tmp_path):
     """learned_rows saves each row's kept seed (split 0): its parameters bit for bit, its kappa, the rule;
     the exported router names the seed; the twin's own figures feed export's choice of row."""
-    run = RowsRun(DEFAULT.replace(iterations=8, chunk=4), (2e-4,), seeds=SEEDS)
-    data = _data(3, False)
-    seen = {}
-    real = rows_mod.train_seeds
-
-    def spy(*a, **k):
-        seen["tr"] = real(*a, **k)
-        return seen["tr"]
-
-    monkeypatch.setattr(rows_mod, "train_seeds", spy)
-    got = learned_rows(run, data, dataclasses.replace(QUIET, ckpt_dir=tmp_path / "run" / "checkpoints"))
-    tr = seen["tr"]
-    pdir = tmp_path / "run" / POLICIES_DIR
+    _, _, tr, got, run_dir = saved
+    pdir = run_dir / POLICIES_DIR
     kept_somewhere_else = False
     for v, var in enumerate(tr.variants):
         row = policy_row(var)
@@ -131,13 +146,13 @@ def test_the_saved_policy_is_the_kept_seeds(tmp_path, monkeypatch):
             float(np.mean(tr.rows[row + KEPT_SEED]["cost_cents"])))
         assert got.kept[row + KEPT_SEED]["seed"] == tr.kept[row]["seed"].tolist()
     assert kept_somewhere_else
-    art = export_router(tmp_path / "run", tmp_path / "router", row="CCPO (lambda=0)", force=True, echo=None)
+    art = export_router(run_dir, tmp_path / "router", row="CCPO (lambda=0)", force=True, echo=None)
     man = json.loads((art / "manifest.json").read_text())
     assert man["seed"] == int(tr.kept["CCPO (lambda=0)"]["seed"][0]) and man["seed_rule"].startswith("the kept seed")
     # the table's name of that policy finds it too; the live evaluation reads that row's prediction
     from ccpo_jax.gateway.liveeval import served_row
 
-    twin = export_router(tmp_path / "run", tmp_path / "twin", row="CCPO (lambda=0) [kept seed]", force=True, echo=None)
+    twin = export_router(run_dir, tmp_path / "twin", row="CCPO (lambda=0) [kept seed]", force=True, echo=None)
     assert (twin / "params.npz").read_bytes() == (art / "params.npz").read_bytes()
     assert served_row(man) == "CCPO (lambda=0) [kept seed]"
 
@@ -232,21 +247,20 @@ def test_the_ensemble_is_the_seeds_mean_policy_calibrated(trained):
             assert not any(np.array_equal(got[0], tr.rows[row]["cost_cents"][n]) for n in range(SEEDS)), row
 
 
-def test_the_exported_ensemble_routes_as_the_trainer_evaluates(tmp_path):
+def test_the_exported_ensemble_routes_as_the_trainer_evaluates(saved, tmp_path):
     """learned_rows saves ROW [ensemble] (all seeds of split 0); its exported router's sets on every question
     and round of the cache equal the trainer's at the saved kappa, screened or not."""
     from ccpo_jax.ccpo.evaluation import policy_tables
     from ccpo_jax.serving import Router
 
-    run = RowsRun(DEFAULT.replace(iterations=8, chunk=4), (), seeds=3)
-    data = _data(2, False)
-    learned_rows(run, data, dataclasses.replace(QUIET, ckpt_dir=tmp_path / "run" / "checkpoints"))
-    pdir = tmp_path / "run" / POLICIES_DIR / policy_slug("CCPO (lambda=0)" + ENSEMBLE)
+    _, data, tr, _, run_dir = saved
+    pdir = run_dir / POLICIES_DIR / policy_slug("CCPO (lambda=0)" + ENSEMBLE)
     meta = json.loads((pdir / POLICY_META).read_text())
-    assert meta["ensemble"] == 3 and meta["seed"] is None and meta["calibration"]["n"] == 50
-    art = export_router(tmp_path / "run", tmp_path / "router", row="CCPO (lambda=0) [ensemble]", echo=None)
+    assert meta["ensemble"] == SEEDS and meta["seed"] is None and meta["calibration"]["n"] == 50
+    assert meta["kappa"] == float(tr.kappas["CCPO (lambda=0)" + ENSEMBLE][0, 0])
+    art = export_router(run_dir, tmp_path / "router", row="CCPO (lambda=0) [ensemble]", force=True, echo=None)
     router = Router.load(art)
-    assert router.manifest["policy"]["network"]["ensemble"] == 3
+    assert router.manifest["policy"]["network"]["ensemble"] == SEEDS
     from ccpo_jax.ccpo.policy_store import load_policy
 
     members, _ = load_policy(pdir)
