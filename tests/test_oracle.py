@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 
 from ccpo_jax.runtime.execution import Execution
-from ccpo_jax.ccpo.evaluation import evaluate_members, evaluate_trained
+from ccpo_jax.ccpo.evaluation import calibrated_rows, evaluate_members, evaluate_trained
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.presets import DEFAULT
 from ccpo_jax.ccpo.rows import ensemble_rows, row_variants
@@ -216,10 +216,12 @@ def _train_and_evaluate(cfg):
         rows, _ = evaluate_trained(cfg, params, variants, case_state, cal[sl], test[sl], jax.random.fold_in(jax.random.PRNGKey(1), i),
                                    retrain=True)
         # the seeds as one policy (reproduce's ROW [ensemble]): [1, REDRAWS] per calibrated row
-        ens = evaluate_members(cfg, params, variants, jax.tree.map(lambda x: x[:, i:i + 1], state), cal[sl], test[sl],
+        twin_v = [v for v, var in enumerate(variants) if calibrated_rows(var)]
+        ens = evaluate_members(cfg, params, [variants[v] for v in twin_v],
+                               jax.tree.map(lambda x: x[np.asarray(twin_v), i:i + 1], state), cal[sl], test[sl],
                                jax.random.PRNGKey(2), retrain=False, ensemble=True)
-        for v, var in enumerate(variants):
-            rows.update(ensemble_rows(var, ens, v)[0])
+        for j, v in enumerate(twin_v):
+            rows.update(ensemble_rows(variants[v], ens, j)[0])
         if nm in builtin:
             opt = np.mean([oracle.optimum(builtin[nm], ALPHA).cost_of(oracle.type_of(caches[i])[t - i * n])
                            for t in test[sl]])

@@ -216,9 +216,10 @@ def ensemble_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict[str, dict[
 def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execution: Execution,
                         key_names: list[str], groups: GroupSpec | None = None):
     """Train ``variants`` x training splits x ``run.seeds`` in one program and evaluate every member on
-    every split: (state [V, S_train, N, ...], :class:`MemberEval`, curves, timing, the kept seeds
-    (:func:`kept_seeds`; [] for one seed), the seeds as one ensemble policy (a :class:`MemberEval` with
-    one member; None for one seed))."""
+    every split: (state [V, S_train, N, ...], :class:`MemberEval`, curves, timing, the kept seeds of every
+    variant with calibrated rows (``{v: kept_seeds entry}``; {} for one seed), the seeds as one ensemble
+    policy (a :class:`MemberEval` of those variants, one member each, and ``{v: its index there}``; None for
+    one seed))."""
     config, splits = run.train_config(), data.splits
     N = int(run.seeds)
     if N < 1:
@@ -233,10 +234,14 @@ def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execut
     t0 = time.perf_counter()
     ev = evaluate_members(config, data.params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
                           retrain, groups, run_guarantee(run))
-    kept = kept_seeds(run, data, variants, state, train_idx) if N > 1 else []
-    ens = None if N == 1 else evaluate_members(config, data.params, variants, state, np.asarray(splits.cal),
-                                               np.asarray(splits.test), k_eval, retrain, None, run_guarantee(run),
-                                               ensemble=True)
+    kept, ens = {}, None
+    twin_v = [v for v, var in enumerate(variants) if calibrated_rows(var)]  # not the pointwise-only CPO variant
+    if N > 1 and twin_v:
+        sub, sub_state = [variants[v] for v in twin_v], jax.tree.map(lambda x: x[np.asarray(twin_v)], state)
+        kept = dict(zip(twin_v, kept_seeds(run, data, sub, sub_state, train_idx)))
+        ens = (evaluate_members(config, data.params, sub, sub_state, np.asarray(splits.cal), np.asarray(splits.test),
+                                k_eval, retrain, None, run_guarantee(run), ensemble=True),
+               {v: j for j, v in enumerate(twin_v)})
     timing = dict(timing, eval_s=time.perf_counter() - t0)
     curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
     return state, ev, curves, timing, kept, ens
@@ -268,14 +273,14 @@ def train_seeds(run: Any, data: RunData, execution: Execution) -> TrainedRows:
         r, k = variant_rows(var, ev, v)
         rows.update(r)
         kappas.update(k)
-        if kept:
+        if v in kept:
             retrain = run.protocol == "retrain"
             rows.update(kept_seed_rows(var, r, kept[v], retrain))
             chosen.update({row: kept[v] for row in calibrated_rows(var)})
             ltt.update({row + KEPT_SEED: {k: kept_seed_values(x, kept[v], retrain) for k, x in ltt[row].items()}
                         for row in calibrated_rows(var) if row in ltt})
-        if ens is not None:
-            r_e, k_e, l_e = ensemble_rows(var, ens, v)
+        if ens is not None and v in ens[1]:
+            r_e, k_e, l_e = ensemble_rows(var, ens[0], ens[1][v])
             rows.update(r_e)
             kappas.update(k_e)
             ltt.update(l_e)
@@ -312,10 +317,10 @@ def train_sweep(run: Any, data: RunData, execution: Execution
     out: dict[float, dict[str, dict[str, np.ndarray]]] = {}
     for v, var in enumerate(variants):
         rows = variant_rows(var, ev, v)[0]
-        if kept:
+        if v in kept:
             rows.update(kept_seed_rows(var, rows, kept[v], run.protocol == "retrain"))
-        if ens is not None:
-            rows.update(ensemble_rows(var, ens, v)[0])
+        if ens is not None and v in ens[1]:
+            rows.update(ensemble_rows(var, ens[0], ens[1][v])[0])
         out.setdefault(float(var.alpha), {}).update(rows)
     return out, timing
 
