@@ -34,9 +34,12 @@ def build_artefact(root: Path, scale: float = 300.0, seed: int = 5, kappa: float
 
     cache = generate("hotpotqa-llama2", 60, 3) if cache is None else cache
     F = make_env_params(cache).F
-    ps = [jax.tree_util.tree_map_with_path(lambda path, x: x * scale if "Dense_3" in jax.tree_util.keystr(path) else x,
-                                           policy_net().init(jax.random.PRNGKey(seed + m), jnp.zeros((F,), jnp.float32)))
-          for m in range(members)]
+    def sharpened(key):
+        p = policy_net().init(key, jnp.zeros((F,), jnp.float32))
+        return jax.tree_util.tree_map_with_path(
+            lambda path, x: x * scale if "Dense_3" in jax.tree_util.keystr(path) else x, p)
+
+    ps = [sharpened(jax.random.PRNGKey(seed + m)) for m in range(members)]
     stack = jax.tree.map(lambda *a: np.stack([np.asarray(x) for x in a])[None, None], *ps)  # [1, 1, members, ...]
     state = types.SimpleNamespace(policy=stack, kappa=np.full((1, 1, members), kappa, np.float32))
     kappas = {"CCPO (lambda=0)": np.full((members, 1), kappa, np.float32)}

@@ -575,4 +575,5 @@ def test_an_ensemble_router_behind_the_gateway(tmp_path):
                 assert d["action_set"] == want["action_set"] and d["probs"] == pytest.approx(want["probs"], abs=1e-5)
             chunks = list(client.chat.completions.create(model=MODEL_ID, stream=True,
                                                          messages=[{"role": "user", "content": q}]))
-            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+            streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert streamed == r.choices[0].message.content

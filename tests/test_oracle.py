@@ -33,10 +33,10 @@ import numpy as np
 import pytest
 
 from ccpo_jax.runtime.execution import Execution
-from ccpo_jax.ccpo.evaluation import calibrated_rows, evaluate_members, evaluate_trained
+from ccpo_jax.ccpo.evaluation import evaluate_members, evaluate_trained
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.presets import DEFAULT
-from ccpo_jax.ccpo.rows import ensemble_rows, row_variants
+from ccpo_jax.ccpo.rows import ensemble_rows, row_variants, twin_variants
 from ccpo_jax.ccpo.settings import ENSEMBLE
 from envs.generators import oracle
 from envs.cache.schema import ResponseCache
@@ -216,7 +216,7 @@ def _train_and_evaluate(cfg):
         rows, _ = evaluate_trained(cfg, params, variants, case_state, cal[sl], test[sl], jax.random.fold_in(jax.random.PRNGKey(1), i),
                                    retrain=True)
         # the seeds as one policy (reproduce's ROW [ensemble]): [1, REDRAWS] per calibrated row
-        twin_v = [v for v, var in enumerate(variants) if calibrated_rows(var)]
+        twin_v = twin_variants(variants)
         ens = evaluate_members(cfg, params, [variants[v] for v in twin_v],
                                jax.tree.map(lambda x: x[np.asarray(twin_v), i:i + 1], state), cal[sl], test[sl],
                                jax.random.PRNGKey(2), retrain=False, ensemble=True)

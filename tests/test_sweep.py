@@ -146,7 +146,8 @@ def test_the_point_equals_reproduce_under_retrain_with_blocks_across_rows(tmp_pa
     sw = sweep(alphas=(0.1, 0.2), lambdas=(0.0,), out_dir=tmp_path / "sweep", **kw)
     rp = reproduce(alpha=0.2, out_dir=tmp_path / "rep", **kw)
     pol = rp.results["policies"]
-    learned = {"CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CPO batch" + KEPT_SEED, "CCPO (lambda=0)" + KEPT_SEED}
+    learned = {"CPO", "CPO batch", "CPO online", "CCPO (lambda=0)",
+               "CPO batch" + KEPT_SEED, "CCPO (lambda=0)" + KEPT_SEED}
     assert learned <= set(sw.frontier["rows"]) and "CCPO (lambda=2e-4)" not in sw.frontier["rows"]
     for row in learned:
         (pt,) = [p for p in sw.frontier["rows"][row]["points"] if p["alpha"] == 0.2]

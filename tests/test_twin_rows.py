@@ -78,7 +78,9 @@ def retrained():
 
 @pytest.fixture(params=["recalibrate", "retrain"])
 def trained(request):
-    return request.getfixturevalue("saved")[:3] if request.param == "recalibrate" else request.getfixturevalue("retrained")
+    if request.param == "recalibrate":
+        return request.getfixturevalue("saved")[:3]
+    return request.getfixturevalue("retrained")
 
 
 def _brute_force(run, data, tr) -> dict[str, np.ndarray]:
@@ -160,7 +162,8 @@ def test_the_saved_policy_is_the_kept_seeds(saved, tmp_path):
 def test_results_json_of_the_kept_seeds_is_plain_json():
     from ccpo_jax.ccpo.rows import kept_json
 
-    got = kept_json({"CCPO (lambda=0)": {"seed": np.array([2]), "train_cost_cents": np.array([[3.0], [np.inf], [1.5]])}})
+    cost = np.array([[3.0], [np.inf], [1.5]])  # [N seeds, S_train]; seed 1 infeasible under a cap
+    got = kept_json({"CCPO (lambda=0)": {"seed": np.array([2]), "train_cost_cents": cost}})
     assert got == {"CCPO (lambda=0) [kept seed]": {"seed": [2], "train_cost_cents": [[3.0, None, 1.5]]}}
     json.dumps(got, allow_nan=False)
 
@@ -223,8 +226,10 @@ def _ensemble_by_hand(data, members, cal, test, alpha) -> float:
     probs = np.mean([_probs64(m, obs, avail) for m in members], axis=0).astype(np.float32)
     need = int(conformal_rank_f64(cal.size, alpha))
     cands = np.unique(probs[cal][avail[cal]])[::-1]
-    covered = jax.vmap(lambda k: jax.numpy.sum(evaluate_sets(conformal_set(probs[cal], k, avail[cal]), p, cal).covered))(
-        cands)
+    def n_covered(k):
+        return jax.numpy.sum(evaluate_sets(conformal_set(probs[cal], k, avail[cal]), p, cal).covered)
+
+    covered = jax.vmap(n_covered)(cands)
     ok = np.nonzero(np.asarray(covered) >= need)[0]
     kappa = cands[ok[0]] if ok.size else 0.0
     return float(np.sum(evaluate_sets(conformal_set(probs[test], kappa, avail[test]), p, test).cost_cents))

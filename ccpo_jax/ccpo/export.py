@@ -383,7 +383,8 @@ def _self_check(path: Path, params: Any, meta: dict, n: int = 4096) -> None:
     avail = rng.random((n, N_ACTIONS)) < 0.8
     avail[:, 0] = True
     ens = bool(meta.get("ensemble"))
-    ref = jax.jit(lambda p, o, a: conformal_set(block_probs(p, meta["hidden"], ens)(o, a), np.float32(meta["kappa"]), a))
+    kappa = np.float32(meta["kappa"])
+    ref = jax.jit(lambda p, o, a: conformal_set(block_probs(p, meta["hidden"], ens)(o, a), kappa, a))
     if not np.array_equal(np.asarray(ref(params, obs, avail)), router.action_set(obs, avail)):
         raise UserError(f"{path}: the exported module's action sets differ from the trainer's; export aborted")
 

@@ -202,6 +202,12 @@ def kept_seed_values(x, kept: dict[str, np.ndarray], retrain: bool) -> np.ndarra
     return x[seed, np.arange(x.shape[1])][None]
 
 
+def twin_variants(variants: list[Variant]) -> list[int]:
+    """The indices of the variants whose rows get seed twins: those with calibrated rows (not the pointwise-only
+    CPO variant of the default preset)."""
+    return [v for v, var in enumerate(variants) if calibrated_rows(var)]
+
+
 def ensemble_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict[str, dict[str, np.ndarray]], dict, dict]:
     """The ensemble twin of each calibrated row of ``var`` from ``ev``, the evaluation of every variant's seeds
     as one policy (``evaluate_members(..., ensemble=True)``): ``{row [ensemble]: {metric: [1, S]}}``, its
@@ -235,7 +241,7 @@ def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execut
     ev = evaluate_members(config, data.params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
                           retrain, groups, run_guarantee(run))
     kept, ens = {}, None
-    twin_v = [v for v, var in enumerate(variants) if calibrated_rows(var)]  # not the pointwise-only CPO variant
+    twin_v = twin_variants(variants)
     if N > 1 and twin_v:
         sub, sub_state = [variants[v] for v in twin_v], jax.tree.map(lambda x: x[np.asarray(twin_v)], state)
         kept = dict(zip(twin_v, kept_seeds(run, data, sub, sub_state, train_idx)))
@@ -347,7 +353,9 @@ def learned_rows(run: Any, data: RunData, execution: Execution) -> LearnedRows:
         row = policy_row(var)
         if row is None:
             continue
-        seed = seeds[row] = saved_seed(trained, row)
+        seed = saved_seed(trained, row)
+        if row in trained.kept:
+            seeds[row] = seed
         served = row + KEPT_SEED if row + KEPT_SEED in trained.rows else row  # the saved seed's own figures
         pol = jax.tree.map(lambda x: x[v, 0, seed], trained.state.policy)
         d = calibration_diagnostics(pol, params, float(np.asarray(trained.kappas[row])[seed, 0]),
@@ -368,8 +376,7 @@ def learned_rows(run: Any, data: RunData, execution: Execution) -> LearnedRows:
             diagnostics[row + ENSEMBLE] = d
     mondrian = None if groups is None else mondrian_thresholds(trained, groups)
     save_policies(Path(ckpt_dir).parent / POLICIES_DIR, config, trained.variants, trained.state, trained.kappas,
-                  cache, protocol, diagnostics, mondrian, guarantee, {r: s for r, s in seeds.items() if r in trained.kept},
-                  ensembles=True)
+                  cache, protocol, diagnostics, mondrian, guarantee, seeds, ensembles=True)
     group_out = None
     if groups is not None:
         group_out = {"names": list(groups.names), "group_min": groups.group_min, "n_cal": trained.ev.groups.n_cal,

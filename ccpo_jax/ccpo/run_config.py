@@ -452,9 +452,9 @@ class ExportConfig:
                            check=_required_path)
     row: str | None = option("--row", help="row name or slug, e.g. 'CPO batch', 'CCPO (lambda=0) [ensemble]' "
                              "(a row's own name exports its kept seed)", metavar="ROW",
-                             default_doc="the cheapest calibrated row, by the saved policy's test cost (a kept seed's or "
-                             "an ensemble's), whose calibration coverage holds and whose router is not degenerate; "
-                             "with --calibration mondrian among the rows with per-group thresholds")
+                             default_doc="the cheapest calibrated row, by the saved policy's test cost (a kept seed's "
+                             "or an ensemble's), whose calibration coverage holds and whose router is not "
+                             "degenerate; with --calibration mondrian among the rows with per-group thresholds")
     force: bool = option("--force", help="export a degenerate router anyway (kappa-hat 0, or every action in the set "
                          "for >= 90%% of calibration questions)", switch=True, default=False)
     calibration: Calibration = option("--calibration", help="mondrian: the router carries the row's per-group "
