@@ -28,6 +28,10 @@ def _endpoint_args(p: argparse.ArgumentParser) -> None:
                    help="longest Retry-After honoured; a longer one fails the request (default: 10)")
     p.add_argument("--max-batch", type=int, default=64, help="most decisions of concurrent requests in one router "
                    "call; compiled for every power of two up to it at start-up (default: 64)")
+    p.add_argument("--price", default=None, action="append", metavar="MODEL=IN,OUT",
+                   help="an upstream model's own prices, USD per million tokens in and out (repeatable); costs, "
+                   "cost caps and the journal use them for the rounds MODEL serves. Default: the router's "
+                   "trained prices (the artefact's models)")
     p.add_argument("--online-kappa", type=float, default=None, metavar="ETA",
                    help="update kappa online from feedback (Eq. 9, eta_k = ETA k^-0.6); default: the artefact's kappa")
 
@@ -43,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="append every request to this cache file; needed for POST /v1/feedback")
     g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default: 1 MiB)")
     g.add_argument("--window", type=int, default=200, help="feedback outcomes in the rolling coverage (default: 200)")
+    g.add_argument("--no-access-log", action="store_true",
+                   help="no line per request on stderr (default: one line per request at INFO)")
     g.set_defaults(func=_gateway)
 
     e = sub.add_parser("live-eval", help="send questions with gold through the gateway in-process and compare "
@@ -90,7 +96,32 @@ def _config(args, journal):
         if args.max_body_bytes < 1024:
             raise UserError(f"--max-body-bytes: expected at least 1024, got {args.max_body_bytes}")
         kw["max_body_bytes"] = args.max_body_bytes
+    kw["prices"] = _prices(args.price or [], base, guide)
+    if getattr(args, "no_access_log", False):
+        kw["access_log"] = False
     return GatewayConfig(base=base, guide=guide, retry=retry, journal=journal, online_eta=eta, **kw)
+
+
+def _prices(specs: list[str], base, guide) -> tuple[tuple[str, float, float], ...]:
+    """``--price MODEL=IN,OUT`` values -> (model, in, out); MODEL must be one of the upstream models."""
+    from ccpo_jax.errors import UserError
+
+    models = {e.model for e in (*base, *(guide or ()))}
+    out = {}
+    for spec in specs:
+        name, eq, pair = spec.rpartition("=")
+        try:
+            p_in, p_out = (float(x) for x in pair.split(","))
+        except ValueError:
+            p_in = p_out = float("nan")
+        if not eq or not name or not (math.isfinite(p_in) and math.isfinite(p_out) and min(p_in, p_out) >= 0):
+            raise UserError(f"--price {spec!r}: expected MODEL=IN,OUT, two prices >= 0 in USD per million tokens "
+                            "(e.g. gpt-4o=2.5,10)")
+        if name not in models:
+            raise UserError(f"--price {spec!r}: {name!r} is not an upstream model (--base/--guide name "
+                            f"{', '.join(sorted(models))})")
+        out[name] = (p_in, p_out)
+    return tuple((k, *v) for k, v in out.items())
 
 
 def _upstreams(gw) -> str:
@@ -109,6 +140,7 @@ def _gateway(args) -> int:
     import uvicorn
 
     from ccpo_jax.errors import UserError
+    from ccpo_jax.gateway.access import price_line, stop_line
     from ccpo_jax.gateway.app import MODEL_ID, load_gateway
     from ccpo_jax.gateway.routes import build_app
 
@@ -133,8 +165,27 @@ def _gateway(args) -> int:
     print(f"gateway: model {MODEL_ID!r} = router {r.manifest['policy']['row']!r} (alpha {r.alpha:g}, kappa "
           f"{float(r.kappa):.6g}{', online' if cfg.online_eta else ''}, T {r.T}); {_upstreams(gw)}; "
           f"http://{args.host}:{args.port}/v1", flush=True)
-    server = uvicorn.Server(uvicorn.Config(build_app(gw), log_level="warning", timeout_graceful_shutdown=5))
-    server.run(sockets=[sock])
+    print(price_line(gw.prices, {role: [e.model for e in gw.rungs[role]] for role in gw.roles},
+                     {name for name, _, _ in cfg.prices}), flush=True)
+    print(f"gateway: coverage = the share of questions whose answer set holds a correct answer (target "
+          f"{1 - r.alpha:g}); measured from POST /v1/feedback; "
+          + ("a line per request on stderr (--no-access-log: none)" if cfg.access_log else "no access log"),
+          flush=True)
+    app = build_app(gw)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    import signal
+
+    # uvicorn re-raises the signal it stopped on once it has shut down: catch it here to say what was kept
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    lines = None
+    if cfg.journal is not None:
+        with open(cfg.journal, "rb") as f:
+            lines = sum(1 for _ in f)
+    print(stop_line(app.answered(), cfg.journal, lines, gw.coverage.kappa if cfg.online_eta else None), flush=True)
     return 0
 
 

@@ -54,6 +54,11 @@ class GatewayConfig:
     #: Most decisions in one router call; the decision path is compiled for every power of two up to it
     #: at start-up (1 ... 64: 7 batch sizes, about 11 s here).
     max_batch: int = 64
+    #: A line per request on the ``ccpo_jax.gateway.access`` logger (``gateway --no-access-log``: off).
+    access_log: bool = True
+    #: Upstream prices (model, USD per million tokens in, out) that replace the router's trained prices
+    #: of the rounds that model serves (``gateway --price MODEL=IN,OUT``); costs, caps and the journal use them.
+    prices: tuple[tuple[str, float, float], ...] = ()
 
 
 def _names(model) -> str:
@@ -87,11 +92,27 @@ def endpoint_rungs(given: Endpoint | tuple[Endpoint, ...] | None, model: dict | 
     return eps * T
 
 
-def _rung_prices(model: dict | list | None, T: int) -> tuple[tuple[float, float], ...] | None:
+def _rung_prices(model: dict | list | None, T: int, served: tuple[Endpoint, ...] | None = None,
+                 given: dict[str, tuple[float, float]] | None = None) -> tuple[tuple[float, float], ...] | None:
+    """Round t's (price in, price out) of a role: the artefact's trained prices, or ``given[model]`` of the
+    upstream model serving round t (``--price``)."""
     if model is None:
         return None
     rungs = model if isinstance(model, list) else [model] * T
-    return tuple((float(m.get("price_in", 0.0)), float(m.get("price_out", 0.0))) for m in rungs)
+    trained = [(float(m.get("price_in", 0.0)), float(m.get("price_out", 0.0))) for m in rungs]
+    if served is None or not given:
+        return tuple(trained)
+    return tuple(given.get(e.model, p) for e, p in zip(served, trained))
+
+
+def served_models(model: dict | list | None, served: tuple[Endpoint, ...] | None,
+                  prices: tuple[tuple[float, float], ...] | None) -> dict | list | None:
+    """The journal manifest's ``models[role]``: the upstream models that served, at the prices the gateway
+    charged (a ladder: one per round; a one-model role: its one endpoint; a cascade's guide: None)."""
+    if model is None or served is None or prices is None:
+        return None
+    one = lambda t: {"name": served[t].model, "price_in": prices[t][0], "price_out": prices[t][1]}  # noqa: E731
+    return [one(t) for t in range(len(served))] if isinstance(model, list) else one(0)
 
 
 class RequestError(Exception):
@@ -188,7 +209,8 @@ class Gateway:
         m, T = router.manifest["models"], int(router.T)
         #: Round t's endpoint per role (T each; the guide None in a cascade) and its prices (the artefact's).
         self.rungs = {r: endpoint_rungs(getattr(cfg, r), m[r], T, r) for r in ("base", "guide")}
-        self.prices = {r: _rung_prices(m[r], T) for r in ("base", "guide")}
+        given = {name: (p_in, p_out) for name, p_in, p_out in cfg.prices}
+        self.prices = {r: _rung_prices(m[r], T, self.rungs[r], given) for r in ("base", "guide")}
         self.roles = ("base", "guide") if self.rungs["guide"] is not None else ("base",)
         #: The distinct endpoints (a one-model role repeats its one endpoint every round).
         self.endpoints = list(dict.fromkeys(e for r in self.roles for e in self.rungs[r]))
@@ -207,7 +229,8 @@ class Gateway:
                     "max_tokens": {"base": p.base_max_tokens, "guide": p.guide_max_tokens}, "seed": p.seed,
                     "logprobs": p.logprobs}
             eps = {r: self.role_value(r, lambda e: {"url": e.public_url, "model": e.model}) for r in self.roles}
-            self.journal = Journal(cfg.journal, journal_manifest(router.manifest, eps, reqs))
+            served = {r: served_models(m[r], self.rungs[r], self.prices[r]) for r in ("base", "guide")}
+            self.journal = Journal(cfg.journal, journal_manifest(router.manifest, eps, reqs, served))
         self.clients: dict[Endpoint, AsyncChatClient] = {}
 
     def role_value(self, role: str, f, rounds: int | None = None) -> Any:

@@ -52,21 +52,26 @@ def _model_entry(model: dict | list | None) -> dict | list | None:
     return [pick(x) for x in model] if isinstance(model, list) else pick(model)
 
 
-def journal_manifest(router_manifest: dict, endpoints: dict[str, dict | list], requests: dict) -> dict:
+def journal_manifest(router_manifest: dict, endpoints: dict[str, dict | list], requests: dict,
+                     served: dict | None = None) -> dict:
+    """The journal's manifest line. ``models``: ``served`` (the upstream models that answered, at the
+    prices the gateway charged) when given, else the router's; ``provenance.journal.router_models``: the
+    models and prices the router was trained with."""
     m = router_manifest
+    trained = {r: _model_entry(m["models"][r]) for r in ("base", "guide")}
     return {
         "name": "gateway-journal",
         "task": m["cache"].get("task", "unknown") if isinstance(m["cache"].get("task"), str) else "unknown",
         "T": int(m["T"]),
         # a ladder's rungs and a cascade's null guide as in the artefact (docs/caches.md)
-        "models": {r: _model_entry(m["models"][r]) for r in ("base", "guide")},
+        "models": trained if served is None else served,
         "provenance": {
             "kind": "real",
             "source": "ccpo-jax gateway (live requests; outcomes from POST /v1/feedback)",
             "license": "unknown",
             "collector": collector_version(),
             "journal": {"started": today(), "router_manifest_sha256": m.get("manifest_sha256"),
-                        "router_policy": m["policy"]["row"], "alpha": m["alpha"]},
+                        "router_policy": m["policy"]["row"], "alpha": m["alpha"], "router_models": trained},
             "endpoints": endpoints,
             "prompts_sha256": P.prompt_hashes(),
             "requests": requests,

@@ -2,10 +2,30 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 disable_created_metrics()  # no *_created series: their timestamps only clutter a scrape
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class OptionalGauge:
+    """A gauge with no sample until its first ``set``: a rolling coverage of 0.0 before any feedback
+    would read as a failure, so the series appears with the first outcome."""
+
+    def __init__(self, name: str, doc: str, registry: CollectorRegistry):
+        self.name, self.doc, self.value = name, doc, None
+        registry.register(self)
+
+    def set(self, value: float | None) -> None:
+        self.value = None if value is None else float(value)
+
+    def describe(self):
+        return [GaugeMetricFamily(self.name, self.doc)]
+
+    def collect(self):
+        if self.value is not None:
+            yield GaugeMetricFamily(self.name, self.doc, value=self.value)
 
 
 class Metrics:
@@ -29,8 +49,9 @@ class Metrics:
         self.kappa = Gauge("ccpo_gateway_kappa", "The threshold in use (online: the live one)", registry=r)
         self.feedback = Counter("ccpo_gateway_feedback", "Feedback by outcome for coverage (covered, missed, "
                                 "undetermined)", ["outcome"], registry=r)
-        self.coverage = Gauge("ccpo_gateway_rolling_coverage", "Coverage over the last window of feedback",
-                              registry=r)
+        self.coverage = OptionalGauge("ccpo_gateway_rolling_coverage", "Coverage over the last window of feedback "
+                                      "(a question is covered when its answer set holds a correct answer; no "
+                                      "sample before the first feedback)", registry=r)
         self.target = Gauge("ccpo_gateway_coverage_target", "1 - alpha of the router", registry=r)
         self.alarm = Gauge("ccpo_gateway_drift_alarm", "1 while rolling coverage is below target (binomial test)",
                            registry=r)

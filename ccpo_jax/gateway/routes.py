@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ccpo_jax.gateway.access import SCOPE_KEY, AccessLog, completion_summary
 from ccpo_jax.gateway.app import MODEL_ID, Gateway, RequestError, parse_request
 from ccpo_jax.gateway.engine import CapTooSmall
 from ccpo_jax.gateway.journal import FeedbackError
@@ -65,7 +66,9 @@ async def _run_watched(request: Request, coro):
     return task.result()
 
 
-def build_app(gw: Gateway) -> Starlette:
+def build_app(gw: Gateway) -> AccessLog:
+    """The ASGI app: the routes behind the access log (``gw.cfg.access_log``; its counts are
+    ``app.counts`` either way)."""
     m = gw.metrics
 
     async def completions(request: Request) -> Response:
@@ -98,6 +101,7 @@ def build_app(gw: Gateway) -> Starlette:
             return Response(status_code=499)
         cid, out = res
         m.requests.labels("ok").inc()
+        request.scope[SCOPE_KEY] = completion_summary(cid, out, sum(t["cost_cents"] for t in out.tokens.values()))
         if stream:
             chunks = gw.sse_chunks(cid, out)
 
@@ -140,10 +144,10 @@ def build_app(gw: Gateway) -> Starlette:
         return _error(RequestError(status, f"{request.method} {request.url.path}: "
                                    f"{'not found' if status == 404 else 'method not allowed'}", code=str(status)))
 
-    return Starlette(routes=[
+    return AccessLog(Starlette(routes=[
         Route("/v1/chat/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/feedback", feedback, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
-    ], lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    ], lifespan=lifespan, exception_handlers={404: not_found, 405: not_found}), enabled=gw.cfg.access_log)
