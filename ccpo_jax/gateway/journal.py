@@ -122,7 +122,10 @@ class Journal:
 
     def __init__(self, path: str | os.PathLike, manifest: dict):
         self.path = Path(path)
-        self._lock = threading.Lock()
+        # one lock for the file and the tables; re-entrant, because feedback checks an id's outcome,
+        # writes its line and marks it recorded under one hold (checked and written apart, 8 identical
+        # feedbacks at once recorded four outcomes for one id)
+        self._lock = threading.RLock()
         self.pending: dict[str, dict] = {}
         self.labelled: set[str] = set()
         if self.path.suffix != ".jsonl":
@@ -199,7 +202,7 @@ class Journal:
                 not all(isinstance(a, str) and normalise_answer(a) for a in aliases):
             raise FeedbackError("gold_aliases: expected a list of non-empty answer strings, with `gold`", 400,
                                 "gold_aliases")
-        with self._lock:
+        with self._lock:  # one outcome per id, whatever the concurrency: check, write and mark together
             if qid in self.labelled:
                 raise FeedbackError(f"id {qid!r}: its outcome is already recorded", 409, "id")
             rec = self.pending.get(qid)
@@ -208,12 +211,11 @@ class Journal:
                                     404, "id")
             if "feedback" in rec and has_c:
                 raise FeedbackError(f"id {qid!r}: `correct` was already given; send `gold` to label it", 409, "id")
-        cov = covered(rec, gold if has_g else None, correct if has_c else None, aliases)
-        counted = rec.get("feedback", {}).get("covered") is not None  # an earlier `correct` already counted
-        out = label(rec, gold if has_g else None, correct if has_c else None, aliases)
-        out["feedback"]["covered"] = cov if not counted else rec["feedback"]["covered"]
-        self._write(out)
-        with self._lock:
+            cov = covered(rec, gold if has_g else None, correct if has_c else None, aliases)
+            counted = rec.get("feedback", {}).get("covered") is not None  # an earlier `correct` already counted
+            out = label(rec, gold if has_g else None, correct if has_c else None, aliases)
+            out["feedback"]["covered"] = cov if not counted else rec["feedback"]["covered"]
+            self._write(out)
             if "gold" in out or "correct" in out["rounds"][0]["base"]:
                 self.labelled.add(qid)
                 self.pending.pop(qid, None)

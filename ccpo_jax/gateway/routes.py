@@ -5,6 +5,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import traceback
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -16,6 +18,7 @@ from ccpo_jax.gateway.app import MODEL_ID, Gateway, RequestError, parse_request
 from ccpo_jax.gateway.engine import CapTooSmall
 from ccpo_jax.gateway.journal import FeedbackError
 from ccpo_jax.gateway.upstream import UpstreamError
+from envs.cache.values import lone_surrogate
 
 log = logging.getLogger("ccpo_jax.gateway")
 
@@ -35,12 +38,28 @@ async def _read_json(request: Request, cap: int):
         if size > cap:
             raise RequestError(413, f"the body is longer than {cap} bytes", code="body_too_large")
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        return json.loads(b"".join(chunks).decode("utf-8"))
+        body = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(400, f"the body is not valid JSON ({e})", code="invalid_json") from None
     except RecursionError:
         raise RequestError(400, "the body is not valid JSON (nested too deeply)", code="invalid_json") from None
+    # "\ud800" parses to a str that UTF-8 cannot write: refused by the cache's rule (envs.cache.values)
+    # before any upstream call (it failed the journal's write: a 500 after the calls were paid)
+    bad = lone_surrogate(body)
+    if bad:
+        raise RequestError(400, f"{bad[0] or 'the body'}: {bad[1]}", param=bad[0] or None, code="invalid_text")
+    return body
+
+
+def log_unexpected(what: str, e: BaseException) -> None:
+    """One log line for an unexpected error (a bug, a full disk): its type, its message on one line
+    and where it was raised, no traceback (docs/gateway.md)."""
+    tb = traceback.extract_tb(e.__traceback__)
+    at = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
+    msg = " ".join(str(e).split())
+    log.error("%s failed: %s: %s%s", what, type(e).__name__, msg[:300] + ("..." if len(msg) > 300 else ""), at)
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -90,7 +109,7 @@ def build_app(gw: Gateway) -> AccessLog:
             return _error(RequestError(status, f"upstream failed; no answer was chosen: {e}",
                                        code=f"upstream_{e.kind}", kind="upstream_error"))
         except Exception as e:  # noqa: BLE001 - a bug or a full disk: OpenAI's shape, one log line, no answer
-            log.exception("request failed")
+            log_unexpected("request", e)
             m.requests.labels("internal_error").inc()
             m.errors.labels("internal").inc()
             return _error(RequestError(500, f"internal error ({type(e).__name__}); no answer was chosen",
@@ -124,6 +143,11 @@ def build_app(gw: Gateway) -> AccessLog:
         except FeedbackError as e:
             m.errors.labels(f"feedback_{e.status}").inc()
             return _error(RequestError(e.status, str(e), param=e.field))
+        except Exception as e:  # noqa: BLE001 - as a chat completion's: OpenAI's shape, one log line
+            log_unexpected("feedback", e)
+            m.errors.labels("internal").inc()
+            return _error(RequestError(500, f"internal error ({type(e).__name__}); the feedback was not recorded",
+                                       code="internal_error", kind="server_error"))
 
     async def metrics(request: Request) -> Response:
         return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
