@@ -165,3 +165,53 @@ def test_uala_ladder_is_three_rungs_with_the_pair_imports_answers_and_confidence
         want = (a["base_tokens_in"][:, t] * r.price_in + a["base_tokens_out"][:, t] * r.price_out) / 1e4
         np.testing.assert_allclose(cost[:, t], want, rtol=1e-5)
     assert (cost[:, 2] > cost[:, 1]).mean() > 0.9  # the ReAct rung spends more tokens on the same model
+
+
+def _two_rungs(folder, small, big, models=None):
+    """A per-model folder of two rungs (small, then big) with ``ladder.json``; ``small`` / ``big`` are rows."""
+    folder.mkdir(exist_ok=True)
+    _write(folder, "small", small)
+    _write(folder, "big", big)
+    ms = models or [{"name": "small", "price_in": 0.1, "price_out": 0.2}, {"name": "big", "price_in": 1, "price_out": 2}]
+    (folder / "ladder.json").write_text(json.dumps({"models": ms}))
+    return folder
+
+
+def _line(qid, answer, correct, **kw):
+    return {"id": qid, "answer": answer, "correct": correct, "tokens_in": 10, "tokens_out": 2, **kw}
+
+
+def test_rungs_that_contradict_are_refused_on_every_path_naming_both_source_lines(tmp_path):
+    """Issue 48 item 9: rung 2 repeats rung 1's answer ('paris' = 'Paris' normalised) with the other flag.
+    The import used to succeed; its JSONL output then failed ``data check``, its fast output passed it.
+    Now the import refuses, naming both source lines, and writes nothing, to either format."""
+    src = _two_rungs(tmp_path / "src", [_line("q0", "Lyon", False), _line("q1", "Paris", True)],
+                     [_line("q0", "Rome", False), _line("q1", "paris", False)])
+    want = (f"error: {src / 'big.jsonl'}:2: correct: false contradicts {src / 'small.jsonl'}:2 (correct: true) for the "
+            "same normalised answer 'paris' (question 'q1'); a cache holds one flag per answer of a question: "
+            "correct one of the lines")
+    for out in (tmp_path / "c.jsonl", tmp_path / "fast"):
+        r = run_cli(["data", "import", "--format", "per-model", str(src), "--out", str(out)], in_subprocess=out.suffix == "")
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [want]
+        assert not out.exists()
+    # the gold rule, across files: the gold given by one rung's file judges every rung's answer
+    _two_rungs(src, [_line("q1", "Lyon", False, gold="Paris")], [_line("q1", "the paris", False)])
+    with pytest.raises(CacheError) as e:
+        import_cache("per-model", src)
+    assert str(e.value) == (f"{src / 'big.jsonl'}:1: correct: false, but the answer 'the paris' equals the gold "
+                            "answer 'Paris' after normalisation (question 'q1')")
+
+
+def test_the_last_word_places_a_value_problem_at_its_source_line(tmp_path, monkeypatch):
+    """Behind the per-line and per-question checks, the built cache goes through the shared value rules
+    (``envs.cache.values``) before it is returned; a problem they find is placed at the rung's file and line
+    (here the per-question check is switched off to reach it)."""
+    import envs.importers.ladder as ladder
+
+    monkeypatch.setattr(ladder, "_conflict", lambda qid, lines: None)
+    src = _two_rungs(tmp_path / "src", [_line("q0", "Lyon", False), _line("q1", "Paris", True)],
+                     [_line("q0", "Rome", False), _line("q1", "paris", False)])
+    with pytest.raises(CacheError) as e:
+        import_cache("per-model", src)
+    assert str(e.value) == (f"{src / 'big.jsonl'}:2: correct: false contradicts rounds[0].base.correct = true for the "
+                            "same normalised answer 'paris' (question 'q1')")

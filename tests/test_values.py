@@ -251,3 +251,68 @@ def test_a_line_over_the_limit_is_refused_before_it_is_parsed(tmp_path):
                             "is this a JSON Lines cache?)")
     r = run_cli(["data", "check", str(src)])
     assert r.returncode == 2 and r.stderr.strip() == f"error: {e.value}"
+
+
+# -- guide-less cascades (ladders): every slot of the contradiction rule, every rung's price -----------
+
+LADDER = {
+    "name": "lad", "task": "qa", "T": 2,
+    "models": {"base": [{"name": "small", "price_in": 0.1, "price_out": 0.2},
+                        {"name": "big", "price_in": 1.0, "price_out": 2.0}], "guide": None},
+    "provenance": {"kind": "real", "source": "hand-written", "license": "CC0"},
+}
+
+
+def _ladder_questions():
+    return [{"id": "q-1", "rounds": [{"base": _r("Paris", True)}, {"base": _r("Lyon", False)}]},
+            {"id": "q-2", "rounds": [{"base": _r("a", False)}, {"base": _r("b", True)}]}]
+
+
+LADDER_CASES = [
+    # Issue 48 item 9: the vectorised rule stopped at a cascade's first guide slot (no answer, id -1), so
+    # rung 2 repeating rung 1's answer with the other flag passed the fast reader and the writers.
+    ("rungs contradict",
+     lambda m, q: q[0]["rounds"][1]["base"].update(answer="paris"),
+     lambda m, a: a["base_answer"].__setitem__((0, 1), 0),
+     "2", "question 'q-1'",
+     "rounds[1].base.correct: false contradicts rounds[0].base.correct = true for the same normalised answer 'paris'"),
+]
+
+
+@pytest.fixture(scope="module")
+def good_ladder(tmp_path_factory):
+    return read_jsonl(_write_jsonl(tmp_path_factory.mktemp("lad") / "lad.jsonl", LADDER, _ladder_questions()))
+
+
+@pytest.mark.parametrize("case", LADDER_CASES, ids=[c[0] for c in LADDER_CASES])
+def test_a_ladder_is_refused_alike_by_both_readers_and_both_writers(tmp_path, good_ladder, case):
+    """The hand-written ladder edited as a JSONL file, as a rehashed fast directory and in memory: the
+    readers and the writers (``data import``, ``data export``) give the same ``FIELD: problem``."""
+    import dataclasses
+
+    from envs.cache.schema import ModelInfo, ResponseCache
+
+    _, jsonl_edit, fast_edit, line, question, problem = case
+    m, q = copy.deepcopy(LADDER), _ladder_questions()
+    jsonl_edit(m, q)
+    src = _write_jsonl(tmp_path / "bad.jsonl", m, q)
+    with pytest.raises(CacheError) as e:
+        read_jsonl(src)
+    assert str(e.value) == f"{src}:{line}: {problem}"
+
+    mdict = copy.deepcopy(good_ladder.manifest.to_dict())
+    arrays = {k: v.copy() for k, v in good_ladder.arrays.items()}
+    fast_edit(mdict, arrays)
+    fast = _write_fast_rehashed(tmp_path / "fast", mdict, arrays)
+    with pytest.raises(CacheError) as e:
+        load_fast(fast)
+    where = f"{fast / ARRAYS_FILE}: {question}" if question else f"{fast / MANIFEST_FILE}"
+    assert str(e.value) == f"{where}: {problem}"
+
+    rungs = tuple(ModelInfo(**r) for r in mdict["models"]["base"])  # past the manifest reader's own check
+    bad = ResponseCache(dataclasses.replace(good_ladder.manifest, base=rungs[0], base_ladder=rungs), arrays)
+    for write, out in ((write_jsonl, tmp_path / "o.jsonl"), (save_fast, tmp_path / "o")):
+        with pytest.raises(CacheError) as e:
+            write(bad, out)
+        assert str(e.value) == f"{out} (not written): {question + ': ' if question else ''}{problem}"
+        assert not out.exists()

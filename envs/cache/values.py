@@ -413,8 +413,8 @@ def _contradiction(a: dict[str, np.ndarray], T: int, normalise) -> Problem | Non
         q = int(np.argmax(conflict))
         seen: dict[int, tuple[bool, str]] = {}
         for s in range(2 * T):
-            if not live[q, s]:
-                break
+            if not live[q, s]:  # a padding round, or a cascade's guide slot: the next rounds still count
+                continue
             field = f"rounds[{s // 2}].{ROLES[s % 2]}"
             k, c = int(ids[q, s]), bool(ok[q, s])
             if k in seen and seen[k][0] != c:

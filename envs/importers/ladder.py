@@ -119,15 +119,59 @@ def jsonl_objects(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _read_rows(path: Path) -> dict[str, dict]:
+    """id -> the line's object, with its line number under :data:`_LINE` (a key no JSON object holds)."""
     rows: dict[str, dict] = {}
     for i, obj in jsonl_objects(path):
         r = _row(path, i, obj)
         if r["id"] in rows:
             raise CacheError(f"{path}:{i}: id: {r['id']!r} is given twice")
-        rows[r["id"]] = r
+        rows[r["id"]] = {**r, _LINE: i}
     if not rows:
         raise CacheError(f"{path}: no lines")
     return rows
+
+
+#: The key under which :func:`_read_rows` keeps a row's line number (JSON keys are strings: no clash).
+_LINE = 0
+
+
+def _conflict(qid: str, lines: Sequence[tuple[str, dict]]) -> str | None:
+    """The cache's contradiction rules (docs/caches.md, ``envs.cache.values``) on one question's rungs,
+    named in the sources' terms: ``lines`` is ``(FILE, row)`` per rung, in rung order. Within a question
+    one normalised answer has one ``correct`` flag, and an answer equal to the gold is correct."""
+    from envs.cache.normalise import normalise_answer
+
+    gold = next((r["gold"] for _, r in lines if r.get("gold")), "")
+    gold_norm = normalise_answer(gold) if gold else None
+    seen: dict[str, tuple[bool, str]] = {}
+    for f, r in lines:
+        where, norm, ok = f"{f}:{r[_LINE]}", normalise_answer(r["answer"]), r["correct"]
+        if norm == gold_norm and not ok:
+            return (f"{where}: correct: false, but the answer {r['answer']!r} equals the gold answer {gold!r} "
+                    f"after normalisation (question {qid!r})")
+        if norm in seen and seen[norm][0] != ok:
+            return (f"{where}: correct: {json.dumps(ok)} contradicts {seen[norm][1]} (correct: "
+                    f"{json.dumps(seen[norm][0])}) for the same normalised answer {norm!r} (question {qid!r}); "
+                    "a cache holds one flag per answer of a question: correct one of the lines")
+        seen.setdefault(norm, (ok, where))
+    return None
+
+
+def _source_problem(cache: ResponseCache, files: Sequence[Path], rows: Sequence[dict[str, dict]],
+                    spec_path: Path) -> str | None:
+    """The shared value rules (``envs.cache.values``, as every reader and writer applies them) on the
+    built cache, the first problem placed at its source ``FILE:LINE`` (round t is rung t's file)."""
+    from envs.cache.schema import values_problem
+
+    p = values_problem(cache.manifest, cache.arrays)
+    if p is None:
+        return None
+    if p.question is None:
+        return f"{spec_path}: {p.field}: {p.message}"
+    qid = str(cache.arrays["question_ids"][p.question])
+    t = int(p.field[len("rounds["):p.field.index("]")]) if p.field.startswith("rounds[") else 0
+    field = p.field.split(".", 2)[2] if p.field.count(".") >= 2 else p.field
+    return f"{files[t]}:{rows[t][qid][_LINE]}: {field}: {p.message} (question {qid!r})"
 
 
 def _ladder_spec(src: Path) -> tuple[list[tuple[ModelInfo, Path]], dict]:
@@ -183,7 +227,11 @@ def load_per_model(src: Path) -> ResponseCache:
     if not ids:
         raise CacheError(f"{src}: no question id is in every model's file")
     answers, gold, groups = [], [], []
+    files = [f for _, f in rungs]
     for qid in ids:
+        problem = _conflict(qid, [(str(f), r[qid]) for f, r in zip(files, tables)])
+        if problem:
+            raise CacheError(problem)
         answers.append([Side(r[qid]["answer"], r[qid]["correct"], float(r[qid]["tokens_in"]), float(r[qid]["tokens_out"]),
                              math.nan if r[qid].get("confidence") is None else float(r[qid]["confidence"]))
                         for r in tables])
@@ -196,6 +244,10 @@ def load_per_model(src: Path) -> ResponseCache:
             "prices": "ladder.json" if spec else "envs/importers/pricing.py list prices",
             "questions_dropped": n_all - len(ids)}
     has_groups = all(g is not None for g in groups)
-    return build_ladder(name=str(spec.get("name", src.name)), task=str(spec.get("task", "unknown")),
-                        rungs=[m for m, _ in rungs], provenance=prov, question_ids=ids, gold=gold, answers=answers,
-                        groups=groups if has_groups else None)
+    cache = build_ladder(name=str(spec.get("name", src.name)), task=str(spec.get("task", "unknown")),
+                         rungs=[m for m, _ in rungs], provenance=prov, question_ids=ids, gold=gold, answers=answers,
+                         groups=groups if has_groups else None)
+    problem = _source_problem(cache, files, tables, src / "ladder.json")
+    if problem:  # the last word: nothing is written that a reader would refuse, named where it was written
+        raise CacheError(problem)
+    return cache
