@@ -173,7 +173,9 @@ def _bad_rung(i: int, **change):
 
 @pytest.mark.parametrize("edit, match", [
     (_bad_rung(2, price_out=None), "ladder.json: rungs[2]: missing field 'price_out'"),
-    (_bad_rung(1, price_in=-1), "ladder.json: rungs[1].price_in: expected a number >= 0 (USD per million tokens), got -1"),
+    (_bad_rung(1, price_in=-1), "ladder.json: rungs[1].price_in: expected a number >= 0 and <= 1e+05 (USD per million tokens), got -1"),
+    (_bad_rung(1, price_in=1e7),  # issue 48 item 10: a rung price every cache reader refuses
+     "ladder.json: rungs[1].price_in: expected a number >= 0 and <= 1e+05 (USD per million tokens), got 10000000.0"),
     (_bad_rung(0, price="1"), "ladder.json: rungs[0]: unknown field 'price' (the fields are url, model, price_in, price_out)"),
     (_bad_rung(0, url="ftp://x/v1"), "ladder.json: rungs[0]: 'ftp://x/v1' is not an http(s) URL"),
     (_bad_rung(1, model=""), "ladder.json: rungs[1].model: expected a non-empty string"),

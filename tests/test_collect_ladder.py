@@ -97,6 +97,9 @@ def test_resume_of_a_finished_ladder_sends_nothing(server, questions_file, colle
     (RUNGS, False, ("--base-price", "1,1"), "--base-price: given 1 times; give it once per rung of the ladder (3 times) or not at all"),
     (RUNGS, True, ("--exit-baselines", "base"), "--exit-baselines: base: a ladder has one base model per round"),
     (RUNGS, False, (), "no price for the base@1 model 'tiny-base': give --base-price"),
+    # issue 48 item 10: a rung price that every cache reader refuses, refused before any call
+    ([RUNGS[0], ("mid-base", "1e7,2"), RUNGS[2]], True, (),
+     "--base-price '1e7,2': expected a number >= 0 and <= 1e+05 (USD per million tokens), got 10000000.0"),
 ])
 def test_bad_ladder_flags_are_one_error_line(server, questions_file, tmp_path, rungs, prices, extra, match):
     out = tmp_path / "bad.jsonl"
@@ -104,3 +107,15 @@ def test_bad_ladder_flags_are_one_error_line(server, questions_file, tmp_path, r
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert match in r.stderr, r.stderr
     assert not out.exists()
+
+
+def test_a_pricing_file_price_goes_through_the_cache_price_rule(server, questions_file, tmp_path):
+    """Issue 48 item 10: ``--pricing`` (here rung 2's price) checked with the cache's own price rule."""
+    pricing = tmp_path / "prices.json"
+    pricing.write_text(json.dumps({BASE_MODEL: [0.1, 0.2], "mid-base": {"price_in": 1, "price_out": 2e5},
+                                   "top-base": [3, 5]}))
+    out, before = tmp_path / "bad.jsonl", server.requests
+    r = run_cli(_args(server, questions_file, out, RUNGS, False, "--pricing", str(pricing)))
+    assert r.returncode == 2 and not out.exists() and server.requests == before
+    assert r.stderr.strip().splitlines() == [
+        f"error: --pricing {pricing}: mid-base: expected a number >= 0 and <= 1e+05 (USD per million tokens), got 200000.0"]

@@ -215,3 +215,33 @@ def test_the_last_word_places_a_value_problem_at_its_source_line(tmp_path, monke
         import_cache("per-model", src)
     assert str(e.value) == (f"{src / 'big.jsonl'}:2: correct: false contradicts rounds[0].base.correct = true for the "
                             "same normalised answer 'paris' (question 'q1')")
+
+
+def test_every_rung_price_goes_through_the_cache_price_rule(tmp_path):
+    """Issue 48 item 10: 1e7 USD per M on rung 2 of ladder.json imported with exit 0, and every reader then
+    refused the output (only the first rung's price was checked on write). Now the import refuses, naming
+    ladder.json and the rung, with the readers' own text, and writes nothing."""
+    models = [{"name": "small", "price_in": 0.1, "price_out": 0.2}, {"name": "big", "price_in": 1e7, "price_out": 2}]
+    src = _two_rungs(tmp_path / "src", [_line("q0", "A", True)], [_line("q0", "A", True)], models)
+    for out in (tmp_path / "c.jsonl", tmp_path / "fast"):
+        r = run_cli(["data", "import", "--format", "per-model", str(src), "--out", str(out)])
+        assert r.returncode == 2 and not out.exists()
+        assert r.stderr.strip().splitlines() == [
+            f"error: {src / 'ladder.json'}: models[1].price_in: expected a number >= 0 and <= 1e+05 (USD per million "
+            "tokens), got 10000000.0"]
+    models[1].update(price_in=1e5)  # the bound itself is a price
+    ok = import_cache("per-model", _two_rungs(src, [_line("q0", "A", True)], [_line("q0", "A", True)], models))
+    assert ok.manifest.base_ladder[1].price_in == 1e5
+    models[1].pop("price_in")
+    with pytest.raises(CacheError, match=r"ladder\.json: models\[1\]\.price_in: missing$"):
+        import_cache("per-model", _two_rungs(src, [_line("q0", "A", True)], [_line("q0", "A", True)], models))
+    # OmnisBench's pricing YAML, the other file of prices an importer reads
+    om = tmp_path / "om"
+    om.mkdir()
+    (om / "results.json").write_text((FIXTURE_DATA / "omnisbench" / "results_2026-08-19.json").read_text())
+    yaml_text = (FIXTURE_DATA / "omnisbench" / "pricing_2026-08-18.yaml").read_text()
+    (om / "pricing_2026-08-18.yaml").write_text(yaml_text.replace("output_per_mtok: 25.00", "output_per_mtok: 2.5e7"))
+    with pytest.raises(CacheError) as e:
+        import_cache("omnisbench", om / "results.json")
+    assert str(e.value) == (f"{om / 'pricing_2026-08-18.yaml'}: models.anthropic/claude-opus-5.output_per_mtok: "
+                            "expected a number >= 0 and <= 1e+05 (USD per million tokens), got 25000000.0")

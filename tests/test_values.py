@@ -276,6 +276,12 @@ LADDER_CASES = [
      lambda m, a: a["base_answer"].__setitem__((0, 1), 0),
      "2", "question 'q-1'",
      "rounds[1].base.correct: false contradicts rounds[0].base.correct = true for the same normalised answer 'paris'"),
+    # Issue 48 item 10: only the first rung's price was checked on write; every reader refused rung 2's.
+    ("rung 2 price 1e7",
+     lambda m, q: m["models"]["base"][1].update(price_in=1e7),
+     lambda m, a: m["models"]["base"][1].update(price_in=1e7),
+     "1", None,
+     "manifest.models.base[1].price_in: expected a number >= 0 and <= 1e+05 (USD per million tokens), got 10000000.0"),
 ]
 
 

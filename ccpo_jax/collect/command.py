@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ccpo_jax.errors import UserError
+from envs.cache.values import price_problem
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
@@ -84,8 +85,9 @@ def _pair(text: str, flag: str) -> tuple[float, float]:
         a, b = (float(x) for x in text.split(","))
     except ValueError:
         raise UserError(f"{flag} {text!r}: expected IN,OUT in USD per million tokens, e.g. 2.5,10") from None
-    if not (math.isfinite(a) and math.isfinite(b)) or a < 0 or b < 0:
-        raise UserError(f"{flag} {text!r}: prices must be finite and >= 0")
+    problem = price_problem(a) or price_problem(b)  # the cache's own rule (envs.cache.values)
+    if problem:
+        raise UserError(f"{flag} {text!r}: {problem}")
     return a, b
 
 
@@ -114,8 +116,9 @@ def _pricing_file(path: str) -> dict[str, tuple[float, float]]:
             vals = tuple(v)
         else:
             raise UserError(f"--pricing {p}: {model}: expected {{price_in, price_out}} (USD per million tokens)")
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in vals):
-            raise UserError(f"--pricing {p}: {model}: prices must be numbers >= 0")
+        problem = next(filter(None, map(price_problem, vals)), None)  # the cache's own rule (envs.cache.values)
+        if problem:
+            raise UserError(f"--pricing {p}: {model}: {problem}")
         out[str(model)] = (float(vals[0]), float(vals[1]))
     return out
 

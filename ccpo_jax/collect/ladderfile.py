@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from ccpo_jax.errors import UserError
+from envs.cache.values import price_problem
 
 FIELDS = ("url", "model", "price_in", "price_out")
 
@@ -79,9 +79,9 @@ def _entry(obj: Any, where: str) -> Entry:
     if "," in obj["model"]:  # (URL,MODEL splits at the last comma: such a name has no flag spelling)
         raise UserError(f"{where}.model: {obj['model']!r}: a model name with a comma is not supported")
     for k in ("price_in", "price_out"):
-        v = obj[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise UserError(f"{where}.{k}: expected a number >= 0 (USD per million tokens), got {json.dumps(v)}")
+        problem = price_problem(obj[k])  # the cache's own rule (envs.cache.values): the manifest must be readable
+        if problem:
+            raise UserError(f"{where}.{k}: {problem}")
     ep = parse_endpoint(f"{obj['url']},{obj['model']}", where)  # the URL rules of --base / --guide
     return Entry(ep.url, ep.model, float(obj["price_in"]), float(obj["price_out"]))
 

@@ -494,8 +494,11 @@ def values_problem(manifest: Manifest, arrays: dict[str, np.ndarray]):
     """The first value rule (:mod:`envs.cache.values`) that ``arrays`` under ``manifest`` break, or None."""
     from envs.cache.normalise import normalise_answer
 
-    prices = {r: (m.price_in, m.price_out) for r, m in (("base", manifest.base), ("guide", manifest.guide))
-              if m is not None}
+    prices = {}  # every model the manifest names, each rung of a ladder under its field (base[1]), as the reader reads them
+    for role in ("base", "guide"):
+        lad, one = (manifest.base_ladder, manifest.base) if role == "base" else (manifest.guide_ladder, manifest.guide)
+        models = {f"{role}[{t}]": m for t, m in enumerate(lad)} if lad else {role: one} if one is not None else {}
+        prices.update({k: (m.price_in, m.price_out) for k, m in models.items()})
     return cache_problem(manifest.T, prices, manifest.exit_models, manifest.llm_policy_models, arrays,
                          normalise=normalise_answer, has_guide=manifest.has_guide)
 

@@ -26,6 +26,7 @@ from typing import Any, Iterator, Sequence
 
 
 from envs.cache.schema import CacheError, ModelInfo, ResponseCache
+from envs.cache.values import price_problem
 from envs.importers import Side, build_cache
 
 #: The protocol string of a ladder import.
@@ -192,10 +193,10 @@ def _ladder_spec(src: Path) -> tuple[list[tuple[ModelInfo, Path]], dict]:
             ctx = f"{spec_path}: models[{i}]"
             if not isinstance(m, dict) or not isinstance(m.get("name"), str):
                 raise CacheError(f"{ctx}: name: expected a string")
-            for k in ("price_in", "price_out"):
-                v = m.get(k)
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
-                    raise CacheError(f"{ctx}: {k}: expected a finite number >= 0 (USD per million tokens), got {v!r}")
+            for k in ("price_in", "price_out"):  # the cache's own price rule (envs.cache.values), as every reader applies it
+                problem = price_problem(m[k]) if k in m else "missing"
+                if problem:
+                    raise CacheError(f"{ctx}.{k}: {problem}")
             f = src / str(m.get("file", f"{m['name']}.jsonl"))
             if not f.is_file():
                 raise CacheError(f"{ctx}: file {f.name!r} not found in {src}")

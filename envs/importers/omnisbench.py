@@ -40,6 +40,7 @@ import math
 from pathlib import Path
 
 from envs.cache.schema import CacheError, ModelInfo, ResponseCache
+from envs.cache.values import price_problem
 from envs.importers import CASCADE_PROTOCOL, GOLD_KEY, Side, build_cache, correctness_key, number_key
 from envs.importers.routellm import final_number
 
@@ -86,10 +87,12 @@ def read_pricing(path: Path) -> dict[str, tuple[float, float]]:
     for name, p in models.items():
         try:
             pin, pout = float(p["input_per_mtok"]), float(p["output_per_mtok"])
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):
             raise CacheError(f"{path}: models.{name}: needs numbers 'input_per_mtok' and 'output_per_mtok'") from None
-        if not (math.isfinite(pin) and math.isfinite(pout) and pin >= 0 and pout >= 0):
-            raise CacheError(f"{path}: models.{name}: prices must be finite and >= 0")
+        for key, v in (("input_per_mtok", pin), ("output_per_mtok", pout)):
+            problem = price_problem(v)  # the cache's own price rule (envs.cache.values), as every reader applies it
+            if problem:
+                raise CacheError(f"{path}: models.{name}.{key}: {problem}")
         out[name] = (pin, pout)
     return out
 
