@@ -245,3 +245,33 @@ def test_every_rung_price_goes_through_the_cache_price_rule(tmp_path):
         import_cache("omnisbench", om / "results.json")
     assert str(e.value) == (f"{om / 'pricing_2026-08-18.yaml'}: models.anthropic/claude-opus-5.output_per_mtok: "
                             "expected a number >= 0 and <= 1e+05 (USD per million tokens), got 25000000.0")
+
+
+@pytest.mark.parametrize("spec, problem", [
+    # issue 48 item 11: a typo was taken silently as the given order
+    ({"order": "prise"}, 'order: expected "given" or "price", got "prise"'),
+    ({"order": None}, 'order: expected "given" or "price", got null'),
+    ({"name": 5}, "name: expected a string, got number 5"),
+    ({"license": ["CC0"]}, "license: expected a string, got array"),
+    ({"models": [{"name": "small", "price_in": 0, "price_out": 0, "file": 3}]},
+     "models[0].file: expected a string (the model's file in {src}), got 3"),
+])
+def test_ladder_json_refuses_values_it_would_otherwise_take_silently(tmp_path, spec, problem):
+    src = _two_rungs(tmp_path / "src", [_line("q0", "A", True)], [_line("q0", "A", True)])
+    doc = {**json.loads((src / "ladder.json").read_text()), **spec}
+    (src / "ladder.json").write_text(json.dumps(doc))
+    r = run_cli(["data", "import", "--format", "per-model", str(src), "--out", str(tmp_path / "c.jsonl")])
+    assert r.returncode == 2 and not (tmp_path / "c.jsonl").exists()
+    assert r.stderr.strip().splitlines() == [f"error: {src / 'ladder.json'}: {problem.format(src=src)}"]
+
+
+def test_ladder_json_orders_given_and_price_and_a_deep_file_is_one_line(tmp_path):
+    src = _two_rungs(tmp_path / "src", [_line("q0", "A", True)], [_line("q0", "A", True)])
+    doc = json.loads((src / "ladder.json").read_text())
+    doc["models"].reverse()  # listed dearest first
+    for order, want in ((None, ["big", "small"]), ("given", ["big", "small"]), ("price", ["small", "big"])):
+        (src / "ladder.json").write_text(json.dumps(doc if order is None else {**doc, "order": order}))
+        assert [m.name for m in import_cache("per-model", src).manifest.base_ladder] == want
+    (src / "ladder.json").write_text("[" * 100_000 + "]" * 100_000)  # a RecursionError traceback before
+    with pytest.raises(CacheError, match=r"ladder\.json: JSON nested too deeply"):
+        import_cache("per-model", src)

@@ -10,9 +10,10 @@ or to go on to the next. Round t's cost is rung t's tokens at rung t's prices.
   two-rung ladder (base model, then guide model): the guide's answer is that model's own run;
 * :func:`load_per_model` (format ``per-model``): a folder with one JSONL file per model, lines
   ``{"id", "answer", "correct", "tokens_in", "tokens_out", "confidence"?, "gold"?, "group"?}``, and an
-  optional ``ladder.json`` ``{"models": [{"name", "price_in", "price_out", "file"?}], "name"?, "task"?,
-  "license"?, "source"?}`` giving the prices and the order (without it: the file stems are the model
-  names, priced by :data:`envs.importers.pricing.PRICES`, ordered by price).
+  optional ``ladder.json`` ``{"models": [{"name", "price_in", "price_out", "file"?}], "order"?: "given" |
+  "price", "name"?, "task"?, "license"?, "source"?}`` giving the prices and the order (without it: the file
+  stems are the model names, priced by :data:`envs.importers.pricing.PRICES`, ordered by price). Lines and
+  prices go through the cache's value rules (``envs.cache.values``), errors naming ``FILE:LINE: field``.
 
 Questions are those present in every model's file (in the first rung's file order); how many were
 left out is in the provenance (``questions_dropped``).
@@ -26,7 +27,8 @@ from typing import Any, Iterator, Sequence
 
 
 from envs.cache.schema import CacheError, ModelInfo, ResponseCache
-from envs.cache.values import price_problem
+from envs.cache.fast import read_json_object
+from envs.cache.values import json_type_name, price_problem, show
 from envs.importers import Side, build_cache
 
 #: The protocol string of a ladder import.
@@ -175,17 +177,33 @@ def _source_problem(cache: ResponseCache, files: Sequence[Path], rows: Sequence[
     return f"{files[t]}:{rows[t][qid][_LINE]}: {field}: {p.message} (question {qid!r})"
 
 
+#: ladder.json's ``order``: the rungs as listed, or by price (:func:`order_rungs`).
+ORDERS = ("given", "price")
+#: ladder.json's optional text fields (the cache's name and task, the provenance's license and source).
+SPEC_TEXT = ("name", "task", "license", "source")
+
+
+def _check_spec(spec_path: Path, spec: dict) -> None:
+    """Refuse a value of ladder.json's ``order`` or text fields that would otherwise be taken silently
+    (``"order": "prise"`` was read as the given order; a number as the name)."""
+    order = spec.get("order", "given")
+    if order not in ORDERS:
+        raise CacheError(f"{spec_path}: order: expected {' or '.join(map(json.dumps, ORDERS))}, got {show(order)}")
+    for k in SPEC_TEXT:
+        if k in spec and not isinstance(spec[k], str):
+            shown = "" if isinstance(spec[k], (dict, list)) else f" {show(spec[k])}"
+            raise CacheError(f"{spec_path}: {k}: expected a string, got {json_type_name(spec[k])}{shown}")
+
+
 def _ladder_spec(src: Path) -> tuple[list[tuple[ModelInfo, Path]], dict]:
     """(model, file) per rung in ladder order, and the ladder.json fields (or none)."""
     from envs.importers.pricing import PRICES
 
     spec_path = src / "ladder.json"
     if spec_path.is_file():
-        try:
-            spec = json.loads(spec_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CacheError(f"{spec_path}: not valid JSON ({e})") from None
-        ms = spec.get("models") if isinstance(spec, dict) else None
+        spec = read_json_object(spec_path, "ladder.json")  # every way JSON can fail (nesting, size, ...) is one line
+        _check_spec(spec_path, spec)
+        ms = spec.get("models")
         if not isinstance(ms, list) or not ms:
             raise CacheError(f"{spec_path}: models: expected a non-empty list of {{name, price_in, price_out}}")
         out = []
@@ -197,11 +215,13 @@ def _ladder_spec(src: Path) -> tuple[list[tuple[ModelInfo, Path]], dict]:
                 problem = price_problem(m[k]) if k in m else "missing"
                 if problem:
                     raise CacheError(f"{ctx}.{k}: {problem}")
-            f = src / str(m.get("file", f"{m['name']}.jsonl"))
+            if not isinstance(m.get("file", ""), str):
+                raise CacheError(f"{ctx}.file: expected a string (the model's file in {src}), got {show(m['file'])}")
+            f = src / m.get("file", f"{m['name']}.jsonl")
             if not f.is_file():
                 raise CacheError(f"{ctx}: file {f.name!r} not found in {src}")
             out.append((ModelInfo(m["name"], float(m["price_in"]), float(m["price_out"])), f))
-        if spec.get("order", "given") == "price":
+        if spec.get("order") == "price":
             out = [out[i] for i in order_rungs([m for m, _ in out])]
         return out, spec
     files = sorted(p for p in src.glob("*.jsonl") if p.is_file())
