@@ -275,3 +275,55 @@ def test_ladder_json_orders_given_and_price_and_a_deep_file_is_one_line(tmp_path
     (src / "ladder.json").write_text("[" * 100_000 + "]" * 100_000)  # a RecursionError traceback before
     with pytest.raises(CacheError, match=r"ladder\.json: JSON nested too deeply"):
         import_cache("per-model", src)
+
+
+def _routerarena_copy(tmp_path, edit_first_line):
+    """The fixture's two files in ``tmp_path/ra``, the first line of gemini's edited by ``edit_first_line``."""
+    ra = tmp_path / "ra"
+    ra.mkdir()
+    for f in RA.glob("*.jsonl"):
+        lines = f.read_text().splitlines()
+        if f.stem == "gemini-2.0-flash-001":
+            lines[0] = edit_first_line(lines[0])
+        (ra / f.name).write_text("\n".join(lines) + "\n")
+    return ra, ra / "gemini-2.0-flash-001.jsonl"
+
+
+@pytest.mark.parametrize("edit, problem", [
+    # issue 48 item 12: a MemoryError traceback (Python's parser nests each unary minus)
+    (lambda d: d.update(token_usage="-" * 100_000 + "1"), "1: token_usage: expected an object, got '" + "-" * 60 + "'"),
+    (lambda d: d.update(token_usage="[" * 2_000_000), "1: token_usage: expected an object, got a text of 2000000 "
+                                                       "characters (at most 1048576 are parsed)"),
+    (lambda d: d.update(token_usage="{'input_tokens': 3, 'output_tokens': 4}"), None),  # the files' Python literals
+    (lambda d: d.update(token_usage={"input_tokens": 10 ** 400, "output_tokens": 4}),
+     "1: token_usage.input_tokens: expected a number, got 1" + "0" * 36 + "..."),
+])
+def test_routerarena_bounds_what_it_parses(tmp_path, edit, problem):
+    def change(line):
+        d = json.loads(line)
+        edit(d)
+        return json.dumps(d)
+
+    ra, gem = _routerarena_copy(tmp_path, change)
+    if problem is None:
+        c = import_cache("routerarena", ra)
+        assert (c.arrays["base_tokens_in"][0, 0], c.arrays["base_tokens_out"][0, 0]) == (3, 4)
+        return
+    r = run_cli(["data", "import", "--format", "routerarena", str(ra), "--out", str(tmp_path / "c.jsonl")],
+                in_subprocess=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and not (tmp_path / "c.jsonl").exists()
+    assert r.stderr.strip().splitlines() == [f"error: {gem}:{problem}"]
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),  # RecursionError tracebacks before
+    ('{"x": ' + "1" * 5000 + "}", "not valid JSON (Exceeds the limit (4300 digits)"),  # ValueError
+    ('{"x": "\\ud800"} \xff', "not UTF-8 text"),
+])
+def test_importer_lines_past_the_parsers_limits_are_one_error_line(tmp_path, line, problem):
+    ra, gem = _routerarena_copy(tmp_path, lambda first: line)
+    if "\xff" in line:  # a byte that is not UTF-8
+        gem.write_bytes(gem.read_bytes().replace("\xff".encode(), b"\xff", 1))
+    with pytest.raises(CacheError) as e:
+        import_cache("routerarena", ra)
+    assert str(e.value).startswith(f"{gem}:1: {problem}")

@@ -107,18 +107,35 @@ def _row(path: Path, line_no: int, obj: Any) -> dict:
 
 
 def jsonl_objects(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed JSON) of every non-blank line of ``path``; a CacheError naming the line."""
+    """(line number, parsed JSON) of every non-blank line of ``path``, read one line at a time and at most
+    :data:`envs.cache.jsonl.MAX_LINE_BYTES` a line (the cache reader's bound); a CacheError naming the line
+    for text that is not UTF-8 or JSON, and for JSON past the parser's limits (nesting, digits)."""
+    from envs.cache.jsonl import MAX_LINE_BYTES
+
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CacheError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            yield i, json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CacheError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        with open(path, "rb") as f:
+            for i, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+                if len(raw) > MAX_LINE_BYTES:
+                    raise CacheError(f"{path}:{i}: line longer than {MAX_LINE_BYTES >> 20} MiB (one record per line)")
+                try:
+                    line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
+                except UnicodeDecodeError as e:
+                    raise CacheError(f"{path}:{i}: not UTF-8 text (byte {e.start} of the line)") from None
+                if line.strip():
+                    yield i, _json_line(path, i, line)
+    except OSError as e:
+        raise CacheError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def _json_line(path: Path, i: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise CacheError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise CacheError(f"{path}:{i}: JSON nested too deeply") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise CacheError(f"{path}:{i}: not valid JSON ({e})") from None
 
 
 def _read_rows(path: Path) -> dict[str, dict]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.cache.schema import CacheError, ModelInfo, ResponseCache
+from envs.cache.values import show
 from envs.importers import Side, correctness_key
 from envs.importers.ladder import LADDER_PROTOCOL, build_ladder, jsonl_objects, order_rungs
 
@@ -35,14 +36,24 @@ LICENSE = "Apache-2.0"
 CORRECT_AT = 0.5
 
 
+#: Longest Python-literal text parsed as an object (the files write some dicts as Python literals;
+#: a ``token_usage`` is ~80 characters, an ``evaluation_result`` holds one answer). Python's parser
+#: needs memory per nesting level, so ``"-" * 100000 + "1"`` was a MemoryError: longer text is
+#: refused unparsed, and the parser's own limits are caught as bad input.
+MAX_LITERAL_CHARS = 1 << 20
+
+
 def _dict(v: Any, where: str) -> dict:
     if isinstance(v, dict):
         return v
     if isinstance(v, str):
+        if len(v) > MAX_LITERAL_CHARS:
+            raise CacheError(f"{where}: expected an object, got a text of {len(v)} characters (at most "
+                             f"{MAX_LITERAL_CHARS} are parsed)")
         try:
-            d = ast.literal_eval(v)  # the files write some dicts as Python literals
-        except (ValueError, SyntaxError):
-            d = None
+            d = ast.literal_eval(v)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            d = None  # not a literal, or nested past the parser's limits
         if isinstance(d, dict):
             return d
     raise CacheError(f"{where}: expected an object, got {str(v)[:60]!r}")
@@ -51,10 +62,10 @@ def _dict(v: Any, where: str) -> dict:
 def _number(v: Any, where: str, signed: bool = False) -> float:
     try:
         x = float(v)
-    except (TypeError, ValueError):
-        raise CacheError(f"{where}: expected a number, got {v!r}") from None
+    except (TypeError, ValueError, OverflowError):  # (an integer of 400 digits overflows a float)
+        raise CacheError(f"{where}: expected a number, got {show(v)}") from None
     if not math.isfinite(x) or (x < 0 and not signed):
-        raise CacheError(f"{where}: expected a finite number{'' if signed else ' >= 0'}, got {v!r}")
+        raise CacheError(f"{where}: expected a finite number{'' if signed else ' >= 0'}, got {show(v)}")
     return x
 
 
