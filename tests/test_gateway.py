@@ -495,7 +495,8 @@ def test_restarted_journal_takes_feedback_for_earlier_requests(live, tmp_path):
     cid = _ask(client, QS[8]).id
     copy = tmp_path / "j.jsonl"
     copy.write_text(journal.read_text())
-    j = Journal(copy, {})  # an existing journal: its manifest is kept, the waiting requests reloaded
+    man = json.loads(copy.read_text().splitlines()[0])["manifest"]
+    j = Journal(copy, man)  # an existing journal of this router: its manifest is kept, the waiting requests reloaded
     try:
         assert cid in j.pending
         before = awaiting_feedback(copy)
@@ -535,7 +536,7 @@ def test_online_kappa_needs_a_marginal_router(art):
     r = Router.load(art)
     r.group_kappas, r.rest_kappa = {"a": np.float32(0.2)}, np.float32(0.3)
     ep = Endpoint("http://127.0.0.1:9/v1", "m")
-    with pytest.raises(UserError, match="--online-kappa: a Mondrian router"):
+    with pytest.raises(UserError, match="online_eta: a Mondrian router"):
         Gateway(r, GatewayConfig(base=ep, guide=ep, online_eta=1.0))
 
 

@@ -139,3 +139,128 @@ def test_an_unexpected_error_is_one_log_line_without_traceback(art, tmp_path, ca
     assert len(errs) == 2 and all(x.exc_info is None and "\n" not in x.getMessage() for x in errs)
     assert all("KeyError" in x.getMessage() and "test_gateway_integrity.py:" in x.getMessage() for x in errs)
     _checked(journal)
+
+
+def _mondrian(th: GatewayThread) -> GatewayThread:
+    """``th``'s router with per-group thresholds (a Mondrian artefact's), before it is served."""
+    import numpy as np
+
+    r = th.gw.router
+    r.group_kappas, r.rest_kappa = {"g1": np.float32(0.05)}, np.float32(0.9)
+    return th
+
+
+@pytest.mark.parametrize("group,problem", [
+    ("g1\u001b[2J\nevil", "contains the control character U+001B at index 2"),
+    ("", "expected a non-empty string, got an empty string"),
+    ("g" * 201, "at most 200 characters, got 201"),
+    (3, "expected a non-empty string, got int"),
+])
+def test_a_group_the_cache_refuses_is_a_400_before_any_upstream_call(art, tmp_path, group, problem):
+    """Item 2 (and 13's ``group.group:``): the request's group goes through the cache's own rule
+    (envs.cache.values.group_problem) before any upstream call; the journal stays readable."""
+    journal = tmp_path / "j.jsonl"
+    with FakeChatServer(SCRIPTS) as up, _mondrian(_gateway(art, up, journal)) as g:
+        st, ok = post(g.url, "/chat/completions", _chat(QS[0], group="g1"))
+        assert st == 200 and ok["ccpo"]["decisions"][0]["kappa_source"] == "group 'g1'"
+        n0 = up.requests
+        st, err = post(g.url, "/chat/completions", _chat(QS[0], group=group))
+        assert up.requests == n0
+    assert st == 400 and err["error"]["param"] == "group", err
+    assert err["error"]["message"].startswith("group: ") and problem in err["error"]["message"]
+    lines = [json.loads(x) for x in journal.read_text().splitlines()[1:]]
+    assert [x["group"] for x in lines] == ["g1"]
+    _checked(journal)
+
+
+def test_online_kappa_on_a_mondrian_artefact_names_the_flag_once(art, tmp_path, monkeypatch):
+    """Item 13: the CLI's message names ``--online-kappa`` once (it said ``--online-kappa --online-kappa:``)."""
+    import numpy as np
+
+    from ccpo_jax.serving import Router
+
+    load = Router.load
+
+    def mondrian(path):
+        r = load(path)
+        r.group_kappas, r.rest_kappa = {"g1": np.float32(0.05)}, np.float32(0.9)
+        return r
+    monkeypatch.setattr(Router, "load", staticmethod(mondrian))
+    res = run_cli(["gateway", str(art), "--base", "http://127.0.0.1:9/v1,b", "--guide", "http://127.0.0.1:9/v1,g",
+                   "--online-kappa", "1"], cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.startswith("error: --online-kappa: a Mondrian router"), res.stderr
+    assert res.stderr.count("--online-kappa") == 1 and len(res.stderr.strip().splitlines()) == 1
+
+
+def _mondrian_load(monkeypatch):
+    """``Router.load`` gives routers with per-group thresholds (a Mondrian artefact's)."""
+    import numpy as np
+
+    from ccpo_jax.serving import Router
+
+    load = Router.load
+
+    def mondrian(path):
+        r = load(path)
+        r.group_kappas, r.rest_kappa = {"g1": np.float32(0.05)}, np.float32(0.9)
+        return r
+    monkeypatch.setattr(Router, "load", staticmethod(mondrian))
+
+
+def _args(art, up, journal) -> list[str]:
+    return ["gateway", str(art), "--base", f"{up.url},{BASE_MODEL}", "--guide", f"{up.url},{GUIDE_MODEL}",
+            "--journal", str(journal), "--max-batch", "1", "--port", "0"]
+
+
+@pytest.mark.parametrize("old_manifest", ["current", "without groups"])
+def test_a_journal_of_another_router_is_refused_at_start(art, tmp_path, monkeypatch, old_manifest):
+    """Item 3: a marginal router's journal reopened by a Mondrian router (group use) or by another
+    artefact (the router's hash) is refused at start-up, naming what differs, and left as it was.
+    ``without groups``: a journal written before the manifest said its group use (read off its lines)."""
+    import uvicorn
+
+    def serve(self, sockets=None):
+        raise AssertionError("the gateway started on another router's journal")
+    monkeypatch.setattr(uvicorn.Server, "run", serve)
+    journal = tmp_path / "j.jsonl"
+    with FakeChatServer(SCRIPTS) as up:
+        with _gateway(art, up, journal) as g:
+            assert post(g.url, "/chat/completions", _chat(QS[0]))[0] == 200
+        if old_manifest == "without groups":
+            lines = journal.read_text().splitlines()
+            man = json.loads(lines[0])
+            del man["manifest"]["provenance"]["journal"]["groups"]
+            journal.write_text("\n".join([json.dumps(man)] + lines[1:]) + "\n")
+        before = journal.read_bytes()
+        other = build_artefact(tmp_path / "other", seed=9)
+        res = run_cli(_args(other, up, journal))
+        assert res.returncode == 2 and res.stderr.startswith(f"error: --journal {journal}:1: written by another "
+                                                             "router (the router"), res.stderr
+        assert "group use" not in res.stderr and "give a new --journal file" in res.stderr
+        _mondrian_load(monkeypatch)
+        res = run_cli(_args(art, up, journal))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "(group use (a Mondrian router's journal has a group on every line): false in the journal, true " \
+           "here)" in res.stderr, res.stderr
+    assert journal.read_bytes() == before
+    _checked(journal)
+
+
+def test_a_journal_with_another_T_or_models_is_refused(art, tmp_path):
+    """Item 3: T and the models (names and prices) are compared too; the same router reopens its journal."""
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.gateway.journal import Journal
+
+    journal = tmp_path / "j.jsonl"
+    with FakeChatServer(SCRIPTS) as up, _gateway(art, up, journal) as g:
+        assert post(g.url, "/chat/completions", _chat(QS[0]))[0] == 200
+    man = json.loads(journal.read_text().splitlines()[0])["manifest"]
+    Journal(journal, man).close()  # the same router: appended to
+    other = json.loads(json.dumps(man))
+    T = man["T"]
+    other["T"] = T + 1
+    other["models"]["guide"]["price_out"] = 99.0
+    with pytest.raises(UserError, match=rf"j.jsonl:1: written by another router \(T: {T} in the journal, {T + 1} "
+                       r"here; models.guide.price_out: 10.0 in the journal, 99.0 here\); a journal holds"):
+        Journal(journal, other)
+    _checked(journal)

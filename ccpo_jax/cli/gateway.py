@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
-FLAGS = {"base": "--base", "guide": "--guide", "journal": "--journal", "online_kappa": "--online-kappa", "questions": "--questions",
+FLAGS = {"base": "--base", "guide": "--guide", "journal": "--journal", "online_eta": "--online-kappa", "questions": "--questions",
          "budget_cents": "--budget-cents", "results": "--results", "row": "--row"}
 
 

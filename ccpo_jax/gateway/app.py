@@ -25,8 +25,8 @@ from ccpo_jax.gateway.metrics import Metrics
 from ccpo_jax.gateway.online import CoverageState
 from ccpo_jax.gateway.upstream import AsyncChatClient, UpstreamError
 from ccpo_jax.serving import Router
-from ccpo_jax.serving.artifact import RouterInputError
 from ccpo_jax.errors import UserError
+from envs.cache.values import group_problem
 
 log = logging.getLogger("ccpo_jax.gateway")
 
@@ -181,13 +181,10 @@ def parse_request(body: Any, router: Router, max_chars: int) -> tuple[str, str |
     if not isinstance(stream, bool):
         raise RequestError(400, "stream: expected true or false", param="stream")
     group = body.get("group")
-    if group is not None:
-        try:
-            router.kappa_for(group, "group")
-        except RouterInputError as e:
-            raise RequestError(400, str(e), param="group") from None
-        if not group or len(group) > 200:
-            raise RequestError(400, "group: expected a non-empty string of at most 200 characters", param="group")
+    if group is not None:  # the cache's own rule (a Mondrian journal keeps it), before any upstream call
+        problem = group_problem(group)
+        if problem:
+            raise RequestError(400, f"group: {problem}", param="group")
     mr = body.get("max_rounds")
     if mr is not None and (isinstance(mr, bool) or not isinstance(mr, int) or mr < 1):
         raise RequestError(400, "max_rounds: expected an integer >= 1", param="max_rounds")
@@ -204,8 +201,8 @@ class Gateway:
     def __init__(self, router: Router, cfg: GatewayConfig):
         self.router, self.cfg = router, cfg
         if cfg.online_eta is not None and router.group_kappas is not None:
-            raise UserError("--online-kappa: a Mondrian router has one threshold per group; the online update "
-                            "drives one threshold, so it needs a marginal router", field="online_kappa")
+            raise UserError("online_eta: a Mondrian router has one threshold per group; the online update "
+                            "drives one threshold, so it needs a marginal router", field="online_eta")
         m, T = router.manifest["models"], int(router.T)
         #: Round t's endpoint per role (T each; the guide None in a cascade) and its prices (the artefact's).
         self.rungs = {r: endpoint_rungs(getattr(cfg, r), m[r], T, r) for r in ("base", "guide")}
@@ -230,7 +227,8 @@ class Gateway:
                     "logprobs": p.logprobs}
             eps = {r: self.role_value(r, lambda e: {"url": e.public_url, "model": e.model}) for r in self.roles}
             served = {r: served_models(m[r], self.rungs[r], self.prices[r]) for r in ("base", "guide")}
-            self.journal = Journal(cfg.journal, journal_manifest(router.manifest, eps, reqs, served))
+            self.journal = Journal(cfg.journal, journal_manifest(router.manifest, eps, reqs, served,
+                                                                    groups=router.group_kappas is not None))
         self.clients: dict[Endpoint, AsyncChatClient] = {}
 
     def role_value(self, role: str, f, rounds: int | None = None) -> Any:

@@ -31,6 +31,7 @@ from ccpo_jax.errors import UserError
 from envs.cache.atomic import atomic_write_text
 from envs.cache.journal import unlabelled
 from envs.cache.normalise import normalise_answer
+from envs.cache.values import show
 
 #: Requests kept in memory for feedback (the oldest are forgotten first).
 MAX_PENDING = 100_000
@@ -53,10 +54,11 @@ def _model_entry(model: dict | list | None) -> dict | list | None:
 
 
 def journal_manifest(router_manifest: dict, endpoints: dict[str, dict | list], requests: dict,
-                     served: dict | None = None) -> dict:
+                     served: dict | None = None, groups: bool = False) -> dict:
     """The journal's manifest line. ``models``: ``served`` (the upstream models that answered, at the
     prices the gateway charged) when given, else the router's; ``provenance.journal.router_models``: the
-    models and prices the router was trained with."""
+    models and prices the router was trained with; ``provenance.journal.groups``: whether every line
+    has a ``group`` (a Mondrian router's journal)."""
     m = router_manifest
     trained = {r: _model_entry(m["models"][r]) for r in ("base", "guide")}
     return {
@@ -71,7 +73,8 @@ def journal_manifest(router_manifest: dict, endpoints: dict[str, dict | list], r
             "license": "unknown",
             "collector": collector_version(),
             "journal": {"started": today(), "router_manifest_sha256": m.get("manifest_sha256"),
-                        "router_policy": m["policy"]["row"], "alpha": m["alpha"], "router_models": trained},
+                        "router_policy": m["policy"]["row"], "alpha": m["alpha"], "router_models": trained,
+                        "groups": bool(groups)},
             "endpoints": endpoints,
             "prompts_sha256": P.prompt_hashes(),
             "requests": requests,
@@ -117,6 +120,40 @@ def covered(rec: dict, gold: str | None, correct: bool | None, aliases: list[str
     return None
 
 
+def _identity(manifest: dict, groups: bool | None) -> dict[str, Any]:
+    """What a journal's lines depend on, by the name a message gives it: a gateway appends to a journal
+    only when its own are equal (:func:`journal_mismatch`)."""
+    j = manifest.get("provenance", {}).get("journal", {}) if isinstance(manifest, dict) else {}
+    return {"T": manifest.get("T"), "models": manifest.get("models"),
+            "the router (provenance.journal.router_manifest_sha256)": j.get("router_manifest_sha256"),
+            "group use (a Mondrian router's journal has a group on every line)": groups}
+
+
+def _leaves(v: Any, path: str) -> dict[str, Any]:
+    if isinstance(v, dict):
+        return {k: x for key, sub in v.items() for k, x in _leaves(sub, f"{path}.{key}").items()}
+    if isinstance(v, list):
+        return {k: x for i, sub in enumerate(v) for k, x in _leaves(sub, f"{path}[{i}]").items()}
+    return {path: v}
+
+
+def journal_mismatch(old: dict, new: dict, old_groups: bool | None) -> list[str]:
+    """How the journal's manifest ``old`` (``old_groups``: its lines' group use, None when unknown)
+    differs from the one this gateway would write (``new``), one ``NAME: X in the journal, Y here``
+    each (``models`` value by value: ``models.guide.price_out``). Lines of another router would mix
+    two T (a line with more rounds than the manifest's T), two prices, lines with and without a group
+    (``data check`` refuses each) or two routers' outcomes under one router's name."""
+    a, b = _identity(old, old_groups), _identity(new, new.get("provenance", {}).get("journal", {}).get("groups"))
+    out = []
+    for k in a:
+        if a[k] is None or b[k] is None or a[k] == b[k]:
+            continue
+        x, y = _leaves(a[k], k), _leaves(b[k], k)
+        out += [f"{p}: {show(x.get(p, '(none)'))} in the journal, {show(y.get(p, '(none)'))} here"
+                for p in dict.fromkeys([*x, *y]) if x.get(p, "(none)") != y.get(p, "(none)")]
+    return out
+
+
 class Journal:
     """Appends request and feedback lines (thread-safe); keeps recent requests for feedback."""
 
@@ -132,7 +169,7 @@ class Journal:
             raise UserError(f"{self.path}: the journal is a human-format cache; give a file name ending in .jsonl",
                             field="journal")
         if self.path.exists() and self.path.stat().st_size > 0:
-            self._reopen()
+            self._reopen(manifest)
         else:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,10 +178,12 @@ class Journal:
                 raise UserError(f"{self.path}: cannot write ({e.strerror or e})", field="journal") from None
         self._f = open(self.path, "a", encoding="utf-8")
 
-    def _reopen(self) -> None:
-        """An existing journal: drop a torn last line, reload the requests still awaiting feedback."""
+    def _reopen(self, manifest: dict) -> None:
+        """An existing journal: drop a torn last line, refuse one that another router wrote
+        (:func:`journal_mismatch`), reload the requests still awaiting feedback."""
         if truncate_partial_line(self.path):
             print(f"note: dropped the incomplete last line of {self.path} (a killed write)", file=sys.stderr)
+        old, groups = None, None
         with open(self.path, encoding="utf-8") as f:
             for i, line in enumerate(f, start=1):
                 try:
@@ -156,13 +195,21 @@ class Journal:
                     if not isinstance(obj.get("manifest"), dict) or "journal" not in obj["manifest"].get("provenance", {}):
                         raise UserError(f"{self.path}:1: not a gateway journal (no manifest with provenance.journal)",
                                         field="journal")
+                    old = obj["manifest"]
+                    groups = old["provenance"]["journal"].get("groups")  # (None: a journal from before it was kept)
                     continue
+                if i == 2 and groups is None:
+                    groups = "group" in obj
                 qid = obj.get("id")
                 if not unlabelled(obj):
                     self.labelled.add(qid)
                     self.pending.pop(qid, None)
                 else:
                     self.pending[qid] = obj
+        differs = journal_mismatch(old, manifest, groups)
+        if differs:
+            raise UserError(f"{self.path}:1: written by another router ({'; '.join(differs)}); a journal holds "
+                            "one router's requests: give a new `journal` file", field="journal")
 
     def close(self) -> None:
         self._f.close()
