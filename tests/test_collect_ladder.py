@@ -119,3 +119,9 @@ def test_a_pricing_file_price_goes_through_the_cache_price_rule(server, question
     assert r.returncode == 2 and not out.exists() and server.requests == before
     assert r.stderr.strip().splitlines() == [
         f"error: --pricing {pricing}: mid-base: expected a number >= 0 and <= 1e+05 (USD per million tokens), got 200000.0"]
+    pricing = tmp_path / "prices.yaml"  # issue 48 item 13: PyYAML's message spans lines; one line here
+    pricing.write_text("tiny-base: [1, 2\nmid-base: {x: 1}\n")
+    r = run_cli(_args(server, questions_file, out, RUNGS, False, "--pricing", str(pricing)))
+    assert r.returncode == 2 and not out.exists() and server.requests == before
+    assert r.stderr.strip().splitlines() == [
+        f"error: --pricing {pricing}: line 2, column 9: not valid YAML (expected ',' or ']', but got ':')"]

@@ -68,7 +68,18 @@ def test_per_model_without_ladder_json_uses_the_list_prices(tmp_path):
 @pytest.mark.parametrize("line, match", [
     ({"id": "q0", "answer": "A", "tokens_in": 1, "tokens_out": 1}, r"m\.jsonl:2: correct: missing"),
     ({"id": "q0", "answer": "A", "correct": "yes", "tokens_in": 1, "tokens_out": 1}, r"m\.jsonl:2: correct: expected true or false"),
-    ({"id": "q0", "answer": "A", "correct": True, "tokens_in": -1, "tokens_out": 1}, r"m\.jsonl:2: tokens_in: expected a finite number >= 0"),
+    ({"id": "q0", "answer": "A", "correct": True, "tokens_in": -1, "tokens_out": 1},
+     r"m\.jsonl:2: tokens_in: expected a number >= 0 and <= 1e\+07, got -1$"),
+    # issue 48 item 13: these named the output, "OUT (not written): question 'q0': rounds[0].base...", or no file
+    ({"id": "q0", "answer": "A", "correct": True, "tokens_in": 1e8, "tokens_out": 1},
+     r"m\.jsonl:2: tokens_in: expected a number >= 0 and <= 1e\+07, got 100000000.0$"),
+    ({"id": "q0", "answer": "A", "correct": True, "tokens_in": 1, "tokens_out": 1, "group": "g\u001b[2J"},
+     r"m\.jsonl:2: group: 'g\\x1b\[2J' contains the control character U\+001B at index 1; a group name is printable"),
+    ({"id": "q0", "answer": "A\ud800", "correct": True, "tokens_in": 1, "tokens_out": 1},
+     r"m\.jsonl:2: answer: holds a lone surrogate U\+D800 at character 1 \(not Unicode text\)$"),
+    ({"id": "", "answer": "A", "correct": True, "tokens_in": 1, "tokens_out": 1}, r'm\.jsonl:2: id: expected a non-empty string, got ""$'),
+    ({"id": "q0", "answer": "A", "correct": True, "tokens_in": 1, "tokens_out": 1, "confidence": float("nan")},
+     r"m\.jsonl:2: confidence: expected a number in \[0, 1\] or null, got NaN$"),
     ({"id": "q0", "answer": "A", "correct": True, "tokens_in": 1, "tokens_out": 1, "confidence": 1.5},
      r"m\.jsonl:2: confidence: expected a number in \[0, 1\]"),
     ({"id": "q1", "answer": "A", "correct": True, "tokens_in": 1, "tokens_out": 1}, r"m\.jsonl:2: id: 'q1' is given twice"),
@@ -327,3 +338,30 @@ def test_importer_lines_past_the_parsers_limits_are_one_error_line(tmp_path, lin
     with pytest.raises(CacheError) as e:
         import_cache("routerarena", ra)
     assert str(e.value).startswith(f"{gem}:1: {problem}")
+
+
+def test_importer_messages_name_the_source_file_on_one_line(tmp_path):
+    """Issue 48 item 13 through the CLI: a per-model value error named the output ("OUT (not written)"), a
+    control character in a per-model group or a RouterArena dataset named no file ("pm: question 'q0':
+    group: ..."), and a malformed OmnisBench pricing YAML printed three lines."""
+    pm = _two_rungs(tmp_path / "pm", [_line("q0", "A", True, group="g\u001b[2J")], [_line("q0", "A", True, group="g")])
+    ra, _ = _routerarena_copy(tmp_path, lambda line: line)
+    for f in ra.glob("*.jsonl"):  # in both files (a question in one file only is dropped before any check)
+        f.write_text(f.read_text().replace('"AIME_112"', '"AIME\\u001b[2J_112"', 1))
+    om = tmp_path / "om"
+    om.mkdir()
+    (om / "results.json").write_text((FIXTURE_DATA / "omnisbench" / "results_2026-08-19.json").read_text())
+    (om / "pricing_2026-08-18.yaml").write_text("models:\n  a: [1, 2\n  b: {x: 1}\n")
+    cases = [
+        ("per-model", pm, f"{pm / 'small.jsonl'}:1: group: 'g\\x1b[2J' contains the control character U+001B at index 1"),
+        ("routerarena", ra, f"{ra / 'claude-3-haiku-20240307.jsonl'}:1: global_index: its dataset part is the "
+                            "question's group: 'AIME\\x1b[2J' contains the control character U+001B at index 4"),
+        ("omnisbench", om, f"{om / 'pricing_2026-08-18.yaml'}: line 3, column 4: not valid YAML (expected ',' or ']', "
+                           "but got ':')"),
+    ]
+    for fmt, src, want in cases:
+        out = tmp_path / f"{fmt}.jsonl"
+        r = run_cli(["data", "import", "--format", fmt, str(src), "--out", str(out)], in_subprocess=fmt == "omnisbench")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and not out.exists() and len(lines) == 1, r.stderr
+        assert lines[0].startswith(f"error: {want}"), lines[0]

@@ -105,7 +105,11 @@ def _pricing_file(path: str) -> dict[str, tuple[float, float]]:
         else:
             data = json.loads(text)
     except Exception as e:  # noqa: BLE001 - any parse error is the user's file
-        raise UserError(f"--pricing {p}: not valid {'YAML' if p.suffix.lower() in ('.yaml', '.yml') else 'JSON'} ({e})") from None
+        from envs.importers.pricing import yaml_error_text
+
+        if p.suffix.lower() in (".yaml", ".yml"):  # PyYAML's own text spans several lines
+            raise UserError(f"--pricing {p}: {yaml_error_text(e)}") from None
+        raise UserError(f"--pricing {p}: not valid JSON ({' '.join(str(e).split())})") from None
     if not isinstance(data, dict):
         raise UserError(f"--pricing {p}: expected a mapping model -> {{price_in, price_out}}")
     out = {}

@@ -28,7 +28,8 @@ from typing import Any, Iterator, Sequence
 
 from envs.cache.schema import CacheError, ModelInfo, ResponseCache
 from envs.cache.fast import read_json_object
-from envs.cache.values import json_type_name, price_problem, show
+from envs.cache.values import (group_problem, json_type_name, lone_surrogate, price_problem, show, tokens_problem,
+                               unit_problem)
 from envs.importers import Side, build_cache
 
 #: The protocol string of a ladder import.
@@ -84,6 +85,8 @@ _REQUIRED = {"id": str, "answer": str, "correct": bool, "tokens_in": (int, float
 
 
 def _row(path: Path, line_no: int, obj: Any) -> dict:
+    """One line, checked with the cache's value rules (``envs.cache.values``: the JSONL reader's texts), so a
+    bad value is refused here naming ``FILE:LINE: field``, not later naming the output."""
     where = f"{path}:{line_no}"
     if not isinstance(obj, dict):
         raise CacheError(f"{where}: expected a JSON object")
@@ -93,16 +96,20 @@ def _row(path: Path, line_no: int, obj: Any) -> dict:
         v = obj[k]
         if not isinstance(v, typ) or (typ is not bool and isinstance(v, bool)):
             want = {str: "a string", bool: "true or false"}.get(typ, "a number")
-            raise CacheError(f"{where}: {k}: expected {want}, got {v!r}")
-    for k in ("tokens_in", "tokens_out"):
-        if not (math.isfinite(obj[k]) and obj[k] >= 0):
-            raise CacheError(f"{where}: {k}: expected a finite number >= 0, got {obj[k]!r}")
-    c = obj.get("confidence")
-    if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c <= 1.0):
-        raise CacheError(f"{where}: confidence: expected a number in [0, 1] or null, got {c!r}")
+            raise CacheError(f"{where}: {k}: expected {want}, got {show(v)}")
+    bad = lone_surrogate(obj)
+    problems = [(bad[0], bad[1])] if bad else []
+    problems += [("id", 'expected a non-empty string, got ""' if not obj["id"] else None),
+                 ("tokens_in", tokens_problem(obj["tokens_in"])), ("tokens_out", tokens_problem(obj["tokens_out"])),
+                 ("confidence", unit_problem(obj.get("confidence")))]
     for k in ("gold", "group"):
         if k in obj and not isinstance(obj[k], str):
-            raise CacheError(f"{where}: {k}: expected a string, got {obj[k]!r}")
+            problems.append((k, f"expected a string, got {json_type_name(obj[k])} {show(obj[k])}"))
+    if "group" in obj:
+        problems.append(("group", group_problem(obj["group"])))
+    field, problem = next(((f, p) for f, p in problems if p), (None, None))
+    if problem:
+        raise CacheError(f"{where}: {field}: {problem}")
     return obj
 
 

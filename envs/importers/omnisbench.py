@@ -42,6 +42,7 @@ from pathlib import Path
 from envs.cache.schema import CacheError, ModelInfo, ResponseCache
 from envs.cache.values import price_problem
 from envs.importers import CASCADE_PROTOCOL, GOLD_KEY, Side, build_cache, correctness_key, number_key
+from envs.importers.pricing import yaml_error_text
 from envs.importers.routellm import final_number
 
 REPO = "Fortitude-Group/OmnisBench @15674d9b"
@@ -65,6 +66,10 @@ def _read_json(path: Path):
             return json.load(f)
     except json.JSONDecodeError as e:
         raise CacheError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise CacheError(f"{path}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise CacheError(f"{path}: not valid JSON ({e})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise CacheError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
 
@@ -79,7 +84,11 @@ def read_pricing(path: Path) -> dict[str, tuple[float, float]]:
         with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
     except yaml.YAMLError as e:
-        raise CacheError(f"{path}: not valid YAML ({e})") from None
+        raise CacheError(f"{path}: {yaml_error_text(e)}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CacheError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    except RecursionError:
+        raise CacheError(f"{path}: not valid YAML (nested too deeply)") from None
     models = doc.get("models") if isinstance(doc, dict) else None
     if not isinstance(models, dict) or not models:
         raise CacheError(f"{path}: missing field 'models'")

@@ -69,3 +69,12 @@ def price_sources(*names: str) -> dict[str, str]:
         p = PRICES[n]
         out[n] = f"in ${p.price_in} / out ${p.price_out} per M tokens: {p.source}"
     return out
+
+
+def yaml_error_text(e: Exception) -> str:
+    """A PyYAML error as one line, ``line L, column C: not valid YAML (PROBLEM)`` (its own text spans
+    three or more lines: the context, the problem and a quoted excerpt of the file)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or " ".join(str(e).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}not valid YAML ({problem})"

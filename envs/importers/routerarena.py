@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.cache.schema import CacheError, ModelInfo, ResponseCache
-from envs.cache.values import show
+from envs.cache.values import group_problem, show, tokens_problem
 from envs.importers import Side, correctness_key
 from envs.importers.ladder import LADDER_PROTOCOL, build_ladder, jsonl_objects, order_rungs
 
@@ -69,6 +69,20 @@ def _number(v: Any, where: str, signed: bool = False) -> float:
     return x
 
 
+def _tokens(v: Any, where: str) -> float:
+    """A token count: a number (the files write some as text) within the cache's bound (envs.cache.values)."""
+    x = _number(v, where)
+    problem = tokens_problem(x)
+    if problem:
+        raise CacheError(f"{where}: {problem}")
+    return x
+
+
+def _group(global_index: str) -> str:
+    """The question's group: its dataset, ``global_index`` without its number (``AIME_112`` -> ``AIME``)."""
+    return global_index.rsplit("_", 1)[0]
+
+
 def _read_model(path: Path) -> tuple[str, dict[str, dict]]:
     rows: dict[str, dict] = {}
     model = None
@@ -85,13 +99,16 @@ def _read_model(path: Path) -> tuple[str, dict[str, dict]]:
         model = m
         usage, ev = _dict(d["token_usage"], f"{where}: token_usage"), _dict(d["evaluation_result"], f"{where}: evaluation_result")
         qid = str(d["global_index"])
+        problem = group_problem(_group(qid))  # before NumPy and the cache writers see it, named here
+        if problem:
+            raise CacheError(f"{where}: global_index: its dataset part is the question's group: {problem}")
         if qid in rows:
             raise CacheError(f"{where}: global_index: {qid!r} is given twice")
         rows[qid] = {"score": _number(ev.get("score"), f"{where}: evaluation_result.score", signed=True),
                      "gold": str(ev.get("ground_truth", "")),
                      "cost": _number(ev.get("inference_cost", 0.0), f"{where}: evaluation_result.inference_cost"),
-                     "tokens_in": _number(usage.get("input_tokens"), f"{where}: token_usage.input_tokens"),
-                     "tokens_out": _number(usage.get("output_tokens"), f"{where}: token_usage.output_tokens"),
+                     "tokens_in": _tokens(usage.get("input_tokens"), f"{where}: token_usage.input_tokens"),
+                     "tokens_out": _tokens(usage.get("output_tokens"), f"{where}: token_usage.output_tokens"),
                      "success": str(d.get("success", "True")).lower() == "true"}
     if model is None:
         raise CacheError(f"{path}: no lines")
@@ -138,6 +155,6 @@ def load(src: Path) -> ResponseCache:
         "cost_check": f"tokens x prices vs each record's inference_cost: largest deviation {max_dev:.3g} USD",
         "questions_dropped": len(set().union(*(r for _, r, _ in runs))) - len(ids),
     }
-    groups = [q.rsplit("_", 1)[0] for q in ids]
+    groups = [_group(q) for q in ids]
     return build_ladder(name="routerarena", task="routerarena (78 benchmark datasets)", rungs=[m for m, _, _ in runs],
                         provenance=prov, question_ids=ids, gold=gold, answers=answers, groups=groups)
