@@ -1,4 +1,5 @@
-"""``ccpo-jax data {check,synth,import,export,collect}``: inspect, generate, convert and collect response caches."""
+"""``ccpo-jax data {check,synth,import,export,collect,pull}``: inspect, generate, convert, collect and pull
+response caches."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("path")
     e.add_argument("--out", required=True, help="output .jsonl file")
     e.set_defaults(func=_export)
+
+    pl = dsub.add_parser("pull", help="write the journal of a gateway deployment's shared state as a cache",
+                         description="Reads the journal of record of the gateway replicas started with --state URL "
+                         "and writes it as a human-format cache (one line per request: its latest, labelled when "
+                         "feedback labelled it), which data check and reproduce --cache read (docs/gateway.md).")
+    pl.add_argument("url", metavar="redis://HOST:PORT/DB", help="the gateway's --state")
+    pl.add_argument("--out", required=True, metavar="FILE.jsonl", help="output .jsonl file (replaced atomically)")
+    pl.set_defaults(func=_pull)
 
     f = dsub.add_parser("formats", help="list the import formats and synthetic profiles")
     f.set_defaults(func=_formats)
@@ -108,6 +117,27 @@ def _collect(args) -> int:
     from ccpo_jax.collect.command import run
 
     return run(args)
+
+
+def _pull(args) -> int:
+    import json
+
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.gateway.redis_state import pull_journal
+    from envs.cache.atomic import atomic_write_text
+
+    if not str(args.out).endswith(".jsonl"):
+        raise UserError(f"--out: the journal is a human-format cache; give a file name ending in .jsonl, got {args.out}")
+    manifest, lines = pull_journal(args.url)
+    text = "".join(json.dumps(x, ensure_ascii=False, allow_nan=False) + "\n" for x in [{"manifest": manifest}, *lines])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, text)
+    labelled = sum(1 for x in lines if "gold" in x or "correct" in x["rounds"][0]["base"])
+    print(f"wrote {out}: {len(lines)} request(s), {labelled} labelled, of deployment "
+          f"{manifest['provenance']['journal']['deployment']['epoch']} (router manifest sha256 "
+          f"{manifest['provenance']['journal']['router_manifest_sha256']})")
+    return 0
 
 
 def _formats(args) -> int:

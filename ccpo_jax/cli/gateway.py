@@ -5,7 +5,7 @@ import argparse
 import math
 
 FLAGS = {"base": "--base", "guide": "--guide", "journal": "--journal", "online_eta": "--online-kappa", "questions": "--questions",
-         "budget_cents": "--budget-cents", "results": "--results", "row": "--row"}
+         "budget_cents": "--budget-cents", "results": "--results", "row": "--row", "spool": "--spool"}
 
 
 def _endpoint_args(p: argparse.ArgumentParser) -> None:
@@ -49,6 +49,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--window", type=int, default=200, help="feedback outcomes in the rolling coverage (default: 200)")
     g.add_argument("--no-access-log", action="store_true",
                    help="no line per request on stderr (default: one line per request at INFO)")
+    g.add_argument("--state", default=None, metavar="redis://HOST:PORT/DB",
+                   help="keep the deployment's state (journal, feedback, online kappa, coverage) in this Redis "
+                   "database: every gateway started with the same --state and artefact is one gateway "
+                   "(docs/gateway.md, Replicas); default: this process's memory and --journal")
+    g.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="N processes behind one port (N > 1 needs --state; default: 1)")
+    g.add_argument("--spool", default="ccpo-gateway-spool", metavar="DIR",
+                   help="with --state: where journal records wait while the store does not answer (default: "
+                   "./ccpo-gateway-spool)")
+    g.add_argument("--state-timeout", type=float, default=0.5, metavar="S",
+                   help="with --state: the longest one store call may take before the request goes on without "
+                   "it (default: 0.5)")
+    g.add_argument("--new-deployment", action="store_true",
+                   help="with --state: start a new deployment in an empty store although --spool belonged to one "
+                   "(after Redis lost its data)")
     g.set_defaults(func=_gateway)
 
     e = sub.add_parser("live-eval", help="send questions with gold through the gateway in-process and compare "
@@ -99,6 +114,7 @@ def _config(args, journal):
     kw["prices"] = _prices(args.price or [], base, guide)
     if getattr(args, "no_access_log", False):
         kw["access_log"] = False
+    kw.update(_state_config(args))
     return GatewayConfig(base=base, guide=guide, retry=retry, journal=journal, online_eta=eta, **kw)
 
 
@@ -124,6 +140,41 @@ def _prices(specs: list[str], base, guide) -> tuple[tuple[str, float, float], ..
     return tuple((k, *v) for k, v in out.items())
 
 
+def _state_config(args) -> dict:
+    """The --state flags as GatewayConfig fields (none for live-eval)."""
+    from ccpo_jax.errors import UserError
+
+    if not hasattr(args, "state"):  # (live-eval)
+        return {}
+    state, workers = args.state, args.workers
+    if not 1 <= workers <= 64:
+        raise UserError(f"--workers: expected an integer in [1, 64], got {workers}")
+    if state is None:
+        if workers > 1:
+            raise UserError(f"--workers {workers}: needs --state redis://HOST:PORT/DB: without a shared store each "
+                            "worker would keep its own pending feedback, kappa and journal (feedback sent to another "
+                            "worker would be a 404, and several writers on one journal file would interleave)")
+        if args.new_deployment:
+            raise UserError("--new-deployment: only with --state")
+        return {}
+    from ccpo_jax.gateway.redis_state import parse_state_url
+
+    parse_state_url(state)
+    if not (math.isfinite(args.state_timeout) and 0.001 <= args.state_timeout <= 60):
+        raise UserError(f"--state-timeout: expected seconds in [0.001, 60], got {args.state_timeout!r}")
+    return {"state": state, "spool": args.spool, "state_timeout_s": args.state_timeout,
+            "new_deployment": args.new_deployment, "replica": f"{args.host}:{args.port}" if args.port else None}
+
+
+def _state_line(gw) -> str:
+    """The start-up line of a replica: the store, the deployment it created or joined, kappa and its version."""
+    st = gw.state
+    v = st.view()
+    how = "created" if st.created else "joined"
+    return (f"gateway: state {st.public_url}: {how} deployment {st.epoch} (kappa {v.kappa:.6g}, version "
+            f"{v.version}; {len(st.spool.records)} record(s) waiting in the spool {st.spool.path})")
+
+
 def _upstreams(gw) -> str:
     """The start-up line's upstreams: each role's endpoint, a ladder's rungs in round order."""
     parts = []
@@ -141,14 +192,17 @@ def _gateway(args) -> int:
 
     from ccpo_jax.errors import UserError
     from ccpo_jax.gateway.access import price_line, stop_line
-    from ccpo_jax.gateway.app import MODEL_ID, load_gateway
+    from ccpo_jax.gateway.app import MODEL_ID, Gateway, load_gateway
     from ccpo_jax.gateway.routes import build_app
+    from ccpo_jax.serving import Router
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port: expected 0..65535, got {args.port}")
     try:
         cfg = _config(args, args.journal)
-        gw = load_gateway(args.artifact, cfg)
+        # --workers: the parent checks the configuration and joins the store once (no compilation); each
+        # worker loads its own gateway
+        gw = Gateway(Router.load(args.artifact), cfg) if args.workers > 1 else load_gateway(args.artifact, cfg)
     except UserError as e:
         raise e.for_cli(FLAGS) from None
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
@@ -162,9 +216,17 @@ def _gateway(args) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("ccpo_jax.gateway").setLevel(logging.INFO)
     r = gw.router
-    print(f"gateway: model {MODEL_ID!r} = router {r.manifest['policy']['row']!r} (alpha {r.alpha:g}, kappa "
-          f"{float(r.kappa):.6g}{', online' if cfg.online_eta else ''}, T {r.T}); {_upstreams(gw)}; "
-          f"http://{args.host}:{args.port}/v1", flush=True)
+    banner = (f"gateway: model {MODEL_ID!r} = router {r.manifest['policy']['row']!r} (alpha {r.alpha:g}, kappa "
+              f"{float(r.kappa):.6g}{', online' if cfg.online_eta else ''}, T {r.T}); {_upstreams(gw)}; "
+              f"http://{args.host}:{args.port}/v1")
+    if cfg.state is not None:
+        print(_state_line(gw), flush=True)
+    if args.workers > 1:
+        from ccpo_jax.gateway.workers import serve_workers
+
+        gw.state.spool.close()  # (the workers take the spools)
+        return serve_workers(args.artifact, cfg, sock, args.workers, banner)
+    print(banner, flush=True)
     print(price_line(gw.prices, {role: [e.model for e in gw.rungs[role]] for role in gw.roles},
                      {name for name, _, _ in cfg.prices}), flush=True)
     print(f"gateway: coverage = the share of questions whose answer set holds a correct answer (target "

@@ -8,13 +8,11 @@ same code in-process.
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
 import math
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from ccpo_jax.gateway.engine import Batcher, Caps, Decider, Outcome, ProtocolCon
 from ccpo_jax.gateway.journal import FeedbackError, Journal, journal_manifest
 from ccpo_jax.gateway.metrics import Metrics
 from ccpo_jax.gateway.online import CoverageState
+from ccpo_jax.gateway.state import EmbeddedState, FeedbackResult, GatewayState
 from ccpo_jax.gateway.upstream import AsyncChatClient, UpstreamError
 from ccpo_jax.serving import Router
 from ccpo_jax.errors import UserError
@@ -59,6 +58,15 @@ class GatewayConfig:
     #: Upstream prices (model, USD per million tokens in, out) that replace the router's trained prices
     #: of the rounds that model serves (``gateway --price MODEL=IN,OUT``); costs, caps and the journal use them.
     prices: tuple[tuple[str, float, float], ...] = ()
+    #: The shared state (``redis://HOST:PORT/DB``; None: the embedded default) and its settings
+    #: (docs/gateway.md, "Replicas"): the local spool folder for journal records the store did not take,
+    #: the deadline of one store call, whether an empty store may start a new deployment although the
+    #: spool belonged to one, and this replica's name (metrics, replies).
+    state: str | None = None
+    spool: str = "ccpo-gateway-spool"
+    state_timeout_s: float = 0.5
+    new_deployment: bool = False
+    replica: str | None = None
 
 
 def _names(model) -> str:
@@ -198,7 +206,7 @@ def parse_request(body: Any, router: Router, max_chars: int) -> tuple[str, str |
 class Gateway:
     """The gateway's state: router, upstream clients, metrics, journal, coverage/online kappa."""
 
-    def __init__(self, router: Router, cfg: GatewayConfig):
+    def __init__(self, router: Router, cfg: GatewayConfig, state: GatewayState | None = None):
         self.router, self.cfg = router, cfg
         if cfg.online_eta is not None and router.group_kappas is not None:
             raise UserError("online_eta: a Mondrian router has one threshold per group; the online update "
@@ -214,22 +222,53 @@ class Gateway:
         for e in self.endpoints:
             e.api_key()  # a missing key variable is a UserError now, not at the first request
         self.coverage = CoverageState(router.alpha, float(router.kappa), cfg.online_eta, cfg.window, cfg.alarm_p)
-        self.decider = Decider(router, self.coverage)
-        self.batcher = Batcher(self.decider, cfg.max_batch)
-        self.metrics = Metrics(router.T)
+        self.metrics = Metrics(router.T, shared=cfg.state is not None)
         self.metrics.kappa.set(float(router.kappa))
         self.metrics.target.set(1.0 - router.alpha)
         self.journal = None
-        if cfg.journal is not None:
-            p = cfg.protocol
-            reqs = {"base_temperature": list(p.base_temperature), "guide_temperature": p.guide_temperature,
-                    "max_tokens": {"base": p.base_max_tokens, "guide": p.guide_max_tokens}, "seed": p.seed,
-                    "logprobs": p.logprobs}
-            eps = {r: self.role_value(r, lambda e: {"url": e.public_url, "model": e.model}) for r in self.roles}
-            served = {r: served_models(m[r], self.rungs[r], self.prices[r]) for r in ("base", "guide")}
-            self.journal = Journal(cfg.journal, journal_manifest(router.manifest, eps, reqs, served,
-                                                                    groups=router.group_kappas is not None))
+        if state is None and cfg.state is not None:
+            state = self._shared_state()
+        if state is None:  # the embedded default: memory and the file journal (--journal)
+            if cfg.journal is not None:
+                self.journal = Journal(cfg.journal, self.journal_manifest())
+            state = EmbeddedState(self.journal, self.coverage)
+        self.state: GatewayState = state
+        self.coverage = state.coverage
+        self.decider = Decider(router, self.coverage)
+        self.batcher = Batcher(self.decider, cfg.max_batch, refresh=state.refresh if self.coverage.online else None)
         self.clients: dict[Endpoint, AsyncChatClient] = {}
+
+    def _shared_state(self) -> GatewayState:
+        from ccpo_jax.gateway.redis_state import RedisState
+
+        cfg, r = self.cfg, self.router
+        if cfg.journal is not None:
+            raise UserError("--journal: with --state the journal of record is the store's (`ccpo-jax data pull "
+                            f"{cfg.state} --out FILE.jsonl` writes it as a cache); give one or the other",
+                            field="journal")
+        man = self.journal_manifest()
+        identity = {"router_manifest_sha256": r.manifest.get("manifest_sha256"), "router_policy":
+                    r.manifest["policy"]["row"], "alpha": float(r.alpha), "kappa": float(r.kappa), "T": int(r.T),
+                    "upstream_models": {role: self.role_value(role, lambda e: e.model) for role in self.roles},
+                    "requests": man["provenance"]["requests"], "online_kappa": cfg.online_eta,
+                    "prices": self.prices, "window": cfg.window, "alarm_p": cfg.alarm_p}
+        st = RedisState(cfg.state, manifest=man, identity=identity, kappa0=float(r.kappa), alpha=float(r.alpha),
+                        eta0=cfg.online_eta, window=cfg.window, alarm_p=cfg.alarm_p, spool=cfg.spool,
+                        timeout_s=cfg.state_timeout_s, new_deployment=cfg.new_deployment, replica=cfg.replica)
+        st.on_call = lambda op, s: self.metrics.state_latency.labels(op).observe(s)
+        return st
+
+    def journal_manifest(self) -> dict:
+        """The journal's manifest line (the human cache format's): the artefact's models, the endpoints and
+        the protocol's request settings."""
+        p = self.cfg.protocol
+        reqs = {"base_temperature": list(p.base_temperature), "guide_temperature": p.guide_temperature,
+                "max_tokens": {"base": p.base_max_tokens, "guide": p.guide_max_tokens}, "seed": p.seed,
+                "logprobs": p.logprobs}
+        eps = {r: self.role_value(r, lambda e: {"url": e.public_url, "model": e.model}) for r in self.roles}
+        m = self.router.manifest["models"]
+        served = {r: served_models(m[r], self.rungs[r], self.prices[r]) for r in ("base", "guide")}
+        return journal_manifest(self.router.manifest, eps, reqs, served, groups=self.router.group_kappas is not None)
 
     def role_value(self, role: str, f, rounds: int | None = None) -> Any:
         """``f`` of the role's endpoint, or for a ladder the list of ``f`` of each round's endpoint (of
@@ -250,14 +289,14 @@ class Gateway:
             b *= 2
 
     async def start(self) -> None:
+        await self.state.start()
         self.clients = {e: AsyncChatClient(e, self.cfg.retry, max_connections=self.cfg.max_connections, seed=i)
                         for i, e in enumerate(self.endpoints)}
 
     async def stop(self) -> None:
         for c in self.clients.values():
             await c.aclose()
-        if self.journal is not None:
-            self.journal.close()
+        await self.state.close()
 
     async def _call(self, role: str, t: int, body: dict) -> Reply:
         ep = self.rungs[role][t]  # round t's model (a ladder's rung t)
@@ -288,14 +327,15 @@ class Gateway:
                                      cfg=self.cfg.protocol, prices=self.prices, on_round=self._counted)
         finally:
             self.metrics.in_flight.dec()
-        cid = cid or "chatcmpl-" + uuid.uuid4().hex
+        cid = cid or self.state.new_id()
         self.metrics.rounds.observe(len(out.rounds))
         for d, s in zip(out.decisions, out.decide_s):
             self.metrics.decide.observe(s)
+            if d.get("kappa_stale"):
+                self.metrics.stale_decisions.inc()
             for a in d["action_set"] or ["empty"]:
                 self.metrics.decisions.labels(a).inc()
-        if self.journal is not None:
-            await asyncio.to_thread(self.journal.append, self.journal_line(cid, question, group, out))
+        out.journal = await self.state.append(self.journal_line(cid, question, group, out))
         return cid, out
 
     def journal_line(self, cid: str, question: str, group: str | None, out: Outcome) -> dict:
@@ -309,7 +349,8 @@ class Gateway:
         return rec
 
     def ccpo_object(self, out: Outcome) -> dict:
-        keep = ("round", "action_set", "probs", "available", "kappa", "kappa_source", "group")
+        keep = ("round", "action_set", "probs", "available", "kappa", "kappa_source", "kappa_version", "kappa_stale",
+                "group")
         return {
             "answer_set": out.answer_set,
             "abstained": out.answer is None,
@@ -322,25 +363,45 @@ class Gateway:
             "cost_cents": round(sum(t["cost_cents"] for t in out.tokens.values()), 9),
             "tokens_estimated": out.estimated,
             "coverage_target": 1.0 - self.router.alpha,
+            **({} if (info := self.state.reply_info()) is None else {"state": dict(info, journal=out.journal)}),
         }
 
-    def feedback(self, body: Any) -> dict:
-        if self.journal is None:
-            raise FeedbackError("feedback needs a journal: start the gateway with --journal FILE", 409)
-        out, cov = self.journal.feedback(body)
+    async def feedback(self, body: Any) -> dict:
+        """Record an outcome (``POST /v1/feedback``); FeedbackError (4xx) or StateUnavailable (503)."""
+        res: FeedbackResult = await self.state.feedback(body)
+        out, cov, v = res.record, res.covered, res.view
         self.metrics.feedback.labels({True: "covered", False: "missed", None: "undetermined"}[cov]).inc()
-        if cov is not None:
-            turned_on = self.coverage.record(cov)
-            self.metrics.kappa.set(self.coverage.kappa)
-            self.metrics.coverage.set(self.coverage.rolling)
-            self.metrics.alarm.set(float(self.coverage.alarm))
-            if turned_on:
-                log.warning("drift alarm: rolling coverage %.3f over the last %d outcomes is below the target %.3f "
-                            "(one-sided binomial p = %.2g)", self.coverage.rolling, min(self.coverage.seen,
-                            self.coverage.window), 1 - self.coverage.alpha, self.coverage.p_value)
-        return {"id": out["id"], "recorded": True, "labelled": "correct" in out["rounds"][0]["base"],
-                "covered": out["feedback"]["covered"], "kappa": self.coverage.kappa,
-                "rolling_coverage": self.coverage.rolling, "drift_alarm": self.coverage.alarm}
+        self.metrics.kappa.set(v.kappa)
+        if v.rolling is not None:
+            self.metrics.coverage.set(v.rolling)
+        self.metrics.alarm.set(float(v.alarm))
+        if res.alarm_turned_on:
+            log.warning("drift alarm: rolling coverage %.3f over the last %d outcomes is below the target %.3f "
+                        "(one-sided binomial p = %.2g)", v.rolling, min(v.seen, self.cfg.window),
+                        1 - self.router.alpha, v.p_value)
+        reply = {"id": out["id"], "recorded": True, "labelled": "correct" in out["rounds"][0]["base"],
+                 "covered": out["feedback"]["covered"], "kappa": v.kappa, "rolling_coverage": v.rolling,
+                 "drift_alarm": v.alarm}
+        info = self.state.reply_info()
+        if info is not None:
+            reply["state"] = info
+        return reply
+
+    def metrics_text(self) -> bytes:
+        """``GET /metrics``: with a shared store, its gauges are set from the deployment's state first."""
+        st, m = self.state, self.metrics
+        if st.kind != "embedded":
+            v = st.view()
+            m.kappa.set(v.kappa)
+            m.kappa_version.set(v.version)
+            if v.rolling is not None:
+                m.coverage.set(v.rolling)
+            m.alarm.set(float(v.alarm))
+            m.state_up.set(float(st.up and not st.lost))
+            m.state_lost.set(float(st.lost))
+            m.spooled.set(len(st.spool.records))
+            return m.render(replica=(self.cfg.replica or st.replica).split("/")[0])
+        return m.render()
 
     def completion_body(self, cid: str, out: Outcome) -> dict:
         return {

@@ -73,6 +73,7 @@ class Outcome:
     usage: dict[str, int]
     estimated: bool
     decide_s: list[float]
+    journal: str | None = None  # where the request was journaled (GatewayState.append)
 
 
 class Decider:
@@ -89,8 +90,13 @@ class Decider:
         k = float(self.coverage.kappa) if self.coverage.online else None  # the live threshold
         ds = self.router.decide_many([{"rounds": r, "can_continue": c, "group": g} for r, c, g in reqs],
                                      where="request" if len(reqs) == 1 else "batch", screen=self.screen, kappa=k)
+        version = getattr(self.coverage, "version", None) if k is not None else None  # a shared store's
         for d in ds:
             d.setdefault("kappa_source", "marginal" if k is None else "online (--online-kappa)")
+            if version is not None:
+                d["kappa_version"] = version
+                if self.coverage.stale:  # the store did not answer: the last good kappa
+                    d["kappa_stale"] = True
         return ds
 
     def decide(self, rounds: list[dict], can_continue: bool, group: str | None) -> dict:
@@ -104,8 +110,10 @@ class Batcher:
     then waits for the GIL behind the loop: 5-7 ms a decision at 16 concurrent requests, measured).
     A batch that fails is decided one by one, so one request's error stays its own."""
 
-    def __init__(self, decider: Decider, max_batch: int = 256):
+    def __init__(self, decider: Decider, max_batch: int = 256, refresh=None):
         self.decider, self.max_batch = decider, max_batch
+        #: awaited before each batch (a shared store's latest kappa; it never raises, never hangs)
+        self.refresh = refresh
         self._pending: list = []
         self._running = False
         self.batches = 0
@@ -125,6 +133,8 @@ class Batcher:
                 batch = [(req, f) for req, f in batch if not f.done()]  # (a cancelled request's)
                 if not batch:
                     continue
+                if self.refresh is not None:
+                    await self.refresh()
                 self.batches += 1
                 try:
                     out = self.decider.decide_many([req for req, _ in batch])

@@ -231,24 +231,7 @@ class Journal:
 
     def feedback(self, body: Any) -> tuple[dict, bool | None]:
         """Record ``{"id", "correct" | "gold"}``: (the line written, whether the set covered)."""
-        if not isinstance(body, dict):
-            raise FeedbackError("the body must be a JSON object {\"id\", \"correct\" | \"gold\"}", 400)
-        qid = body.get("id")
-        if not isinstance(qid, str) or not qid:
-            raise FeedbackError("id: expected the id of a chat completion this gateway answered", 400, "id")
-        has_c, has_g = "correct" in body, "gold" in body
-        if has_c == has_g:
-            raise FeedbackError("give exactly one of `correct` (true/false) and `gold` (a string)", 400)
-        gold, correct = body.get("gold"), body.get("correct")
-        if has_g and (not isinstance(gold, str) or not normalise_answer(gold)):
-            raise FeedbackError("gold: expected a non-empty answer string", 400, "gold")
-        if has_c and not isinstance(correct, bool):
-            raise FeedbackError("correct: expected true or false", 400, "correct")
-        aliases = body.get("gold_aliases", [])
-        if not (has_g or "gold_aliases" not in body) or not isinstance(aliases, list) or \
-                not all(isinstance(a, str) and normalise_answer(a) for a in aliases):
-            raise FeedbackError("gold_aliases: expected a list of non-empty answer strings, with `gold`", 400,
-                                "gold_aliases")
+        qid, gold, correct, aliases = parse_feedback(body)
         with self._lock:  # one outcome per id, whatever the concurrency: check, write and mark together
             if qid in self.labelled:
                 raise FeedbackError(f"id {qid!r}: its outcome is already recorded", 409, "id")
@@ -256,16 +239,54 @@ class Journal:
             if rec is None:
                 raise FeedbackError(f"id {qid!r}: no request with this id awaits feedback in {self.path.name}",
                                     404, "id")
-            if "feedback" in rec and has_c:
-                raise FeedbackError(f"id {qid!r}: `correct` was already given; send `gold` to label it", 409, "id")
-            cov = covered(rec, gold if has_g else None, correct if has_c else None, aliases)
-            counted = rec.get("feedback", {}).get("covered") is not None  # an earlier `correct` already counted
-            out = label(rec, gold if has_g else None, correct if has_c else None, aliases)
-            out["feedback"]["covered"] = cov if not counted else rec["feedback"]["covered"]
+            out, cov = apply_feedback(rec, qid, gold, correct, aliases)
             self._write(out)
-            if "gold" in out or "correct" in out["rounds"][0]["base"]:
+            if is_labelled(out):
                 self.labelled.add(qid)
                 self.pending.pop(qid, None)
             else:
                 self.pending[qid] = out
-        return out, (None if counted else cov)
+        return out, cov
+
+
+def parse_feedback(body: Any) -> tuple[str, str | None, bool | None, list[str]]:
+    """``(id, gold, correct, gold_aliases)`` of a feedback body (exactly one of gold and correct is not
+    None), or FeedbackError 400 naming the field."""
+    if not isinstance(body, dict):
+        raise FeedbackError("the body must be a JSON object {\"id\", \"correct\" | \"gold\"}", 400)
+    qid = body.get("id")
+    if not isinstance(qid, str) or not qid:
+        raise FeedbackError("id: expected the id of a chat completion this gateway answered", 400, "id")
+    has_c, has_g = "correct" in body, "gold" in body
+    if has_c == has_g:
+        raise FeedbackError("give exactly one of `correct` (true/false) and `gold` (a string)", 400)
+    gold, correct = body.get("gold"), body.get("correct")
+    if has_g and (not isinstance(gold, str) or not normalise_answer(gold)):
+        raise FeedbackError("gold: expected a non-empty answer string", 400, "gold")
+    if has_c and not isinstance(correct, bool):
+        raise FeedbackError("correct: expected true or false", 400, "correct")
+    aliases = body.get("gold_aliases", [])
+    if not (has_g or "gold_aliases" not in body) or not isinstance(aliases, list) or \
+            not all(isinstance(a, str) and normalise_answer(a) for a in aliases):
+        raise FeedbackError("gold_aliases: expected a list of non-empty answer strings, with `gold`", 400,
+                            "gold_aliases")
+    return qid, (gold if has_g else None), (correct if has_c else None), aliases
+
+
+def is_labelled(rec: dict) -> bool:
+    """Whether a journal line carries its outcome (no further feedback is taken for its id)."""
+    return "gold" in rec or "correct" in rec["rounds"][0]["base"]
+
+
+def apply_feedback(rec: dict, qid: str, gold: str | None, correct: bool | None,
+                   aliases: list[str]) -> tuple[dict, bool | None]:
+    """The line to write for feedback on ``rec`` (the id's latest line, not labelled) and the coverage
+    outcome it adds (None: undetermined, or an earlier ``correct`` already counted); FeedbackError 409
+    when ``correct`` was already given."""
+    if "feedback" in rec and correct is not None:
+        raise FeedbackError(f"id {qid!r}: `correct` was already given; send `gold` to label it", 409, "id")
+    cov = covered(rec, gold, correct, aliases)
+    counted = rec.get("feedback", {}).get("covered") is not None  # an earlier `correct` already counted
+    out = label(rec, gold, correct, aliases)
+    out["feedback"]["covered"] = cov if not counted else rec["feedback"]["covered"]
+    return out, (None if counted else cov)

@@ -117,7 +117,7 @@ async def _run_all(gw, qs, budget_cents, concurrency) -> list[dict]:
                 state["reserved"] -= need
             cost = sum(t["cost_cents"] for t in out.tokens.values())
             state["spent"] += cost
-            await asyncio.to_thread(gw.feedback, {"id": cid, "gold": q.golds[0], "gold_aliases": list(q.golds[1:])})
+            await gw.feedback({"id": cid, "gold": q.golds[0], "gold_aliases": list(q.golds[1:])})
             judge = lambda a: P.is_correct(a, q.golds)  # noqa: E731
             seen = any(judge(rd[r]["answer"]) for rd in out.rounds for r in ("base", "guide") if r in rd)
             covered = any(judge(a["answer"]) for a in out.answer_set)

@@ -1,8 +1,17 @@
-"""The gateway's Prometheus metrics (``GET /metrics``), one registry per app (docs/gateway.md lists them)."""
+"""The gateway's Prometheus metrics (``GET /metrics``), one registry per app (docs/gateway.md lists them).
+
+With a shared store (``--state``) every series carries a ``replica`` label (``HOST:PORT`` of the
+replica): each replica is a scrape target reporting itself, and ``sum without (replica)`` gives the
+deployment. Under ``--workers N`` the N processes of one replica are summed by prometheus_client's
+multiprocess mode (gauges: the most recent value, in-flight and spooled summed over live workers).
+"""
 from __future__ import annotations
+
+import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 disable_created_metrics()  # no *_created series: their timestamps only clutter a scrape
 
@@ -29,7 +38,7 @@ class OptionalGauge:
 
 
 class Metrics:
-    def __init__(self, T: int):
+    def __init__(self, T: int, shared: bool = False):
         r = self.registry = CollectorRegistry()
         self.requests = Counter("ccpo_gateway_requests", "Chat-completion requests by outcome", ["outcome"], registry=r)
         self.rounds = Histogram("ccpo_gateway_rounds_per_request", "Protocol rounds per answered request",
@@ -46,16 +55,58 @@ class Metrics:
         self.errors = Counter("ccpo_gateway_errors", "Errors by kind", ["kind"], registry=r)
         self.missing = Counter("ccpo_gateway_missing_signal", "Rounds whose confidence/uncertainty could not be "
                                "measured (no log-probs): the features' missing value is used", ["signal"], registry=r)
-        self.kappa = Gauge("ccpo_gateway_kappa", "The threshold in use (online: the live one)", registry=r)
+        self.kappa = Gauge("ccpo_gateway_kappa", "The threshold in use (online: the live one)",
+                           multiprocess_mode="mostrecent", registry=r)
         self.feedback = Counter("ccpo_gateway_feedback", "Feedback by outcome for coverage (covered, missed, "
                                 "undetermined)", ["outcome"], registry=r)
         self.coverage = OptionalGauge("ccpo_gateway_rolling_coverage", "Coverage over the last window of feedback "
                                       "(a question is covered when its answer set holds a correct answer; no "
                                       "sample before the first feedback)", registry=r)
-        self.target = Gauge("ccpo_gateway_coverage_target", "1 - alpha of the router", registry=r)
+        self.target = Gauge("ccpo_gateway_coverage_target", "1 - alpha of the router",
+                            multiprocess_mode="mostrecent", registry=r)
         self.alarm = Gauge("ccpo_gateway_drift_alarm", "1 while rolling coverage is below target (binomial test)",
-                           registry=r)
-        self.in_flight = Gauge("ccpo_gateway_requests_in_flight", "Requests running the protocol", registry=r)
+                           multiprocess_mode="mostrecent", registry=r)
+        self.in_flight = Gauge("ccpo_gateway_requests_in_flight", "Requests running the protocol",
+                               multiprocess_mode="livesum", registry=r)
+        if shared:  # --state: the shared store's health (docs/gateway.md, "Replicas")
+            self.kappa_version = Gauge("ccpo_gateway_kappa_version", "Outcomes the deployment's kappa has taken "
+                                       "(Eq. 9 steps over every replica's feedback)",
+                                       multiprocess_mode="mostrecent", registry=r)
+            self.state_up = Gauge("ccpo_gateway_state_up", "1 while the shared store answered the last call",
+                                  multiprocess_mode="mostrecent", registry=r)
+            self.state_lost = Gauge("ccpo_gateway_state_lost", "1 once the store no longer holds this deployment "
+                                    "(Redis restarted empty or flushed)",
+                                    multiprocess_mode="mostrecent", registry=r)
+            self.stale_decisions = Counter("ccpo_gateway_stale_decisions", "Decisions taken with the last good "
+                                           "kappa because the store did not answer", registry=r)
+            self.spooled = Gauge("ccpo_gateway_journal_spooled", "Journal records kept in the local spool until "
+                                 "the store takes them",
+                                 multiprocess_mode="livesum", registry=r)
+            self.state_latency = Histogram("ccpo_gateway_state_seconds", "Shared-store calls by operation",
+                                           ["op"], buckets=LATENCY_BUCKETS, registry=r)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, replica: str | None = None) -> bytes:
+        """The exposition text; ``replica``: the label every series gets (a shared store's replica)."""
+        reg = self.registry
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # --workers: every worker's values
+            from prometheus_client import multiprocess
+
+            reg = CollectorRegistry()
+            multiprocess.MultiProcessCollector(reg)
+            reg.register(self.coverage)  # (this worker's view of the deployment's coverage)
+        return generate_latest(reg if replica is None else _Labelled(reg, replica))
+
+
+class _Labelled:
+    """A registry's families with one more label on every sample."""
+
+    def __init__(self, reg, replica: str):
+        self.reg, self.replica = reg, replica
+
+    def collect(self):
+        for fam in self.reg.collect():
+            out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for smp in fam.samples:
+                out.add_sample(smp.name, dict(smp.labels, replica=self.replica), smp.value, smp.timestamp,
+                               smp.exemplar)
+            yield out

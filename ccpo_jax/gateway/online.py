@@ -25,6 +25,16 @@ from ccpo_jax.core.conformal import kappa_step
 XI = 0.1
 
 
+def alarm_test(recent: list[int], alpha: float, window: int, alarm_p: float) -> tuple[float, bool]:
+    """(p-value, alarm) of the last outcomes ``recent`` (1: covered; at most ``window``): the one-sided
+    exact binomial test of coverage >= 1 - alpha, from min(window, 30) outcomes on ((1.0, False) before)."""
+    n = len(recent)
+    if n < min(window, 30):
+        return 1.0, False
+    p = float(binomtest(sum(recent), n, 1.0 - alpha, alternative="less").pvalue)
+    return p, p < alarm_p
+
+
 @dataclasses.dataclass
 class CoverageState:
     """Rolling coverage from feedback, the alarm, and (when online) the live kappa."""
@@ -59,10 +69,8 @@ class CoverageState:
                 self.kappa = float(kappa_step(np.float32(self.kappa), float(not covered), self.steps,
                                               self.alpha, self.eta0, XI))
             was = self.alarm
-            n = len(self._recent)
-            if n >= min(self.window, 30):
-                self.p_value = float(binomtest(sum(self._recent), n, 1.0 - self.alpha, alternative="less").pvalue)
-                self.alarm = self.p_value < self.alarm_p
+            if len(self._recent) >= min(self.window, 30):
+                self.p_value, self.alarm = alarm_test(list(self._recent), self.alpha, self.window, self.alarm_p)
             return self.alarm and not was
 
     @property

@@ -17,6 +17,7 @@ from ccpo_jax.gateway.access import SCOPE_KEY, AccessLog, completion_summary
 from ccpo_jax.gateway.app import MODEL_ID, Gateway, RequestError, parse_request
 from ccpo_jax.gateway.engine import CapTooSmall
 from ccpo_jax.gateway.journal import FeedbackError
+from ccpo_jax.gateway.state import StateUnavailable
 from ccpo_jax.gateway.upstream import UpstreamError
 from envs.cache.values import lone_surrogate
 
@@ -137,9 +138,14 @@ def build_app(gw: Gateway) -> AccessLog:
     async def feedback(request: Request) -> Response:
         try:
             body = await _read_json(request, 1 << 16)
-            return JSONResponse(await asyncio.to_thread(gw.feedback, body))
+            return JSONResponse(await gw.feedback(body))
         except RequestError as e:
             return _error(e)
+        except StateUnavailable as e:  # nothing was recorded: the client may send it again
+            m.errors.labels("feedback_503").inc()
+            r = _error(RequestError(503, str(e), code=e.code, kind="server_error"))
+            r.headers["Retry-After"] = str(max(1, round(e.retry_after_s)))
+            return r
         except FeedbackError as e:
             m.errors.labels(f"feedback_{e.status}").inc()
             return _error(RequestError(e.status, str(e), param=e.field))
@@ -150,7 +156,8 @@ def build_app(gw: Gateway) -> AccessLog:
                                        code="internal_error", kind="server_error"))
 
     async def metrics(request: Request) -> Response:
-        return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        await gw.state.refresh()  # a shared store's latest kappa and coverage (bounded by its timeout)
+        return Response(gw.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def healthz(request: Request) -> Response:
         return JSONResponse(gw.router.describe())

@@ -1,0 +1,103 @@
+"""``ccpo-jax gateway --workers N``: N gateway processes behind one port on this machine.
+
+The parent binds the port, checks the configuration (it joins the shared store once, so that a
+refusal is one error line), then starts N workers with ``multiprocessing``'s spawn (a fresh
+interpreter each: JAX does not survive a fork) and hands each the listening socket; the kernel
+spreads the connections over the processes accepting on it. Each worker is a replica of the
+deployment (``--state`` is required), with its own spool in ``--spool``. A worker that dies
+(``kill -9`` included) is started again; what it had answered is in the store or in its spool, which
+the next worker adopts. The workers' metrics are one scrape target: prometheus_client's multiprocess
+mode sums them (``PROMETHEUS_MULTIPROC_DIR``, a folder made for this run).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+log = logging.getLogger("ccpo_jax.gateway")
+
+
+def _worker(artifact: str, cfg, sock, index: int, ready) -> None:
+    """One worker: load the gateway (its own replica name, spool and store connection) and serve."""
+    import uvicorn
+
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.gateway.app import load_gateway
+    from ccpo_jax.gateway.routes import build_app
+
+    logging.basicConfig(level=logging.WARNING, format=f"%(levelname)s %(name)s[w{index}]: %(message)s")
+    logging.getLogger("ccpo_jax.gateway").setLevel(logging.INFO)
+    try:
+        gw = load_gateway(artifact, dataclasses.replace(cfg, replica=f"{cfg.replica}/w{index}"))
+    except UserError as e:
+        ready.put((index, f"error: {e}"))
+        sys.exit(2)
+    server = uvicorn.Server(uvicorn.Config(build_app(gw), log_level="warning", timeout_graceful_shutdown=5))
+
+    def tell():
+        while not server.started:
+            time.sleep(0.05)
+        ready.put((index, "ready"))
+    threading.Thread(target=tell, daemon=True).start()
+    server.run(sockets=[sock])
+
+
+def serve_workers(artifact: str, cfg, sock, n: int, banner: str, echo=print) -> int:
+    """Run ``n`` workers on ``sock`` until SIGTERM / SIGINT; restart a worker that dies. Exit status."""
+    from prometheus_client import multiprocess
+
+    metrics_dir = tempfile.mkdtemp(prefix="ccpo-gateway-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # (inherited by the spawned workers)
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    stop = threading.Event()
+
+    def start(i: int):
+        p = ctx.Process(target=_worker, args=(artifact, cfg, sock, i, ready), name=f"ccpo-gateway-w{i}")
+        p.start()
+        return p
+
+    procs = {i: start(i) for i in range(n)}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        up = 0
+        while up < n and not stop.is_set():
+            try:
+                i, msg = ready.get(timeout=1.0)
+            except queue.Empty:
+                if any(not p.is_alive() for p in procs.values()):
+                    echo("error: a gateway worker exited during start-up", file=sys.stderr)
+                    return 2
+                continue
+            if msg != "ready":
+                echo(msg, file=sys.stderr)
+                return 2
+            up += 1
+        echo(f"{banner} ({n} workers, pids {', '.join(str(p.pid) for p in procs.values())})", flush=True)
+        while not stop.is_set():
+            stop.wait(0.5)
+            for i, p in list(procs.items()):
+                if not p.is_alive() and not stop.is_set():
+                    multiprocess.mark_process_dead(p.pid)
+                    log.warning("worker %d (pid %s) exited with %s; starting it again", i, p.pid, p.exitcode)
+                    procs[i] = start(i)
+        return 0
+    finally:
+        for p in procs.values():
+            if p.is_alive():
+                p.terminate()
+        for p in procs.values():
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
