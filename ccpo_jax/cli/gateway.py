@@ -207,6 +207,8 @@ def _gateway(args) -> int:
         raise e.for_cli(FLAGS) from None
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if args.workers > 1:  # each worker listens on its own socket of this port; the kernel spreads connections
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((args.host, args.port))
     except OSError as e:  # (bound here, so that a taken port is one error line, not uvicorn's exit)

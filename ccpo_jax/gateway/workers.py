@@ -1,9 +1,11 @@
 """``ccpo-jax gateway --workers N``: N gateway processes behind one port on this machine.
 
-The parent binds the port, checks the configuration (it joins the shared store once, so that a
-refusal is one error line), then starts N workers with ``multiprocessing``'s spawn (a fresh
-interpreter each: JAX does not survive a fork) and hands each the listening socket; the kernel
-spreads the connections over the processes accepting on it. Each worker is a replica of the
+The parent binds the port (SO_REUSEPORT, not listening: it holds the port), checks the
+configuration (it joins the shared store once, so that a refusal is one error line), then starts N
+workers with ``multiprocessing``'s spawn (a fresh interpreter each: JAX does not survive a fork).
+Each worker listens on its own SO_REUSEPORT socket of the port, and the kernel hashes the
+connections over the listening sockets (one shared socket was tried first: one worker's event loop
+accepted all 32 connections of a burst). Each worker is a replica of the
 deployment (``--state`` is required), with its own spool in ``--spool``. A worker that dies
 (``kill -9`` included) is started again; what it had answered is in the store or in its spool, which
 the next worker adopts. The workers' metrics are one scrape target: prometheus_client's multiprocess
@@ -26,8 +28,10 @@ import time
 log = logging.getLogger("ccpo_jax.gateway")
 
 
-def _worker(artifact: str, cfg, sock, index: int, ready) -> None:
+def _worker(artifact: str, cfg, address: tuple, family: int, index: int, ready) -> None:
     """One worker: load the gateway (its own replica name, spool and store connection) and serve."""
+    import socket
+
     import uvicorn
 
     from ccpo_jax.errors import UserError
@@ -42,6 +46,10 @@ def _worker(artifact: str, cfg, sock, index: int, ready) -> None:
         ready.put((index, f"error: {e}"))
         sys.exit(2)
     server = uvicorn.Server(uvicorn.Config(build_app(gw), log_level="warning", timeout_graceful_shutdown=5))
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
 
     def tell():
         while not server.started:
@@ -62,7 +70,8 @@ def serve_workers(artifact: str, cfg, sock, n: int, banner: str, echo=print) -> 
     stop = threading.Event()
 
     def start(i: int):
-        p = ctx.Process(target=_worker, args=(artifact, cfg, sock, i, ready), name=f"ccpo-gateway-w{i}")
+        p = ctx.Process(target=_worker, args=(artifact, cfg, sock.getsockname(), sock.family, i, ready),
+                        name=f"ccpo-gateway-w{i}")
         p.start()
         return p
 
