@@ -60,7 +60,7 @@ async def _direct(client, url, question, rounds):
     from ccpo_jax.gateway.engine import ProtocolConfig
     from chat_server import BASE_MODEL, GUIDE_MODEL
 
-    cfg, history = ProtocolConfig(), []
+    cfg, history = ProtocolConfig().resolved({}), []  # (the paper's protocol: the scripted server's)
     for t in range(rounds):
         bm = P.base_messages(question, history)
         body = request_body(BASE_MODEL, bm, cfg.base_max_tokens, cfg.base_temperature[t > 0], cfg.seed, True)

@@ -16,6 +16,9 @@ appended to the reply). A reply longer than ``max_tokens`` words is cut there (`
 every ``drip_s``), ``huge`` (a valid list of ``huge_bytes``, generated as it is sent, no
 Content-Length) or ``huge-declared`` (the same with its Content-Length); ``models_bytes_sent``
 counts the bytes of those bodies that the client accepted.
+A request with a ``response_format`` (the ``json`` round protocol) gets the same reply as a JSON object
+(:func:`as_json`: ``{"answer": ...}``, ``{"verdict": "yes"|"no", "answer": ...}``), except the replies
+the script makes unreadable (no answer line, a non-verdict), which stay free text.
 """
 from __future__ import annotations
 
@@ -65,6 +68,20 @@ def make_scripts(n: int) -> dict[str, Script]:
             s.no_answer_line = True
         out[f"Which answer belongs to item number {i}?"] = s
     return out
+
+
+def as_json(messages: list[dict], text: str) -> str:
+    """The scripted reply ``text`` in the ``json`` round protocol's shape (free text stays when the
+    script made it unreadable)."""
+    first = messages[0]["content"]
+    if first.startswith("Evaluate the answer."):
+        shown = re.search(r"^A: (.*)$", first, re.M).group(1).strip()
+        if text == "Yes":
+            return json.dumps({"verdict": "yes", "answer": shown})
+        m = re.match(r"No \[(.*)\]$", text)
+        return json.dumps({"verdict": "no", "answer": m.group(1)}) if m else text
+    m = re.search(r"^Answer: (.*)$", text, re.M)
+    return json.dumps({"answer": m.group(1)}) if m else text
 
 
 def _words(text: str) -> int:
@@ -207,6 +224,8 @@ class FakeChatServer:
     def completion(self, body: dict, with_usage: bool = True, verbose: bool = False) -> dict:
         answering, named = self._model(body["model"])
         text = self.reply(answering, body["messages"])
+        if body.get("response_format") is not None:
+            text = as_json(body["messages"], text)
         if verbose:  # a model that explains itself after the reply
             text += " because " + " ".join(f"reason{i}" for i in range(40))
         finish = "stop"

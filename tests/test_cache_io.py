@@ -81,6 +81,8 @@ def tiny(tmp_path):
     ("e\u0301te\u0301", "\u00e9t\u00e9"),      # NFC: decomposed accents compose
     ("tab\tand\nnewline", "tab and newline"),
     ("a the an", ""),
+    ("A", "a"), ("(A)", "a"), (" A. ", "a"), ("B", "b"),  # option letters: A is not an article (issue 49)
+    ("A cat", "cat"), ("a a", ""),
 ])
 def test_normalise_answer_examples(text, expected):
     assert normalise_answer(text) == expected

@@ -60,7 +60,7 @@ def questions_file(tmp_path_factory) -> Path:
 
 
 def _args(server, questions_file, out, *extra):
-    return ["data", "collect", "--questions", str(questions_file), "--base", f"{server.url},{BASE_MODEL}",
+    return ["data", "collect", "--round-protocol", "paper", "--questions", str(questions_file), "--base", f"{server.url},{BASE_MODEL}",
             "--guide", f"{server.url},{GUIDE_MODEL}", "--out", str(out), "--base-price", "0.5,1.5",
             "--guide-price", "2.5,10", "--exit-baselines", "base,guide", "--policy-baselines", "guide",
             "--no-progress", *extra]

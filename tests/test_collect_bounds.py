@@ -153,7 +153,7 @@ def test_a_lone_surrogate_in_a_reply_becomes_u_fffd_and_the_log_takes_any_record
 # -- end to end --------------------------------------------------------------------------------
 
 def _args(url, questions, out, *extra):
-    return ["data", "collect", "--questions", str(questions), "--base", f"{url},{BASE_MODEL}",
+    return ["data", "collect", "--round-protocol", "paper", "--questions", str(questions), "--base", f"{url},{BASE_MODEL}",
             "--guide", f"{url},{GUIDE_MODEL}", "--out", str(out), "--base-price", "0.5,1.5",
             "--guide-price", "2.5,10", "--no-progress", "--concurrency", "1", *extra]
 

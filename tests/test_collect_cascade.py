@@ -46,7 +46,7 @@ def questions_file(tmp_path_factory) -> Path:
 def _args(server, questions_file, out, *extra, guide=("--guide", "none"), rungs=True):
     # (--base-max-tokens 16: the replies' 13 words fit, and a call's worst case, which the budget
     # reserves, is a small part of the run's cost)
-    a = ["data", "collect", "--questions", str(questions_file), "--out", str(out), "--no-progress",
+    a = ["data", "collect", "--round-protocol", "paper", "--questions", str(questions_file), "--out", str(out), "--no-progress",
          "--base-max-tokens", "16", *guide]
     if rungs:
         a += ["--rounds", "3"]

@@ -27,7 +27,7 @@ HOLD_S = 4.0  # each request's delay while the signals are sent
 
 
 def _args(url: str, questions: Path, out: Path, *extra: str) -> list[str]:
-    return ["data", "collect", "--questions", str(questions), "--base", f"{url},{BASE_MODEL}",
+    return ["data", "collect", "--round-protocol", "paper", "--questions", str(questions), "--base", f"{url},{BASE_MODEL}",
             "--guide", f"{url},{GUIDE_MODEL}", "--out", str(out), "--base-price", "0.5,1.5",
             "--guide-price", "2.5,10", "--no-progress", "--concurrency", "4", *extra]
 

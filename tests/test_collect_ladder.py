@@ -30,7 +30,7 @@ def questions_file(tmp_path_factory) -> Path:
 
 
 def _args(server, questions_file, out, rungs=RUNGS, prices=True, *extra):
-    a = ["data", "collect", "--questions", str(questions_file), "--rounds", "3", "--guide", f"{server.url},{GUIDE_MODEL}",
+    a = ["data", "collect", "--round-protocol", "paper", "--questions", str(questions_file), "--rounds", "3", "--guide", f"{server.url},{GUIDE_MODEL}",
          "--guide-price", "2.5,10", "--out", str(out), "--no-progress"]
     for m, p in rungs:
         a += ["--base", f"{server.url},{m}"] + (["--base-price", p] if prices else [])

@@ -36,7 +36,7 @@ def test_collect_gets_the_designed_confidence_and_uncertainty(servers, tmp_path,
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796083200")
     out = tmp_path / "real.jsonl"
     q = _questions(tmp_path / "questions.jsonl", 6)
-    args = ["data", "collect", "--questions", str(q), "--base", f"{servers['base']},bigram-base",
+    args = ["data", "collect", "--round-protocol", "paper", "--questions", str(q), "--base", f"{servers['base']},bigram-base",
             "--guide", f"{servers['guide']},bigram-guide", "--base-price", "0,0", "--guide-price", "0,0",
             "--rounds", "2", "--concurrency", "1", "--no-progress", "--out", str(out)]
     assert main(args) == 0
@@ -65,7 +65,7 @@ def test_collect_a_ladder_against_two_real_servers(servers, tmp_path, monkeypatc
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796083200")
     out = tmp_path / "ladder.jsonl"
     q = _questions(tmp_path / "questions.jsonl", 4)
-    args = ["data", "collect", "--questions", str(q), "--rounds", "2",
+    args = ["data", "collect", "--round-protocol", "paper", "--questions", str(q), "--rounds", "2",
             "--base", f"{servers['base']},bigram-base", "--base-price", "1,2",
             "--base", f"{servers['guide']},bigram-guide", "--base-price", "10,20",
             "--guide", f"{servers['guide']},bigram-guide", "--guide-price", "0,0",
@@ -90,7 +90,7 @@ def test_collect_a_guide_less_cascade_against_two_real_servers(servers, tmp_path
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796083200")
     out = tmp_path / "cascade.jsonl"
     q = _questions(tmp_path / "questions.jsonl", 4)
-    assert main(["data", "collect", "--questions", str(q), "--rounds", "2", "--guide", "none",
+    assert main(["data", "collect", "--round-protocol", "paper", "--questions", str(q), "--rounds", "2", "--guide", "none",
                  "--base", f"{servers['base']},bigram-base", "--base-price", "1,2",
                  "--base", f"{servers['guide']},bigram-guide", "--base-price", "10,20",
                  "--concurrency", "1", "--no-progress", "--out", str(out)]) == 0

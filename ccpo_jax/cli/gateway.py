@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
-FLAGS = {"base": "--base", "guide": "--guide", "journal": "--journal", "online_eta": "--online-kappa", "questions": "--questions",
+FLAGS = {"base": "--base", "guide": "--guide", "on_empty": "--on-empty", "journal": "--journal", "online_eta": "--online-kappa", "questions": "--questions",
          "budget_cents": "--budget-cents", "results": "--results", "row": "--row", "spool": "--spool"}
 
 
@@ -32,6 +32,13 @@ def _endpoint_args(p: argparse.ArgumentParser) -> None:
                    help="an upstream model's own prices, USD per million tokens in and out (repeatable); costs, "
                    "cost caps and the journal use them for the rounds MODEL serves. Default: the router's "
                    "trained prices (the artefact's models)")
+    p.add_argument("--on-empty", default="guide", choices=("guide", "base", "abstain"),
+                   help="the reply when the router's final set is empty: guide / base = that role's answer of the "
+                   "last round (marked in the reply's ccpo.fallback as outside the guaranteed set), abstain = empty "
+                   "content (default: guide; docs/gateway.md#empty-sets)")
+    p.add_argument("--round-protocol", default=None, choices=("json", "paper"),
+                   help="the round protocol (docs/real-llms.md); default: the one the artefact's cache was collected "
+                   "with (paper for caches that do not record one)")
     p.add_argument("--online-kappa", type=float, default=None, metavar="ETA",
                    help="update kappa online from feedback (Eq. 9, eta_k = ETA k^-0.6); default: the artefact's kappa")
 
@@ -115,7 +122,10 @@ def _config(args, journal):
     if getattr(args, "no_access_log", False):
         kw["access_log"] = False
     kw.update(_state_config(args))
-    return GatewayConfig(base=base, guide=guide, retry=retry, journal=journal, online_eta=eta, **kw)
+    from ccpo_jax.gateway.engine import ProtocolConfig
+
+    return GatewayConfig(base=base, guide=guide, retry=retry, journal=journal, online_eta=eta,
+                         on_empty=args.on_empty, protocol=ProtocolConfig(round_protocol=args.round_protocol), **kw)
 
 
 def _prices(specs: list[str], base, guide) -> tuple[tuple[str, float, float], ...]:

@@ -22,15 +22,16 @@ def cost_bound(s: Settings, questions: list[Question]) -> dict[str, dict[str, fl
         o["usd"] += (t_in * p_in + max_out * p_out) / 1e6
 
     B, G, D = s.base_max_tokens, s.guide_max_tokens, s.decision_max_tokens
+    prompts = s.proto.prompts()
     for q in questions:
         qc = len(q.question)
-        base0 = len(P.BASE_PROMPT) + qc
+        base0 = len(prompts["base"]) + qc
         for t in range(s.T):
             if s.cascade:  # round 1's prompt every round, no guide call (rounds.collect_question)
                 add(s.base_role(t), base0, 1, 0, B)
                 continue
-            add(s.base_role(t), base0 + t * len(P.BASE_RETRY), 1 + 2 * t, t * (B + G), B)
-            add("guide", len(P.GUIDE_PROMPT) + qc, 1, B, G)
+            add(s.base_role(t), base0 + t * len(prompts["base_retry"]), 1 + 2 * t, t * (B + G), B)
+            add("guide", s.proto.guide_prompt_chars() + qc, 1, B, G)
         for role in dict.fromkeys(s.exit_roles):
             for t in range(s.T):
                 if not (role == "base" and t == 0):  # the same request as the protocol's first base call

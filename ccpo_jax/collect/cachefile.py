@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.calllog import truncate_partial_line
 from ccpo_jax.collect.settings import COLLECTOR_VERSION, CollectError, Settings
 from envs.cache.atomic import atomic_write_text
@@ -64,7 +63,9 @@ def make_manifest(s: Settings, started: str) -> dict[str, Any]:
             "questions": {"file": s.questions_file, "sha256": s.questions_sha256},
             "endpoints": s.endpoints(),
             "prices": {r: s.price_sources[r] for r in s.roles()},
-            "prompts_sha256": P.prompt_hashes(),
+            "prompts_sha256": s.proto.prompt_hashes(),
+            # the round protocol (ccpo_jax.collect.protocols); the gateway serves the artefact with it
+            **({} if s.protocol == "paper" else {"round_protocol": s.protocol}),
             "requests": {
                 "base_temperature": list(s.base_temperature),
                 **s.guide_requests(),

@@ -46,9 +46,12 @@ def estimate_tokens(chars: int, n_messages: int, ratio: float = PROMPT_TOKENS_PE
 
 
 def request_body(model: str, messages: list[dict], max_tokens: int, temperature: float, seed: int | None,
-                 logprobs: bool) -> dict:
-    """The chat-completions body of one protocol call (data collect and the gateway send the same)."""
+                 logprobs: bool, response_format: dict | None = None) -> dict:
+    """The chat-completions body of one protocol call (data collect and the gateway send the same);
+    ``response_format``: the structured protocol's JSON schema (None: not sent)."""
     b: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
+    if response_format is not None:
+        b["response_format"] = response_format
     if seed is not None:
         b["seed"] = seed
     if logprobs:
@@ -68,14 +71,15 @@ class Caller:
         p_in, p_out = self.s.prices[role]
         return (t_in * p_in + t_out * p_out) / 1e6
 
-    def body(self, role: str, messages: list[dict], max_tokens: int, temperature: float) -> dict:
+    def body(self, role: str, messages: list[dict], max_tokens: int, temperature: float,
+             response_format: dict | None = None) -> dict:
         return request_body(self.s.endpoint(role).model, messages, max_tokens, temperature, self.s.seed,
-                            self.s.logprobs)
+                            self.s.logprobs, response_format)
 
     def call(self, qid: str, name: str, role: str, messages: list[dict], max_tokens: int,
-             temperature: float) -> Answer:
+             temperature: float, response_format: dict | None = None) -> Answer:
         ep = self.s.endpoint(role)
-        body = self.body(role, messages, max_tokens, temperature)
+        body = self.body(role, messages, max_tokens, temperature, response_format)
         key = request_key(ep.public_url, body, qid, name)
         hit = self.log.replies.get(key)
         if hit is not None:

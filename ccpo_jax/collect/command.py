@@ -49,8 +49,15 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="JSON or YAML file {model: {price_in, price_out}}; flags win; else the list prices in envs/importers/pricing.py")
 
     r = c.add_argument_group("requests")
-    r.add_argument("--base-max-tokens", type=int, default=512, help="max_tokens of a base answer (default: 512)")
-    r.add_argument("--guide-max-tokens", type=int, default=32, help="max_tokens of a guide verdict (default: 32)")
+    r.add_argument("--round-protocol", default="json", choices=("json", "paper"),
+                   help="round protocol: json (structured replies that small real models follow: a JSON schema in "
+                        "response_format, multiple-choice answers constrained to the option letters) or paper (the "
+                        "CCPO paper's free text: chain of thought, 'Answer: ...', 'Yes' / 'No [answer]') (default: json; "
+                        "docs/real-llms.md)")
+    r.add_argument("--base-max-tokens", type=int, default=None,
+                   help="max_tokens of a base answer (default: 48 under --round-protocol json, 512 under paper)")
+    r.add_argument("--guide-max-tokens", type=int, default=None,
+                   help="max_tokens of a guide verdict (default: 48 under --round-protocol json, 32 under paper)")
     r.add_argument("--decision-max-tokens", type=int, default=8, help="max_tokens of an EXIT / policy decision (default: 8)")
     r.add_argument("--base-temperature", default="0,1", metavar="FIRST[,LATER]",
                    help="base temperature in round 1 and later rounds (default: 0,1, the paper's MMLU setting)")
@@ -234,7 +241,14 @@ def settings_from_args(args):
     from ccpo_jax.collect.settings import Settings
     from ccpo_jax.collect.questions import load_questions
 
+    from ccpo_jax.collect import protocols
+
     args = _with_ladder_file(args)
+    proto = protocols.get(args.round_protocol, "--round-protocol")
+    if args.base_max_tokens is None:
+        args.base_max_tokens = proto.base_max_tokens
+    if args.guide_max_tokens is None:
+        args.guide_max_tokens = proto.guide_max_tokens
     if not 1 <= args.rounds <= 64:
         raise UserError(f"--rounds {args.rounds}: must be between 1 and 64")
     for flag, v in (("--base-max-tokens", args.base_max_tokens), ("--guide-max-tokens", args.guide_max_tokens),
@@ -287,7 +301,7 @@ def settings_from_args(args):
         decision_max_tokens=args.decision_max_tokens, base_temperature=(temps[0], temps[1]),
         guide_temperature=args.guide_temperature, seed=seed, logprobs=not args.no_logprobs,
         f1_threshold=args.f1, exit_roles=exit_roles, policy_roles=policy_roles, policy_coverage=args.policy_coverage,
-        name=args.name or Path(args.out).stem, task=args.task, license=args.license,
+        name=args.name or Path(args.out).stem, task=args.task, license=args.license, protocol=proto.name,
     )
     return s, questions
 

@@ -28,11 +28,13 @@ def collect_question(q: Question, s: Settings, c: Caller) -> dict:
     rounds: list[dict] = []
     history: list[tuple[str, str]] = []
     seen: list[dict] = []  # what the LLM-as-policy is shown, per round
+    pr = s.proto
     for t in range(s.T):
         # a cascade's round is its rung's own first answer (as the ladder importers' rounds are)
         temp = P.base_temperature(s.base_temperature, t, s.cascade)
-        b = c.call(q.id, f"r{t}.base", s.base_role(t), P.base_messages(q.question, history), s.base_max_tokens, temp)
-        br = P.read_base(b.text, b.logprobs)
+        b = c.call(q.id, f"r{t}.base", s.base_role(t), pr.base_messages(q.question, history), s.base_max_tokens, temp,
+                   pr.base_format(q.question))
+        br = pr.read_base(q.question, b.text, b.logprobs)
         c.meter.cut_reply("base answer", b.finish_reason, not br.parsed)
         ans = br.answer
         base = {"answer": ans, "correct": correct(ans)}
@@ -46,9 +48,9 @@ def collect_question(q: Question, s: Settings, c: Caller) -> dict:
         if s.cascade:  # no guide call; the round has no guide object (docs/caches.md)
             rounds.append({"base": base})
             continue
-        g = c.call(q.id, f"r{t}.guide", "guide", P.guide_messages(q.question, br.shown), s.guide_max_tokens,
-                   s.guide_temperature)
-        gr = P.read_guide(g.text, g.logprobs, ans)
+        g = c.call(q.id, f"r{t}.guide", "guide", pr.guide_messages(q.question, br.shown), s.guide_max_tokens,
+                   s.guide_temperature, pr.guide_format(q.question))
+        gr = pr.read_guide(q.question, g.text, g.logprobs, ans)
         c.meter.cut_reply("guide verdict", g.finish_reason, gr.verdict is None)
         g_ans = gr.answer
         guide = {"verdict": gr.verdict is True, "answer": g_ans, "correct": correct(g_ans)}

@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-from ccpo_jax.collect import protocol as P
+from ccpo_jax.collect import protocols
 from ccpo_jax.collect.client import Endpoint, RetryPolicy
 from ccpo_jax.errors import UserError
 
@@ -52,6 +52,13 @@ class Settings:
     #: A base ladder (docs/collect.md#model-ladders): round t's base model is ``ladder[t]`` (T entries,
     #: ``ladder[0]`` is ``base``), priced as role ``base@<t+1>``; empty: ``base`` every round.
     ladder: tuple[Endpoint, ...] = ()
+    #: The round protocol (:mod:`ccpo_jax.collect.protocols`): ``json`` (structured replies, the default)
+    #: or ``paper`` (the paper's free text).
+    protocol: str = protocols.DEFAULT
+
+    @property
+    def proto(self) -> "protocols.Protocol":
+        return protocols.get(self.protocol)
 
     @property
     def cascade(self) -> bool:
@@ -108,7 +115,9 @@ class Settings:
             "exit_roles": list(self.exit_roles),
             "policy_roles": list(self.policy_roles),
             "policy_coverage": self.policy_coverage,
-            "prompts": P.prompt_hashes(),
+            "prompts": self.proto.prompt_hashes(),
+            # (absent for the paper's protocol: the hashes of caches collected before the field stay)
+            **({} if self.protocol == "paper" else {"protocol": self.protocol}),
             "collector_version": COLLECTOR_VERSION,
             "name": self.name,
             "task": self.task,

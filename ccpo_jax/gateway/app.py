@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ccpo_jax.collect.client import Endpoint, Reply, RetryPolicy
-from ccpo_jax.gateway.engine import Batcher, Caps, Decider, Outcome, ProtocolConfig, run_protocol
+from ccpo_jax.gateway.engine import ON_EMPTY, Batcher, Caps, Decider, Outcome, ProtocolConfig, run_protocol
 from ccpo_jax.gateway.journal import FeedbackError, Journal, journal_manifest
 from ccpo_jax.gateway.metrics import Metrics
 from ccpo_jax.gateway.online import CoverageState
@@ -47,6 +47,8 @@ class GatewayConfig:
     window: int = 200
     alarm_p: float = 0.01
     protocol: ProtocolConfig = ProtocolConfig()
+    #: The reply when the final set is empty (engine.ON_EMPTY; docs/gateway.md#empty-sets).
+    on_empty: str = "guide"
     max_body_bytes: int = 1 << 20
     max_question_chars: int = 100_000
     max_connections: int = 256
@@ -207,6 +209,11 @@ class Gateway:
     """The gateway's state: router, upstream clients, metrics, journal, coverage/online kappa."""
 
     def __init__(self, router: Router, cfg: GatewayConfig, state: GatewayState | None = None):
+        # the round protocol the router's cache was collected with, unless one was given (one protocol for
+        # data collect, the gateway and live-eval: ccpo_jax.collect.protocols)
+        cfg = dataclasses.replace(cfg, protocol=cfg.protocol.resolved(router.manifest["cache"]["provenance"]))
+        if cfg.on_empty not in ON_EMPTY:
+            raise UserError(f"--on-empty {cfg.on_empty!r}: one of {', '.join(ON_EMPTY)}", field="on_empty")
         self.router, self.cfg = router, cfg
         if cfg.online_eta is not None and router.group_kappas is not None:
             raise UserError("online_eta: a Mondrian router has one threshold per group; the online update "
@@ -265,6 +272,8 @@ class Gateway:
         reqs = {"base_temperature": list(p.base_temperature), "guide_temperature": p.guide_temperature,
                 "max_tokens": {"base": p.base_max_tokens, "guide": p.guide_max_tokens}, "seed": p.seed,
                 "logprobs": p.logprobs}
+        if p.round_protocol != "paper":
+            reqs["round_protocol"] = p.round_protocol
         eps = {r: self.role_value(r, lambda e: {"url": e.public_url, "model": e.model}) for r in self.roles}
         m = self.router.manifest["models"]
         served = {r: served_models(m[r], self.rungs[r], self.prices[r]) for r in ("base", "guide")}
@@ -324,11 +333,14 @@ class Gateway:
         self.metrics.in_flight.inc()
         try:
             out = await run_protocol(question, group, caps, decider=self.batcher, call=self._call,
-                                     cfg=self.cfg.protocol, prices=self.prices, on_round=self._counted)
+                                     cfg=self.cfg.protocol, prices=self.prices, on_round=self._counted,
+                                     on_empty=self.cfg.on_empty)
         finally:
             self.metrics.in_flight.dec()
         cid = cid or self.state.new_id()
         self.metrics.rounds.observe(len(out.rounds))
+        if out.answer is None:
+            self.metrics.empty.labels("abstain" if out.fallback is None else out.fallback["role"]).inc()
         for d, s in zip(out.decisions, out.decide_s):
             self.metrics.decide.observe(s)
             if d.get("kappa_stale"):
@@ -344,7 +356,7 @@ class Gateway:
             rec["group"] = group if group is not None else "(none)"
         rec["rounds"] = out.rounds
         rec["gateway"] = self.ccpo_object(out)
-        rec["gateway"]["answer"] = out.answer
+        rec["gateway"]["answer"] = out.answer  # the set's answer (None: the set is empty; see "fallback")
         rec["gateway"]["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         return rec
 
@@ -353,7 +365,11 @@ class Gateway:
                 "group")
         return {
             "answer_set": out.answer_set,
-            "abstained": out.answer is None,
+            # the final set is empty: the reply is a fallback outside the guaranteed set, or empty
+            "empty_set": out.answer is None,
+            "fallback": None if out.fallback is None else {**out.fallback, "guaranteed": False,
+                                                           "on_empty": self.cfg.on_empty},
+            "abstained": out.answer is None and out.fallback is None,
             "rounds": len(out.rounds),
             "stopped_by": out.stopped_by,
             "decisions": [{k: d[k] for k in keep if k in d} for d in out.decisions],
@@ -406,14 +422,14 @@ class Gateway:
     def completion_body(self, cid: str, out: Outcome) -> dict:
         return {
             "id": cid, "object": "chat.completion", "created": int(time.time()), "model": MODEL_ID,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.answer or ""},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.content},
                          "logprobs": None, "finish_reason": "stop"}],
             "usage": out.usage, "ccpo": self.ccpo_object(out),
         }
 
     def sse_chunks(self, cid: str, out: Outcome) -> list[bytes]:
         base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL_ID}
-        deltas = [({"role": "assistant", "content": ""}, None), ({"content": out.answer or ""}, None), ({}, "stop")]
+        deltas = [({"role": "assistant", "content": ""}, None), ({"content": out.content}, None), ({}, "stop")]
         chunks = []
         for i, (delta, fin) in enumerate(deltas):
             c = dict(base, choices=[{"index": 0, "delta": delta, "logprobs": None, "finish_reason": fin}])

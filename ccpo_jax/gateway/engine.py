@@ -11,8 +11,10 @@ are screened (``Router.decide_many(screen=True)``): the exported module's sets, 
 forward pass deciding every row that is not within 1e-4 of its threshold.
 
 Answer rule: the reply is the answer collected last, i.e. of the latest round
-whose set held an answer, the guide's when that set holds both. An empty set at
-the end is an abstention (empty content).
+whose set held an answer, the guide's when that set holds both. When no round's set held an
+answer (the final set is empty), ``on_empty`` decides (:data:`ON_EMPTY`, docs/gateway.md#empty-sets):
+``abstain`` replies with empty content; ``guide`` / ``base`` reply with that role's answer of the last
+round run (the other role's when that one is empty), marked as a fallback outside the guaranteed set.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import time
 from typing import Any, Callable
 
 from ccpo_jax.collect import protocol as P
+from ccpo_jax.collect import protocols
 from ccpo_jax.collect.caller import PROMPT_TOKENS_PER_CHAR, estimate_tokens, request_body
 from ccpo_jax.collect.client import Reply
 from ccpo_jax.collect.settings import Settings
@@ -30,6 +33,8 @@ from ccpo_jax.gateway.online import CoverageState
 from ccpo_jax.serving import Router
 
 ROLES = ("base", "guide")
+#: What the reply holds when the final set is empty: nothing, or the last round's guide / base answer.
+ON_EMPTY = ("guide", "base", "abstain")
 
 
 def _default(name: str) -> Any:
@@ -38,14 +43,34 @@ def _default(name: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class ProtocolConfig:
-    """Per-call settings; the defaults are data collect's (one definition: Settings')."""
+    """Per-call settings; the defaults are data collect's (one definition: Settings' and the round
+    protocol's, :mod:`ccpo_jax.collect.protocols`). ``round_protocol`` None: the artefact's (the protocol
+    its cache was collected with, :func:`protocols.of_provenance`); max tokens None: that protocol's."""
 
-    base_max_tokens: int = _default("base_max_tokens")
-    guide_max_tokens: int = _default("guide_max_tokens")
+    base_max_tokens: int | None = None
+    guide_max_tokens: int | None = None
     base_temperature: tuple[float, float] = _default("base_temperature")
     guide_temperature: float = _default("guide_temperature")
     seed: int | None = _default("seed")
     logprobs: bool = _default("logprobs")
+    round_protocol: str | None = None
+
+    def resolved(self, provenance: dict) -> "ProtocolConfig":
+        """Every None filled: the protocol from ``provenance`` (a cache's or an artefact's cache's) unless
+        one was given, and its max tokens unless given."""
+        pr = protocols.get(self.round_protocol) if self.round_protocol else protocols.of_provenance(provenance)
+        return dataclasses.replace(
+            self, round_protocol=pr.name,
+            base_max_tokens=self.base_max_tokens if self.base_max_tokens is not None else pr.base_max_tokens,
+            guide_max_tokens=self.guide_max_tokens if self.guide_max_tokens is not None else pr.guide_max_tokens)
+
+    @property
+    def proto(self) -> protocols.Protocol:
+        return protocols.get(self.round_protocol or "paper")
+
+    @property
+    def complete(self) -> bool:
+        return None not in (self.base_max_tokens, self.guide_max_tokens, self.round_protocol)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +92,36 @@ class Outcome:
     rounds: list[dict]
     decisions: list[dict]
     answer_set: list[dict]
-    answer: str | None  # None: abstained (empty set)
+    answer: str | None  # None: the final set is empty
     stopped_by: str
     tokens: dict[str, dict]
     usage: dict[str, int]
     estimated: bool
     decide_s: list[float]
     journal: str | None = None  # where the request was journaled (GatewayState.append)
+    #: The answer given although the set is empty (``on_empty`` guide / base): {"role", "round", "answer"};
+    #: None when the set held an answer or the reply abstains.
+    fallback: dict | None = None
+
+    @property
+    def content(self) -> str:
+        """The reply's text: the set's answer, else the fallback's, else empty (an abstention)."""
+        if self.answer is not None:
+            return self.answer
+        return self.fallback["answer"] if self.fallback is not None else ""
+
+
+def fallback_answer(rounds: list[dict], on_empty: str) -> dict | None:
+    """The answer an empty set falls back to (:data:`ON_EMPTY`): the chosen role's answer of the last
+    round, the other role's when it is empty (unparsed); None for ``abstain`` or when both are empty."""
+    if on_empty == "abstain" or not rounds:
+        return None
+    last = rounds[-1]
+    order = ("guide", "base") if on_empty == "guide" else ("base", "guide")
+    for role in order:
+        if role in last and last[role].get("answer"):
+            return {"role": role, "round": len(rounds), "answer": last[role]["answer"]}
+    return None
 
 
 class Decider:
@@ -183,12 +231,13 @@ def round_reserve(question: str, history: list[tuple[str, str]], cfg: ProtocolCo
     prompt tokens estimated at PROMPT_TOKENS_PER_CHAR per character plus a per-message overhead,
     completions at max_tokens; the guide may be shown a whole base completion). ``history``: what
     the base is shown (none in a cascade); a cascade's round is the base call alone."""
-    bm = P.base_messages(question, history)
+    cfg = cfg if cfg.complete else cfg.resolved({})  # (a config not resolved against an artefact: the paper's)
+    bm = cfg.proto.base_messages(question, history)
     b_in = estimate_tokens(sum(len(m["content"]) for m in bm), len(bm))
     base = cents(prices["base"][t], b_in, cfg.base_max_tokens)
     if prices.get("guide") is None:
         return base
-    g_chars = len(P.GUIDE_PROMPT) + len(question)
+    g_chars = cfg.proto.guide_prompt_chars() + len(question)
     g_in = estimate_tokens(g_chars, 1) + math.ceil(cfg.base_max_tokens * 4 * PROMPT_TOKENS_PER_CHAR)
     return base + cents(prices["guide"][t], g_in, cfg.guide_max_tokens)
 
@@ -220,14 +269,19 @@ def _round_record(br: P.BaseRead, g: Reply | None, gr: P.GuideRead | None, rnd: 
 
 async def run_protocol(question: str, group: str | None, caps: Caps, *, decider: Decider | Batcher, call: Callable,
                        cfg: ProtocolConfig, prices: dict,
-                       on_round: Callable[[str, dict], Any] = lambda role, rec: None) -> Outcome:
+                       on_round: Callable[[str, dict], Any] = lambda role, rec: None,
+                       on_empty: str = "abstain") -> Outcome:
     """The protocol for one question. ``call(role, t, body)`` is awaited for each upstream call of round
     ``t`` (0-based) and returns a :class:`~ccpo_jax.collect.client.Reply`; ``on_round(role, info)`` sees
     each call's round, tokens and cost. ``prices``: per role one pair or T per-round pairs (a ladder;
     :func:`per_round`). A guide-less cascade's router (``has_guide`` False) makes no guide call, and
-    its base is asked afresh every round (there is no guide reply to show it)."""
+    its base is asked afresh every round (there is no guide reply to show it). ``on_empty``: the reply
+    when the final set is empty (:func:`fallback_answer`)."""
     router = (decider.decider if isinstance(decider, Batcher) else decider).router
     T, has_guide = router.T, router.has_guide
+    if not cfg.complete:
+        cfg = cfg.resolved(router.manifest["cache"]["provenance"])
+    pr = cfg.proto
     prices = per_round(prices, T)
     roles = ROLES if has_guide else ("base",)
     limit = T if caps.max_rounds is None else min(T, caps.max_rounds)
@@ -247,16 +301,17 @@ async def run_protocol(question: str, group: str | None, caps: Caps, *, decider:
     stopped_by = "router"
     for t in range(limit):
         temp = P.base_temperature(cfg.base_temperature, t, cascade=not has_guide)
-        bm = P.base_messages(question, history)
-        b = await call("base", t, request_body("", bm, cfg.base_max_tokens, temp, cfg.seed, cfg.logprobs))
-        br = P.read_base(b.text, b.logprobs)
+        bm = pr.base_messages(question, history)
+        b = await call("base", t, request_body("", bm, cfg.base_max_tokens, temp, cfg.seed, cfg.logprobs,
+                                               pr.base_format(question)))
+        br = pr.read_base(question, b.text, b.logprobs)
         calls = [("base", b, bm)]
         g = gr = None
         if has_guide:
-            gm = P.guide_messages(question, br.shown)
+            gm = pr.guide_messages(question, br.shown)
             g = await call("guide", t, request_body("", gm, cfg.guide_max_tokens, cfg.guide_temperature, cfg.seed,
-                                                    cfg.logprobs))
-            gr = P.read_guide(g.text, g.logprobs, br.answer)
+                                                    cfg.logprobs, pr.guide_format(question)))
+            gr = pr.read_guide(question, g.text, g.logprobs, br.answer)
             calls.append(("guide", g, gm))
         rnd: dict[str, dict] = {}
         for role, reply, msgs in calls:
@@ -298,4 +353,5 @@ async def run_protocol(question: str, group: str | None, caps: Caps, *, decider:
              "completion_tokens": sum(tk["tokens_out"] for tk in tokens.values())}
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     answer = collected[-1]["answer"] if collected else None
-    return Outcome(rounds, decisions, collected, answer, stopped_by, tokens, usage, estimated, decide_s)
+    fb = fallback_answer(rounds, on_empty) if answer is None else None
+    return Outcome(rounds, decisions, collected, answer, stopped_by, tokens, usage, estimated, decide_s, fallback=fb)

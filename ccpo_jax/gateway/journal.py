@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ccpo_jax.collect import protocol as P
+from ccpo_jax.collect import protocols
 from ccpo_jax.collect.cachefile import collector_version, today
 from ccpo_jax.collect.calllog import truncate_partial_line
 from ccpo_jax.errors import UserError
@@ -76,7 +77,9 @@ def journal_manifest(router_manifest: dict, endpoints: dict[str, dict | list], r
                         "router_policy": m["policy"]["row"], "alpha": m["alpha"], "router_models": trained,
                         "groups": bool(groups)},
             "endpoints": endpoints,
-            "prompts_sha256": P.prompt_hashes(),
+            # the round protocol's prompts (ccpo_jax.collect.protocols), and its name unless the paper's
+            "prompts_sha256": protocols.get(requests.get("round_protocol", "paper")).prompt_hashes(),
+            **({"round_protocol": requests["round_protocol"]} if "round_protocol" in requests else {}),
             "requests": requests,
             "correctness": "normalised exact match against the gold given by feedback",
             "measures": {"guide_uncertainty": "1 - p(verdict token)",

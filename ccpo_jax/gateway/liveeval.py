@@ -12,6 +12,11 @@ correct; unsolvable questions count as missed) and *set or none seen* (also
 counting questions where no answer of the rounds run was correct). Each gets a
 Clopper-Pearson 95% interval; the prediction is checked against both.
 
+Empty sets. A question whose final set is empty is answered by ``--on-empty`` (docs/gateway.md#empty-sets);
+the report gives the share of empty sets and the accuracy of the reply (its content correct; an empty
+reply is wrong) under each choice of ``--on-empty``, all read from the same rounds, since a fallback
+makes no call.
+
 Budget: before a question starts, the worst case of its T rounds (the engine's
 per-round reservation, completions at max_tokens) is reserved; a question whose
 reservation would cross ``--budget-cents`` is not started.
@@ -31,7 +36,7 @@ from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.questions import load_questions
 from ccpo_jax.errors import UserError
 from ccpo_jax.gateway.app import GatewayConfig, load_gateway
-from ccpo_jax.gateway.engine import Caps, per_round, round_reserve
+from ccpo_jax.gateway.engine import ON_EMPTY, Caps, fallback_answer, per_round, round_reserve
 
 
 def clopper_pearson(k: int, n: int) -> tuple[float, float]:
@@ -121,8 +126,13 @@ async def _run_all(gw, qs, budget_cents, concurrency) -> list[dict]:
             judge = lambda a: P.is_correct(a, q.golds)  # noqa: E731
             seen = any(judge(rd[r]["answer"]) for rd in out.rounds for r in ("base", "guide") if r in rd)
             covered = any(judge(a["answer"]) for a in out.answer_set)
+            reply = {}  # the reply's correctness under each --on-empty choice (the same rounds)
+            for choice in ON_EMPTY:
+                fb = fallback_answer(out.rounds, choice) if out.answer is None else None
+                text = out.answer if out.answer is not None else (fb["answer"] if fb else "")
+                reply[choice] = judge(text)
             return {"id": q.id, "cost_cents": cost, "rounds": len(out.rounds), "covered": covered,
-                    "none_seen": not seen}
+                    "none_seen": not seen, "empty_set": out.answer is None, "reply_correct": reply}
 
     try:
         rows = await asyncio.gather(*(one(q) for q in qs))
@@ -143,6 +153,10 @@ def summarise(rows: list[dict], pred: dict | None, n_questions: int, target: flo
         "coverage_set_or_none_seen": k_upper / n if n else None,
         "coverage_set_or_none_seen_ci95": clopper_pearson(k_upper, n),
         "prediction": pred,
+        "empty_sets": sum(r["empty_set"] for r in rows),
+        "reply_accuracy": {c: {"value": sum(r["reply_correct"][c] for r in rows) / n if n else None,
+                               "ci95": clopper_pearson(sum(r["reply_correct"][c] for r in rows), n)}
+                           for c in ON_EMPTY},
     }
     if pred is not None and n:
         lo, hi = out["coverage_set_ci95"][0], out["coverage_set_or_none_seen_ci95"][1]
@@ -168,6 +182,10 @@ def format_report(r: dict) -> list[str]:
              f"{f(p.get('coverage'))} | {f((r.get('coverage_diff') or [None])[0])} |",
              f"| coverage: set or none seen (CP 95%) | {f(r['coverage_set_or_none_seen'])} [{ci_b[0]:.3f}, "
              f"{ci_b[1]:.3f}] | {f(p.get('coverage'))} | {f((r.get('coverage_diff') or [None, None])[1])} |"]
+    lines.append(f"empty final sets: {r['empty_sets']} of {r['questions']}; reply accuracy (content correct, "
+                 "CP 95%) by --on-empty: " + "; ".join(
+                     f"{c} {f(a['value'], 3)} [{a['ci95'][0]:.3f}, {a['ci95'][1]:.3f}]"
+                     for c, a in r["reply_accuracy"].items()))
     if p:
         lines.append(f"prediction ({p['row']}, {p['source']}) inside [{ci_a[0]:.3f}, {ci_b[1]:.3f}]: "
                      f"{'yes' if r.get('prediction_inside') else 'no'}")

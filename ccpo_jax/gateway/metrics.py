@@ -66,6 +66,9 @@ class Metrics:
                             multiprocess_mode="mostrecent", registry=r)
         self.alarm = Gauge("ccpo_gateway_drift_alarm", "1 while rolling coverage is below target (binomial test)",
                            multiprocess_mode="mostrecent", registry=r)
+        self.empty = Counter("ccpo_gateway_empty_sets", "Requests whose final set was empty, by the reply given "
+                             "(--on-empty): a fallback answer of the guide or base, outside the guaranteed set, "
+                             "or an abstention", ["reply"], registry=r)
         self.in_flight = Gauge("ccpo_gateway_requests_in_flight", "Requests running the protocol",
                                multiprocess_mode="livesum", registry=r)
         if shared:  # --state: the shared store's health (docs/gateway.md, "Replicas")

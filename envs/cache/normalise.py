@@ -11,7 +11,9 @@ Steps, in this order (the SQuAD v1.1 evaluation order):
    dashes, ellipsis). Punctuation is deleted, not replaced by a space, as in
    SQuAD ("U.S.A." -> "usa", "well-known" -> "wellknown"). Control characters
    (category ``Cc``) become spaces;
-4. drop the articles "a", "an", "the" as whole words;
+4. drop the articles "a", "an", "the" as whole words, except an answer that is the letter "a" alone
+   (after steps 1-3): that is option A of a multiple-choice question (``A``, ``(A)``, ``A.``), not an
+   article, and stays ``a`` (without this exception a gold ``A`` normalised to the empty string);
 5. collapse runs of whitespace to one space and strip the ends.
 
 The manifest records this rule as ``normalisation = "lower-strip-punct-articles"``.
@@ -56,5 +58,7 @@ def normalise_answer(text: str) -> str:
     """
     s = unicodedata.normalize("NFC", text).lower()
     s = s.translate(_TABLE)
+    if s.strip() == "a":  # option A of a multiple-choice question (step 4's exception)
+        return "a"
     s = _ARTICLES.sub(" ", s)
     return " ".join(s.split())
