@@ -137,12 +137,47 @@ def serve(port: int, parallel: int, threads: int, log: Path, model: Path | None 
     raise SystemExit(f"llama-server did not answer {url} within 120 s; see {log}")
 
 
+def plot(reports: list[Path], out: Path) -> None:
+    """Predicted against realised (live-eval ``--report`` files): coverage with its Clopper-Pearson bracket
+    (the set's lower bound to the set-or-none-seen upper bound) and cost per question, one row per report."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rs = [json.loads(Path(r).read_text()) for r in reports]
+    labels = [Path(r).stem for r in reports]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rs) + 1.8))
+    for i, r in enumerate(rs):
+        lo, hi = r["coverage_set_ci95"][0], r["coverage_set_or_none_seen_ci95"][1]
+        a.plot([lo, hi], [i, i], color="tab:blue", lw=3, alpha=0.5)
+        a.plot([r["coverage_set"], r["coverage_set_or_none_seen"]], [i, i], "o", color="tab:blue", ms=4)
+        if r.get("prediction"):
+            a.plot(r["prediction"]["coverage"], i, "x", color="tab:red", ms=9, mew=2)
+            if r["prediction"].get("cost_cents_per_question") is not None:
+                b.plot(r["prediction"]["cost_cents_per_question"], i, "x", color="tab:red", ms=9, mew=2)
+        a.axvline(r["target"], color="grey", ls=":", lw=1)
+        b.plot(r["cost_cents_per_question"], i, "o", color="tab:blue", ms=6)
+    for ax in (a, b):
+        ax.set_yticks(range(len(rs)), labels)
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+    a.set_xlabel("coverage: realised bracket (CP 95%, set .. set or none seen), x = replay prediction")
+    b.set_xlabel("cost per question (cents): o realised, x predicted")
+    fig.suptitle("SmolLM2-135M-Instruct (base and guide) behind the CCPO gateway: replay prediction vs live")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m experiments.real_llms", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     q = sub.add_parser("questions", help="write cache.jsonl, live.jsonl, shifted.jsonl")
     q.add_argument("data", type=Path)
     q.add_argument("out", type=Path)
+    pl = sub.add_parser("plot", help="predicted vs realised from live-eval --report files")
+    pl.add_argument("reports", nargs="+", type=Path)
+    pl.add_argument("--out", type=Path, required=True)
     s = sub.add_parser("serve", help="start llama-server on SmolLM2-135M-Instruct and wait (Ctrl-C stops it)")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--parallel", type=int, default=2, help="server slots (requests served at once)")
@@ -151,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if a.cmd == "questions":
         print(json.dumps(write_questions(a.data, a.out)))
+        return
+    if a.cmd == "plot":
+        plot(a.reports, a.out)
         return
     proc = serve(a.port, a.parallel, a.threads, a.log)
     print(f"llama-server ready: http://127.0.0.1:{a.port}/v1, model {MODEL_ALIAS} (pid {proc.pid}; log {a.log})",

@@ -86,6 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--budget-cents", type=float, default=None, help="stop before a question whose worst case would "
                    "cross this total")
     e.add_argument("--concurrency", type=int, default=4, help="questions in flight (default: 4)")
+    e.add_argument("--report", default=None, metavar="FILE.json", help="also write the report (every figure of the "
+                   "table, the intervals, the prediction) as JSON")
     e.set_defaults(func=_live_eval)
 
 
@@ -271,8 +273,14 @@ def _live_eval(args) -> int:
         cfg = _config(args, args.journal)
         if args.concurrency < 1:
             raise UserError(f"--concurrency: expected an integer >= 1, got {args.concurrency}")
-        live_eval(args.artifact, cfg, args.questions, results=args.results, budget_cents=args.budget_cents,
-                  concurrency=args.concurrency, echo=print)
+        report = live_eval(args.artifact, cfg, args.questions, results=args.results, budget_cents=args.budget_cents,
+                           concurrency=args.concurrency, echo=print)
+        if args.report:
+            import json
+
+            from envs.cache.atomic import atomic_write_text
+
+            atomic_write_text(args.report, json.dumps(report, indent=1) + "\n")
     except UserError as e:
         raise e.for_cli(FLAGS) from None
     return 0

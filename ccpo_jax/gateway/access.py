@@ -53,7 +53,13 @@ class AccessLog:
 
 def completion_summary(cid: str, out: Any, cost_cents: float) -> str:
     """The access line's tail for an answered chat completion: id, rounds, set, answer, cost."""
-    chosen = "abstained (empty set)" if out.answer is None else f"answer {out.answer[:40]!r}"
+    fb = getattr(out, "fallback", None)
+    if out.answer is not None:
+        chosen = f"answer {out.answer[:40]!r}"
+    elif fb is not None:  # --on-empty guide / base: outside the guaranteed set
+        chosen = f"empty set, fallback {fb['role']}@{fb['round']} {fb['answer'][:40]!r}"
+    else:
+        chosen = "abstained (empty set)"
     acts = ",".join(f"{a['role']}@{a['round']}" for a in out.answer_set) or "-"
     return (f"{cid} rounds {len(out.rounds)} stopped_by {out.stopped_by} set [{acts}] {chosen} "
             f"cost {cost_cents:.4g} cents")
