@@ -8,7 +8,8 @@ asked, ``logprobs`` (one token per word with its leading whitespace). Faults are
 injected by request content: ``server.fault(match, kind, times)`` makes the
 next ``times`` requests whose last message contains ``match`` fail with
 ``kind`` (``timeout``, ``429``, ``500``, ``503``, ``malformed``, ``no_usage``, ``verbose``: 40 words
-appended to the reply). A reply longer than ``max_tokens`` words is cut there (``finish_reason: length``).
+appended to the reply, ``huge``: the reply is an ``Answer:`` line of ``huge_answer_chars`` characters
+in one word, control characters, quotes and accents among them, whatever max_tokens says). A reply longer than ``max_tokens`` words is cut there (``finish_reason: length``).
 ``rung_of`` ({model: k}) makes a model answer a base prompt as if k rounds more were in its chat
 (rung k of a guide-less cascade, asked the question alone, gives the script's round-k answer).
 ``seen`` (and ``asked``) record each chat request in arrival order when ``log_requests`` or ``rung_of`` is given.
@@ -116,12 +117,13 @@ class FakeChatServer:
                  timeout_sleep_s: float = 1.0, flavour: str = "openai", served: list[str] | None = None,
                  list_models: bool = True, logprobs: bool = True, port: int = 0, models_mode: str = "list",
                  drip_s: float = 0.05, huge_bytes: int = 150 << 20, rung_of: dict[str, int] | None = None,
-                 log_requests: bool = False):
+                 log_requests: bool = False, huge_answer_chars: int = 100_000):
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour {flavour!r}: one of {FLAVOURS}")
         if models_mode not in MODELS_MODES:
             raise ValueError(f"models_mode {models_mode!r}: one of {MODELS_MODES}")
         self.models_mode = models_mode
+        self.huge_answer_chars = huge_answer_chars
         self.drip_s = drip_s
         self.huge_bytes = huge_bytes
         self.models_bytes_sent = 0
@@ -370,6 +372,12 @@ class FakeChatServer:
                         return self._send(200, b'{"choices": [{"message": {"content": "Ye')
                     elif kind == "no_usage":
                         return self._send(200, json.dumps(server.completion(body, with_usage=False)).encode())
+                    elif kind == "huge":  # an upstream that ignores max_tokens
+                        text = "Answer: " + ("x\x01\"\u00e9" * server.huge_answer_chars)[: server.huge_answer_chars]
+                        out = server.completion(body)
+                        out["choices"][0]["message"]["content"] = text
+                        out["choices"][0].pop("logprobs", None)
+                        return self._send(200, json.dumps(out).encode())
                     elif kind == "verbose":
                         return self._send(200, json.dumps(server.completion(body, verbose=True)).encode())
                 self._send(200, json.dumps(server.completion(body)).encode())

@@ -264,3 +264,59 @@ def test_a_journal_with_another_T_or_models_is_refused(art, tmp_path):
                        r"here; models.guide.price_out: 10.0 in the journal, 99.0 here\); a journal holds"):
         Journal(journal, other)
     _checked(journal)
+
+
+@pytest.mark.parametrize("calls", [1, 2])
+def test_a_huge_upstream_answer_is_cut_counted_and_the_journal_stays_readable(art, tmp_path, calls):
+    """Item 4: an upstream that ignores max_tokens (100,000 characters of answer; 8 MB in the issue's probe):
+    each answer (``calls`` 2: the guide's unreadable reply too) is journaled and returned cut to
+    MAX_ANSWER_CHARS, marked, and counted in /metrics; the line stays far below the reader's bound."""
+    from ccpo_jax.gateway.engine import MAX_ANSWER_CHARS
+
+    journal = tmp_path / "j.jsonl"
+    with FakeChatServer(SCRIPTS) as up, _gateway(art, up, journal) as g:
+        up.fault(QS[3], "huge", times=calls)  # the base call of round 1 (and the guide call after it)
+        st, r = post(g.url, "/chat/completions", _chat(QS[3], max_rounds=1))
+        assert st == 200, r
+        truncated = _metric(g.url, "ccpo_gateway_truncated_texts_total")
+    rec = json.loads(journal.read_text().splitlines()[1])
+    base, guide = rec["rounds"][0]["base"], rec["rounds"][0]["guide"]
+    assert len(base["answer"]) == MAX_ANSWER_CHARS and base["answer_truncated"] is True
+    assert base["answer"] == ("x\x01\"\u00e9" * MAX_ANSWER_CHARS)[:MAX_ANSWER_CHARS]
+    if calls == 2:
+        assert guide["verdict_parsed"] is False and len(guide["raw"]) == MAX_ANSWER_CHARS and guide["raw_truncated"]
+    assert truncated == calls
+    assert all(len(a["answer"]) <= MAX_ANSWER_CHARS for a in r["ccpo"]["answer_set"])
+    assert len(r["choices"][0]["message"]["content"]) <= MAX_ANSWER_CHARS
+    assert len(journal.read_text().splitlines()[1].encode()) < 60_000
+    _checked(journal)
+
+
+def test_the_pending_feedback_table_is_bounded_by_bytes(art, tmp_path, monkeypatch):
+    """Item 8: requests with large lines (100 kB questions here; 300 kB answers in the issue's probe) are
+    kept for feedback up to MAX_PENDING_BYTES, the oldest forgotten first (404, saying so); the newest
+    still take feedback; a restart reloads within the same bound."""
+    import sys
+
+    import ccpo_jax.gateway.journal as J
+
+    monkeypatch.setattr(J, "MAX_PENDING_BYTES", 1 << 20)
+    journal = tmp_path / "j.jsonl"
+    with FakeChatServer(SCRIPTS) as up, _gateway(art, up, journal) as g:
+        ids = []
+        for i in range(30):
+            st, r = post(g.url, "/chat/completions", _chat(f"{QS[0]} {i:02d}" + " pad" * 20_000, max_rounds=1))
+            assert st == 200
+            ids.append(r["id"])
+        j = g.gw.journal
+        kept = list(j.pending)
+        assert 5 <= len(kept) < 30 and kept == ids[-len(kept):]  # the newest, in order
+        assert j.pending_bytes == sum(sys.getsizeof(x) for x in j.pending.values()) <= 1 << 20
+        st, err = post(g.url, "/feedback", {"id": ids[0], "gold": "x"})
+        assert st == 404 and "keeps the latest 100000 requests, at most 1 MiB" in err["error"]["message"]
+        assert post(g.url, "/feedback", {"id": ids[-1], "gold": "x"})[0] == 200
+    man = json.loads(journal.read_text().splitlines()[0])["manifest"]
+    again = J.Journal(journal, man)
+    again.close()
+    assert list(again.pending) == kept[:-1][-len(again.pending):] and again.pending_bytes <= 1 << 20
+    _checked(journal)

@@ -341,6 +341,11 @@ class Gateway:
         self.metrics.rounds.observe(len(out.rounds))
         if out.answer is None:
             self.metrics.empty.labels("abstain" if out.fallback is None else out.fallback["role"]).inc()
+        for rnd in out.rounds:
+            for role, rec in rnd.items():
+                cut = rec.get("answer_truncated", False) + rec.get("raw_truncated", False)
+                if cut:
+                    self.metrics.truncated.labels(role).inc(cut)
         for d, s in zip(out.decisions, out.decide_s):
             self.metrics.decide.observe(s)
             if d.get("kappa_stale"):

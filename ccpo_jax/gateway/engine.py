@@ -249,21 +249,42 @@ def _side(reply: Reply, messages: list[dict]) -> tuple[int, int, bool]:
     return reply.tokens_in, reply.tokens_out, False
 
 
+#: Longest upstream text the gateway journals and returns, in characters: each answer, and an unreadable
+#: guide reply (``raw``); longer ones are cut here and marked ``answer_truncated`` / ``raw_truncated``
+#: (an upstream that ignores max_tokens sent an 8 MB answer: a 74 MB journal line, past the cache
+#: reader's 16 MiB per line). The bound keeps every line readable: at most 5 texts a round (base and
+#: guide answers, raw, two in the answer set) and the reply's answer, 6 bytes a character at worst
+#: (JSON's \u escape), so T = 64 rounds (envs.cache.values.MAX_T) take at most 321 * 6 * 4096 bytes
+#: = 7.9 MB, and a 100,000-character question 0.6 MB more.
+MAX_ANSWER_CHARS = 4096
+
+
+def bounded(text: str) -> tuple[str, bool]:
+    """``text`` cut to :data:`MAX_ANSWER_CHARS` characters, and whether it was cut."""
+    return (text, False) if len(text) <= MAX_ANSWER_CHARS else (text[:MAX_ANSWER_CHARS], True)
+
+
 def _round_record(br: P.BaseRead, g: Reply | None, gr: P.GuideRead | None, rnd: dict) -> dict:
-    """The round's cache record (human format) from the readings; ``rnd`` holds each role's tokens."""
-    rnd["base"] = {"answer": br.answer, **rnd["base"]}
+    """The round's cache record (human format) from the readings; ``rnd`` holds each role's tokens.
+    Texts are :func:`bounded` (the guide's "Yes" answer is the base's, cut alike)."""
+    answer, cut = bounded(br.answer)
+    rnd["base"] = {"answer": answer, **rnd["base"], **({"answer_truncated": True} if cut else {})}
     if br.confidence is not None:
         rnd["base"]["confidence"] = br.confidence
     if not br.parsed:
         rnd["base"]["answer_parsed"] = False
     if gr is None:  # a cascade: no guide object
         return rnd
-    rnd["guide"] = {"verdict": gr.verdict is True, "answer": gr.answer, **rnd["guide"]}
+    answer, cut = bounded(gr.answer)
+    rnd["guide"] = {"verdict": gr.verdict is True, "answer": answer, **rnd["guide"],
+                    **({"answer_truncated": True} if cut else {})}
     if gr.uncertainty is not None:
         rnd["guide"]["uncertainty"] = gr.uncertainty
     if gr.verdict is None:
         rnd["guide"]["verdict_parsed"] = False
-        rnd["guide"]["raw"] = g.text
+        rnd["guide"]["raw"], cut = bounded(g.text)
+        if cut:
+            rnd["guide"]["raw_truncated"] = True
     return rnd
 
 

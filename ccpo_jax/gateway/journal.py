@@ -31,11 +31,20 @@ from ccpo_jax.collect.calllog import truncate_partial_line
 from ccpo_jax.errors import UserError
 from envs.cache.atomic import atomic_write_text
 from envs.cache.journal import unlabelled
+from envs.cache.jsonl import MAX_LINE_BYTES
 from envs.cache.normalise import normalise_answer
 from envs.cache.values import show
 
-#: Requests kept in memory for feedback (the oldest are forgotten first).
+#: Requests kept in memory for feedback (the oldest are forgotten first), by count ...
 MAX_PENDING = 100_000
+#: ... and by memory: the kept lines' sizes (``sys.getsizeof`` of each journal line, kept as its JSON
+#: text and parsed when its feedback comes). At most 256 MiB: 100,000 requests of typical lines
+#: (about 2 kB) fit; a stream of large answers is held to this bound instead of about 1 MB each.
+MAX_PENDING_BYTES = 256 << 20
+
+
+class JournalLineTooLong(RuntimeError):
+    """A line the cache reader would refuse for its length: not written (an internal error, HTTP 500)."""
 
 
 class FeedbackError(UserError):
@@ -160,14 +169,20 @@ def journal_mismatch(old: dict, new: dict, old_groups: bool | None) -> list[str]
 class Journal:
     """Appends request and feedback lines (thread-safe); keeps recent requests for feedback."""
 
-    def __init__(self, path: str | os.PathLike, manifest: dict):
+    def __init__(self, path: str | os.PathLike, manifest: dict, max_pending: int | None = None,
+                 max_pending_bytes: int | None = None):
         self.path = Path(path)
+        self.max_pending = MAX_PENDING if max_pending is None else max_pending
+        self.max_pending_bytes = MAX_PENDING_BYTES if max_pending_bytes is None else max_pending_bytes
+        self.pending_bytes = 0  # sys.getsizeof of the lines in ``pending``
         # one lock for the file and the tables; re-entrant, because feedback checks an id's outcome,
         # writes its line and marks it recorded under one hold (checked and written apart, 8 identical
         # feedbacks at once recorded four outcomes for one id)
         self._lock = threading.RLock()
-        self.pending: dict[str, dict] = {}
-        self.labelled: set[str] = set()
+        #: id -> its latest journal line (JSON text), oldest first; ``labelled``: ids whose outcome is
+        #: recorded (a 409 rather than a 404; the latest ``max_pending``, oldest forgotten first).
+        self.pending: dict[str, str] = {}
+        self.labelled: dict[str, None] = {}
         if self.path.suffix != ".jsonl":
             raise UserError(f"{self.path}: the journal is a human-format cache; give a file name ending in .jsonl",
                             field="journal")
@@ -179,7 +194,7 @@ class Journal:
                 atomic_write_text(self.path, json.dumps({"manifest": manifest}, ensure_ascii=False) + "\n")
             except OSError as e:
                 raise UserError(f"{self.path}: cannot write ({e.strerror or e})", field="journal") from None
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = open(self.path, "ab")
 
     def _reopen(self, manifest: dict) -> None:
         """An existing journal: drop a torn last line, refuse one that another router wrote
@@ -205,10 +220,9 @@ class Journal:
                     groups = "group" in obj
                 qid = obj.get("id")
                 if not unlabelled(obj):
-                    self.labelled.add(qid)
-                    self.pending.pop(qid, None)
+                    self._recorded(qid)
                 else:
-                    self.pending[qid] = obj
+                    self._keep(qid, line.rstrip("\n"))
         differs = journal_mismatch(old, manifest, groups)
         if differs:
             raise UserError(f"{self.path}:1: written by another router ({'; '.join(differs)}); a journal holds "
@@ -217,20 +231,43 @@ class Journal:
     def close(self) -> None:
         self._f.close()
 
-    def _write(self, rec: dict) -> None:
+    def _write(self, rec: dict) -> str:
+        """Append ``rec`` as one line, fsync-ed; returns the line. A line the cache reader would refuse for
+        its length (over envs.cache.jsonl.MAX_LINE_BYTES; MAX_ANSWER_CHARS keeps every line far below) or
+        text UTF-8 cannot encode is an error before anything is written."""
         line = json.dumps(rec, ensure_ascii=False, allow_nan=False)
+        data = (line + "\n").encode("utf-8")
+        if len(data) > MAX_LINE_BYTES:
+            raise JournalLineTooLong(f"{self.path}: a line of {len(data)} bytes, over the cache reader's "
+                                     f"{MAX_LINE_BYTES >> 20} MiB; not written")
         with self._lock:
-            self._f.write(line + "\n")
+            self._f.write(data)
             self._f.flush()
             os.fsync(self._f.fileno())
+        return line
+
+    def _keep(self, qid: str, line: str) -> None:
+        """Keep ``line`` as ``qid``'s awaiting feedback; forget the oldest beyond the count and bytes bounds."""
+        with self._lock:
+            old = self.pending.pop(qid, None)
+            self.pending_bytes += sys.getsizeof(line) - (0 if old is None else sys.getsizeof(old))
+            self.pending[qid] = line
+            while self.pending and (len(self.pending) > self.max_pending or self.pending_bytes > self.max_pending_bytes):
+                self.pending_bytes -= sys.getsizeof(self.pending.pop(next(iter(self.pending))))
+
+    def _recorded(self, qid: str) -> None:
+        """``qid``'s outcome is recorded: no longer awaiting, remembered for a 409."""
+        with self._lock:
+            old = self.pending.pop(qid, None)
+            if old is not None:
+                self.pending_bytes -= sys.getsizeof(old)
+            self.labelled[qid] = None
+            while len(self.labelled) > self.max_pending:
+                self.labelled.pop(next(iter(self.labelled)))
 
     def append(self, rec: dict) -> None:
         """A finished request's line, on disk when this returns."""
-        self._write(rec)
-        with self._lock:
-            self.pending[rec["id"]] = rec
-            while len(self.pending) > MAX_PENDING:
-                self.pending.pop(next(iter(self.pending)))
+        self._keep(rec["id"], self._write(rec))
 
     def feedback(self, body: Any) -> tuple[dict, bool | None]:
         """Record ``{"id", "correct" | "gold"}``: (the line written, whether the set covered)."""
@@ -238,17 +275,17 @@ class Journal:
         with self._lock:  # one outcome per id, whatever the concurrency: check, write and mark together
             if qid in self.labelled:
                 raise FeedbackError(f"id {qid!r}: its outcome is already recorded", 409, "id")
-            rec = self.pending.get(qid)
-            if rec is None:
-                raise FeedbackError(f"id {qid!r}: no request with this id awaits feedback in {self.path.name}",
-                                    404, "id")
-            out, cov = apply_feedback(rec, qid, gold, correct, aliases)
-            self._write(out)
+            line = self.pending.get(qid)
+            if line is None:
+                raise FeedbackError(f"id {qid!r}: no request with this id awaits feedback in {self.path.name} (the "
+                                    f"gateway keeps the latest {self.max_pending} requests, at most "
+                                    f"{self.max_pending_bytes >> 20} MiB)", 404, "id")
+            out, cov = apply_feedback(json.loads(line), qid, gold, correct, aliases)
+            written = self._write(out)
             if is_labelled(out):
-                self.labelled.add(qid)
-                self.pending.pop(qid, None)
+                self._recorded(qid)
             else:
-                self.pending[qid] = out
+                self._keep(qid, written)
         return out, cov
 
 

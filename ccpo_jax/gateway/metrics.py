@@ -69,6 +69,9 @@ class Metrics:
         self.empty = Counter("ccpo_gateway_empty_sets", "Requests whose final set was empty, by the reply given "
                              "(--on-empty): a fallback answer of the guide or base, outside the guaranteed set, "
                              "or an abstention", ["reply"], registry=r)
+        self.truncated = Counter("ccpo_gateway_truncated_texts", "Upstream answers (and unreadable guide replies) "
+                                 "cut to MAX_ANSWER_CHARS before they were journaled and returned", ["role"],
+                                 registry=r)
         self.in_flight = Gauge("ccpo_gateway_requests_in_flight", "Requests running the protocol",
                                multiprocess_mode="livesum", registry=r)
         if shared:  # --state: the shared store's health (docs/gateway.md, "Replicas")
