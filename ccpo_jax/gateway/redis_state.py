@@ -20,7 +20,9 @@ kappa at version n is Eq. 9 (:func:`ccpo_jax.core.conformal.kappa_step`, as the 
 :class:`~ccpo_jax.gateway.online.CoverageState` steps it) folded over the first n outcomes; any replica
 folds the outcomes past the checkpoint and moves the checkpoint forward (compare-and-set on the version).
 
-Faults: every call is bounded by ``timeout_s``. A store that does not answer leaves decisions on the
+Faults: every call is bounded by ``timeout_s``, and once a call has failed completions stop
+asking the store (the background task probes it every second) until it answers again; feedback
+always asks (at most ``timeout_s``). A store that does not answer leaves decisions on the
 last good kappa (``kappa_stale`` in the reply), journal records go to the local spool
 (:mod:`ccpo_jax.gateway.spool`) and are sent when it answers again, and feedback answers 503 with
 Retry-After (its one script either ran whole or not at all).
@@ -313,6 +315,9 @@ class RedisState(GatewayState):
             await self._call("setkappa", [K_DEP, K_KAPPA], [int(res[1]) + n_new, repr(kappa)])
 
     async def refresh(self) -> None:
+        if not self.up or self.lost:  # known down: no request waits for it; the background task probes it
+            self.coverage.stale = True
+            return
         try:
             await self._pull()
         except (_Down, _Lost):
@@ -321,6 +326,8 @@ class RedisState(GatewayState):
     # ------------------------------------------------------------------ the interface
     async def append(self, rec: dict) -> str:
         try:
+            if not self.up:  # known down (the background task probes it every second): spool at once
+                raise _Down("the store did not answer the last call")
             res = await self._call("append", [K_DEP, K_REQ, K_ORDER], [rec["id"], _line(rec)])
             if res[0] != "CLASH":
                 return "store"
