@@ -253,20 +253,17 @@ class Router:
     def probs64(self, obs: np.ndarray, available: np.ndarray) -> np.ndarray:
         """pi(.|o) in float64 by NumPy: the mlp-tanh and the softmax over available actions of
         :func:`ccpo_jax.core.networks.masked_probs`, for screening (not bit-equal to the module)."""
-        if self._dense[0][0].ndim == 3:  # an ensemble: the members' mean (manifest policy.network.ensemble)
-            return np.mean([self._probs64(obs, available, [(W[m], b[m]) for W, b in self._dense])
-                            for m in range(self._dense[0][0].shape[0])], axis=0)
-        return self._probs64(obs, available, self._dense)
-
-    @staticmethod
-    def _probs64(obs: np.ndarray, available: np.ndarray, dense) -> np.ndarray:
+        # An ensemble's leaves carry a leading member axis (manifest policy.network.ensemble): every
+        # member in one stacked matmul per layer ([B, F] @ [M, F, H] -> [M, B, H]), then the members'
+        # mean, instead of a Python loop of M forward passes (5 members: 88 -> 25 us a decision).
         h = obs.astype(np.float64)
-        for W, b in dense[:-1]:
-            h = np.tanh(h @ W + b)
-        W, b = dense[-1]
-        z = np.where(available, h @ W + b, -np.inf)
-        e = np.exp(z - z.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
+        for W, b in self._dense[:-1]:
+            h = np.tanh(h @ W + b[..., None, :])
+        W, b = self._dense[-1]
+        z = np.where(available, h @ W + b[..., None, :], -np.inf)
+        e = np.exp(z - z.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
+        return p if p.ndim == 2 else p.mean(axis=0)
 
     def _run_screened(self, obs: np.ndarray, available: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(probs, in_set) at per-row thresholds ``k`` [B] (float32): the float64 pass, and the module for
