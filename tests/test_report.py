@@ -180,3 +180,64 @@ def test_cost_plot_puts_exit_rows_in_their_own_panel():
     assert report.cost_panels(rows) == [(["gpt-4o EXIT", "llama-2-7b EXIT"], True),
                                         (["Random", "CPO", "CCPO (lambda=0)"], False)]
     assert report.cost_panels(["Random", "CPO"]) == [(["Random", "CPO"], False)]
+
+
+# -- issue 48 item 14: exact per-split values ----------------------------------------------------------
+
+
+def test_exact_totals_recover_every_count_from_the_float32_means_jax_computes():
+    """Oracle: the integer counts themselves. For every count k of n questions (n from 1 to 1000, and the
+    averages of rounds up to 4 per question), ``summarise``'s float32 mean (jnp.mean, as every row computes
+    it, with two roundings: 5 of 3 reads 1.6666667) gives back k exactly, and the written value is the
+    float64 k / n (180 of 200: 0.9)."""
+    import jax.numpy as jnp
+
+    for n in (*range(1, 33), 199, 200, 201, 560, 997, 1000):
+        k = np.arange(4 * n + 1)
+        per_q = (np.arange(n)[None, :] < k[:, None] % (n + 1)).astype(np.int32) + (k // (n + 1))[:, None]
+        per_q[:, 0] += k - per_q.sum(axis=1)  # rows of n integers summing to k (each row's total is exactly k)
+        mean32 = np.asarray(jnp.mean(jnp.asarray(per_q, jnp.float32), axis=-1))
+        assert mean32.dtype == np.float32
+        tot = report.exact_totals(mean32, n)
+        assert tot is not None and np.array_equal(tot, k), n
+    v = np.asarray(jnp.mean(jnp.asarray(np.arange(200) < 180, jnp.float32)))
+    assert float(v) == 0.8999999761581421 and report.exact_totals(v[None], 200)[0] / 200 == 0.9
+
+
+def test_exact_totals_leave_what_is_not_a_mean_of_counts_alone():
+    rng = np.random.default_rng(1)
+    assert report.exact_totals(rng.uniform(0.8, 1.0, 21), 200) is None  # float64, not k / 200
+    assert report.exact_totals(rng.uniform(0.8, 1.0, 21).astype(np.float32), 200) is None
+    assert report.exact_totals(np.float32([0.9, 0.905]), 200) is not None  # 181 / 200 = 0.905
+    assert report.exact_totals(np.float32([0.9, 0.9025]), 200) is None  # 180.5 of 200: not a count
+    assert report.exact_totals(np.array([0.9, np.nan]), 200)[0] == 180  # NaN (a split without a value) passes
+    # as float64 copies of the float32 means (prepare.as_rows): recovered alike
+    assert np.array_equal(report.exact_totals(np.float64(np.float32([0.91, 5 / 3])), 200 * 3), [546, 1000])
+    assert report.exact_totals(np.int32([1, 2]), 200) is None and report.exact_totals(np.float32([0.5]), 0) is None
+
+
+def test_per_split_values_exact_and_counted_with_every_other_value_unchanged():
+    """180 of 200 covered reads 0.9 in per_split (it read 0.8999999761581421), ``per_split_covered`` has
+    the counts (summed over seeds, out of n_test x seeds); the summary, per-seed and cost values are the
+    ones written without ``n_test`` (computed from the values given, as before)."""
+    k = np.array([[180, 199, 171], [180, 200, 169]])  # [seeds, splits] covered of 200
+    rounds = np.array([[250, 400, 333], [260, 401, 300]])
+    m = {"cost_cents": np.float32([[1.1, 2.2, 3.3], [1.2, 2.1, 3.0]]),
+         "coverage": (k.astype(np.float32) / np.float32(200)), "avg_len": rounds.astype(np.float32) / np.float32(200),
+         "set_size": np.float32(rounds / 200)}
+    old = report.policy_entry(m, 3, "x")
+    new = report.policy_entry(m, 3, "x", n_test=200)
+    assert old["per_split"]["coverage"][0] == 0.8999999761581421
+    assert new["per_split"]["coverage"] == [0.9, 399 / 400, 340 / 400]  # k / (200 x 2 seeds), one division
+    assert new["per_split"]["avg_len"] == [510 / 400, 801 / 400, 633 / 400]
+    assert new["per_split_covered"] == {"covered": [360, 399, 340], "of": 400}
+    assert new["per_split"]["cost_cents"] == old["per_split"]["cost_cents"]
+    for key in set(old) - {"per_split"}:
+        assert new[key] == old[key], key
+    for metric in METRICS:  # the float32 values, rounded back: the same numbers
+        assert np.array_equal(np.float32(new["per_split"][metric]), np.float32(old["per_split"][metric]))
+    assert json.dumps(new["per_split"]["coverage"][0]) == "0.9"
+    one = report.policy_entry({**m, "coverage": m["coverage"][0]}, 3, "x", n_test=200)
+    assert one["per_split_covered"] == {"covered": [180, 199, 171], "of": 200}
+    # reproduce hands the rows over as float64 copies of the float32 means (prepare.as_rows): the same entry
+    assert report.policy_entry({k: np.float64(v) for k, v in m.items()}, 3, "x", n_test=200) == new

@@ -23,7 +23,6 @@ and renamed into place.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,6 +33,8 @@ import numpy as np
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, add_cost_over_best_observable
 from ccpo_jax.ccpo.presets import PAPER, deviations_from_dict
 from ccpo_jax.ccpo.settings import METRICS, Setting, row_key, row_order_key, twin_notes
+from ccpo_jax.ccpo.summary import (COUNT_METRICS, _nanmean, exact_totals, policy_entry,  # noqa: F401 (report.X
+                                   seed_stats, summary_stats)  # is where callers found them)
 from envs.cache.atomic import atomic_path, atomic_write_json, atomic_write_text
 from envs.replay.bound import BOUND_ROW
 from envs.cache.values import md_cell, md_code, printable
@@ -52,70 +53,6 @@ TIMING_KEYS = ("total_s", "compile_s", "train_s", "eval_s")
 
 
 # -- results.json ---------------------------------------------------------------
-
-def summary_stats(values: Any) -> dict[str, float | None]:
-    """mean, median, q05, q95 of the finite values (None where there are none)."""
-    v = np.asarray(values, dtype=np.float64).reshape(-1)
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return {"mean": None, "median": None, "q05": None, "q95": None}
-    return {
-        "mean": float(np.mean(v)),
-        "median": float(np.median(v)),
-        "q05": float(np.quantile(v, 0.05)),
-        "q95": float(np.quantile(v, 0.95)),
-    }
-
-
-def _json_float(x: Any) -> float | None:
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-def seed_stats(per_seed: Any) -> dict[str, float | None]:
-    """Spread over training seeds of the per-seed means: sd (ddof 1), min, max (None for one seed)."""
-    v = np.asarray(per_seed, dtype=np.float64).reshape(-1)
-    v = v[np.isfinite(v)]
-    if v.size < 2:
-        return {"seed_sd": None, "seed_min": None, "seed_max": None}
-    return {"seed_sd": float(np.std(v, ddof=1)), "seed_min": float(v.min()), "seed_max": float(v.max())}
-
-
-def _nanmean(v: np.ndarray, axis: int) -> np.ndarray:
-    finite = np.isfinite(v)
-    n = finite.sum(axis=axis)
-    tot = np.where(finite, v, 0.0).sum(axis=axis)
-    return np.where(n > 0, tot / np.maximum(n, 1), np.nan)
-
-
-def policy_entry(metrics: Mapping[str, Any], n_splits: int | None = None, row: str = "?") -> dict[str, Any]:
-    """One row of ``policies``: summary stats per metric, the per-split and the per-seed lists.
-
-    ``metrics`` maps every name in METRICS to an array [S] (one seed) or [N seeds, S splits].
-    The summary is over all seeds x splits, plus the spread of the per-seed means
-    (:func:`seed_stats`); ``per_split`` holds the mean over seeds of each split and
-    ``per_seed`` the mean over splits of each seed.
-    """
-    missing = [m for m in METRICS if m not in metrics]
-    if missing:
-        raise ValueError(f"row {row!r}: missing metric(s) {missing}")
-    entry: dict[str, Any] = {}
-    per_split: dict[str, list] = {}
-    per_seed: dict[str, list] = {}
-    for m in METRICS:
-        v = np.asarray(metrics[m], dtype=np.float64)
-        v = v.reshape(1, -1) if v.ndim <= 1 else v.reshape(v.shape[0], -1)
-        if n_splits is not None and v.shape[1] != n_splits:
-            raise ValueError(f"row {row!r}, metric {m}: {v.shape[1]} values for {n_splits} splits")
-        seeds_mean = _nanmean(v, axis=1)
-        entry[m] = {**summary_stats(v), **seed_stats(seeds_mean)}
-        per_split[m] = [_json_float(x) for x in _nanmean(v, axis=0)]
-        per_seed[m] = [_json_float(x) for x in seeds_mean]
-    entry["per_split"] = per_split
-    entry["per_seed"] = per_seed
-    entry["seeds"] = int(len(per_seed[METRICS[0]]))
-    return entry
-
 
 def add_cost_vs_bound(policies: dict[str, dict[str, Any]]) -> None:
     """Mark the clairvoyant bound's row (``is_policy: false``) and give every other row its
@@ -165,10 +102,12 @@ def build_results(
     seeds: int = 1,
     preset: str = "default",
     train_config: Mapping[str, Any] | None = None,
+    n_test: int | None = None,
 ) -> dict[str, Any]:
-    """The results.json dict (module docstring; docs/reproduce.md). ``rows``: row -> metric -> array [S], in paper order."""
+    """The results.json dict (module docstring; docs/reproduce.md). ``rows``: row -> metric -> array [S], in paper
+    order; ``n_test``: the test questions of a split (the exact per-split values of :func:`policy_entry`)."""
     policies = {
-        name: policy_entry(rows[name], n_splits, name) for name in sorted(rows, key=row_order_key)
+        name: policy_entry(rows[name], n_splits, name, n_test) for name in sorted(rows, key=row_order_key)
     }
     add_cost_vs_bound(policies)
     add_cost_over_best_observable(policies, BOUND_ROW)

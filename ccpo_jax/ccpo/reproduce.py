@@ -92,6 +92,7 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
         setting=st.name, alpha=cfg.alpha, protocol=cfg.protocol, n_splits=cfg.n_splits,
         cache=report.cache_info(cache), rows=rows, timing=timing, seeds=cfg.seeds if trains else 1,
         preset=cfg.preset, train_config=dict(dataclasses.asdict(cfg.train_config()), alpha=cfg.alpha) if trains else None,
+        n_test=cfg.split_sizes[2],
     )
     if best_obs is not None and BEST_OBS_ROW in results["policies"]:
         results["policies"][BEST_OBS_ROW].update(describe(best_obs))
