@@ -61,11 +61,24 @@ def _redis(folder: Path) -> tuple[subprocess.Popen, str]:
     return p, f"redis://127.0.0.1:{port}/0"
 
 
+LOGS: list[Path] = []  # (the gateways' output, kept when --logs is given)
+
+
 def _gateway(art: str, up: str, extra: list[str], env) -> tuple[subprocess.Popen, list[int], str]:
     port = _free_port()
-    p, line = _start([sys.executable, "-m", "ccpo_jax.cli", "gateway", art, "--port", str(port), "--base",
-                      f"{up},tiny-base", "--guide", f"{up},big-guide", "--max-batch", "16", "--no-access-log",
-                      *extra], "gateway: model", env)
+    cmd = [sys.executable, "-m", "ccpo_jax.cli", "gateway", art, "--port", str(port), "--base", f"{up},tiny-base",
+           "--guide", f"{up},big-guide", "--max-batch", "16", "--no-access-log", *extra]
+    if LOGS:  # the gateway's lines to a file, and the start-up line read from it
+        log = LOGS[0] / f"gateway-{port}.log"
+        p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        t0 = time.monotonic()
+        while "gateway: model" not in log.read_text():
+            if p.poll() is not None or time.monotonic() - t0 > 300:
+                raise RuntimeError(f"the gateway did not start: {log.read_text()[-500:]}")
+            time.sleep(0.2)
+        line = next(x for x in log.read_text().splitlines() if x.startswith("gateway: model"))
+    else:
+        p, line = _start(cmd, "gateway: model", env)
     m = re.search(r"pids ([\d, ]+)\)", line)
     pids = [int(x) for x in m.group(1).split(", ")] if m else []
     return p, pids, f"http://127.0.0.1:{port}/v1"
@@ -142,7 +155,11 @@ def main(argv=None) -> int:  # noqa: C901 - one measurement script, read top to 
     ap.add_argument("--reps", type=int, default=3, help="back-to-back runs of each throughput level")
     ap.add_argument("--delay-ms", type=float, default=20.0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--logs", default=None, metavar="DIR", help="keep each gateway's output there")
     a = ap.parse_args(argv)
+    if a.logs:
+        LOGS.append(Path(a.logs))
+        LOGS[0].mkdir(parents=True, exist_ok=True)
     from chat_server import make_scripts
 
     questions = list(make_scripts(50))
@@ -197,8 +214,8 @@ def main(argv=None) -> int:  # noqa: C901 - one measurement script, read top to 
             _stop(gw_p)
             procs.remove(gw_p)
         # the race: two replicas, one id, 64 outcomes at once
-        ga, _, ua = _gateway(a.artifact, up, state, env)
-        gb, _, ub = _gateway(a.artifact, up, state, env)
+        ga, _, ua = _gateway(a.artifact, up, ["--online-kappa", "1", *state], env)
+        gb, _, ub = _gateway(a.artifact, up, ["--online-kappa", "1", *state], env)
         procs += [ga, gb]
         import httpx
 

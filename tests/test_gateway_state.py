@@ -249,3 +249,12 @@ def test_store_restarted_empty_is_detected(art, up, tmp_path):
                 time.sleep(0.2)
             st, _ = post(b.url, "/feedback", {"id": r1["id"], "gold": SCRIPTS[QS[1]].gold})
             assert st == 200
+
+
+def test_data_pull_errors_are_one_line(redis, tmp_path):
+    res = run_cli(["data", "pull", redis.url, "--out", str(tmp_path / "j.jsonl")])
+    assert res.returncode == 2 and "holds no gateway deployment" in res.stderr and not (tmp_path / "j.jsonl").exists()
+    res = run_cli(["data", "pull", redis.url, "--out", str(tmp_path / "j.txt")])
+    assert res.returncode == 2 and "ending in .jsonl" in res.stderr
+    res = run_cli(["data", "pull", "redis://127.0.0.1:1/0", "--out", str(tmp_path / "j.jsonl")])
+    assert res.returncode == 2 and "cannot read redis://127.0.0.1:1/0" in res.stderr, res.stderr
