@@ -107,7 +107,8 @@ def test_table_layout_synthetic_label_and_paper_values(tmp_path, results):
     path = report.write_table(tmp_path, res, st, (1000, 200, 200), compare_paper=True)
     text = path.read_text()
     assert "SYNTHETIC" in text and "hotpotqa-llama2-a0.1" in text and "Table 2" in text
-    assert "| Policy | Cost (cents) | Coverage | Avg. Len. | Set Size |" in text
+    assert ("| Policy | Cost (cents per test split) | Cost (cents per question) | Coverage | Avg. Len. (rounds) | "
+            "Set Size (answers) |") in text
     assert "recalibrate" in text and "1000/200/200" in text and "alpha: 0.1" in text
     line = next(ln for ln in text.splitlines() if ln.startswith("| CCPO (lambda=2e-4) |"))
     cov = res["policies"]["CCPO (lambda=2e-4)"]["coverage"]

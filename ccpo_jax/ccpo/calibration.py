@@ -343,6 +343,12 @@ def format_guarantees(results: Mapping[str, Any]) -> str:
     if g["kind"] == "pac":
         lines += ["", "A split's test coverage is a finite-sample estimate of its threshold's coverage, so the "
                       "fraction below target also counts test-sampling noise (docs/calibration.md)."]
+    else:
+        lines += ["", f"This is what a marginal guarantee gives: coverage >= {target:g} on average over "
+                      "calibration draws, not for each one, so one deployed threshold falls short of the target in "
+                      "a large share of draws (the fraction above; its coverage is random around the target). "
+                      f"`--guarantee pac --delta 0.1` chooses a threshold whose own coverage is >= {target:g} with "
+                      "probability 0.9, at some extra cost (docs/calibration.md)."]
     return "\n".join(lines) + "\n"
 
 

@@ -39,10 +39,13 @@ from jax import export as jax_export
 
 from ccpo_jax.ccpo.blocked import block_probs, in_blocks
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
+from ccpo_jax.ccpo.pick import (DEFAULT_ROW, _describe, _n_test, _policy_metas, _usable,  # noqa: F401 - moved
+                                 _why_degenerate, choose_default_row, export_default)
 from ccpo_jax.ccpo.settings import KEPT_SEED
 from ccpo_jax.core.conformal import conformal_set
 from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES, Calibration, guarantee_manifest, mondrian_manifest
 from ccpo_jax.errors import UserError
+from ccpo_jax.runtime.progress import status
 from ccpo_jax.serving import Router
 from envs.replay.features import RAW_KEYS, SCALES, feature_names, ladder_roles, rung_feature
 from envs.cache.normalise import NORMALISATION
@@ -59,7 +62,6 @@ from ccpo_jax.serving.artifact import (
     sha256_file,
 )
 
-DEFAULT_ROW = "CCPO (lambda=0)"
 PLATFORMS = ("cpu", "cuda", "tpu")
 
 
@@ -235,68 +237,6 @@ def build_manifest(meta: dict, names: list[str], leaves: list[np.ndarray], polic
     }
 
 
-def _policy_metas(pdir: Path) -> list[tuple[Path, dict]]:
-    out = []
-    for d in sorted(pdir.iterdir()):
-        try:
-            out.append((d, json.loads((d / POLICY_META).read_text())))
-        except (OSError, ValueError, TypeError, RecursionError):
-            continue
-    return out
-
-
-def _usable(meta: dict) -> bool:
-    """A calibrated row whose calibration coverage holds and that is not degenerate."""
-    cal = meta.get("calibration")
-    return (bool(cal) and not cal["degenerate"] and cal["coverage"] >= cal["target"]
-            and cal.get("ltt_feasible") is not False)
-
-
-def _describe(meta: dict) -> str:
-    cal = meta.get("calibration") or {}
-    if not cal:
-        return repr(meta["row"])
-    return (f"{meta['row']!r} (test cost {cal['test_cost_cents_mean']:.4g} c, coverage "
-            f"{cal['test_coverage_mean']:.3f}, kappa-hat {cal['kappa']:.3g})")
-
-
-def choose_default_row(pdir: Path, calibration: str = "marginal") -> tuple[Path, str]:
-    """The cheapest calibrated row (the saved policy's mean test cost over splits: the kept seed's, or the
-    ensemble's for ``ROW [ensemble]``; before the kept seed, the mean over seeds x splits) whose calibration
-    coverage holds and whose router is not degenerate (``ccpo_jax.ccpo.evaluation.calibration_diagnostics``);
-    with ``calibration`` "mondrian", among the rows saved with per-group thresholds (not the ensembles).
-    Returns (policy dir, reason). Runs saved before diagnostics existed: ``DEFAULT_ROW``."""
-    metas = _policy_metas(pdir)
-    if Calibration(calibration) is Calibration.MONDRIAN and any(m.get("mondrian") for _, m in metas):
-        metas = [(d, m) for d, m in metas if m.get("mondrian")]
-    if metas and all("calibration" not in m for _, m in metas):
-        d = pdir / policy_slug(DEFAULT_ROW)
-        if d.is_dir():
-            return d, f"{DEFAULT_ROW!r} (the run has no calibration diagnostics; re-run reproduce to get them)"
-    good = [(m["calibration"]["test_cost_cents_mean"], d, m) for d, m in metas if _usable(m)]
-    if not good:
-        rows = "; ".join(_why_degenerate(m) for _, m in metas) or "none"
-        raise UserError(f"{pdir}: no calibrated row is usable as a router ({rows}); "
-                        "choose one with `row` and pass `force` to export it anyway")
-    cost, d, m = min(good, key=lambda x: x[0])
-    return d, f"{_describe(m)}: the cheapest calibrated row whose calibration coverage holds"
-
-
-def _why_degenerate(meta: dict) -> str:
-    cal = meta.get("calibration") or {}
-    if not cal:
-        return f"{meta.get('row')!r}: no calibration diagnostics"
-    bits = []
-    if cal["kappa"] < 1e-6:
-        bits.append(f"kappa-hat {cal['kappa']:.3g}")
-    if cal["full_set_fraction"] >= 0.9:
-        bits.append(f"the set holds every available action for {100 * cal['full_set_fraction']:.0f}% of the "
-                    f"{cal['n']} calibration questions (always continue, collect everything)")
-    if cal["coverage"] < cal["target"]:
-        bits.append(f"calibration coverage {cal['coverage']:.3f} < {cal['target']:.3f}")
-    return f"{meta['row']!r}: " + ("; ".join(bits) if bits else "usable")
-
-
 def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str | None = None,
                   force: bool = False, echo=None, calibration: str = "marginal", guarantee: str | None = None) -> Path:
     """Write the artefact of ``row`` of ``run_dir`` to ``out`` (must not exist).
@@ -349,10 +289,12 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
         raise UserError(f"{_why_degenerate(meta)}: a degenerate router{better}; pass `force` to export it anyway")
     if echo is not None:
         if row is None and (run_dir / "policies").is_dir():
-            echo(f"row: {choose_default_row(run_dir / 'policies', calibration)[1]}")
+            echo(f"row: {choose_default_row(run_dir / 'policies', calibration, _n_test(run_dir))[1]}")
         elif cal and cal["degenerate"]:
             echo(f"warning: exporting a degenerate router (forced): {_why_degenerate(meta)}")
 
+    if echo is not None:
+        status(f"lowering the policy for {', '.join(PLATFORMS)} (jax.export) ...")
     F = len(policy_features(meta, policy_dir))
     blob, names, leaves = export_module(params, meta["hidden"], F, bool(meta.get("ensemble")))
 
@@ -371,6 +313,8 @@ def export_router(run_dir: str | os.PathLike, out: str | os.PathLike, row: str |
                              for n in (MODULE_FILE, PARAMS_FILE)}
         manifest["manifest_sha256"] = manifest_checksum(manifest)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
+        if echo is not None:
+            status("writing the artefact and checking it against the trainer's forward pass ...")
         _self_check(tmp, params, meta)
     return out
 

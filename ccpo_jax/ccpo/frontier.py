@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ccpo_jax.ccpo.report import environment_info
-from ccpo_jax.ccpo.settings import twin_base
+from ccpo_jax.ccpo.settings import ENSEMBLE, KEPT_SEED, MONDRIAN_TWIN, twin_base
 from envs.cache.atomic import atomic_path, atomic_write_json, atomic_write_text
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW
 from envs.replay.bound import BOUND_ROW
@@ -194,50 +194,87 @@ def plotted_rows(fr: Mapping[str, Any], scale: float = 3.0) -> tuple[list[str], 
     return drawn, off
 
 
+#: A family's rows share its colour; the twins of a learned row differ by line and marker.
+TWIN_STYLES = {"": ("-", "o"), KEPT_SEED: ("--", "s"), ENSEMBLE: ("-.", "^"), MONDRIAN_TWIN: (":", "D")}
+#: Colours of the learned families (tab10 without its red and grey, which the bound and the diagonal use),
+#: then of the non-learned rows (drawn dotted, with a down triangle).
+LEARNED_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+                   "tab:cyan", "navy", "darkgoldenrod")
+OTHER_COLOURS = ("#7f7f7f", "#17becf", "#bcbd22", "#8c564b", "#e377c2", "#9467bd", "#2ca02c", "#1f77b4")
+
+
+def row_styles(rows: list[str], learned: set[str]) -> dict[str, dict[str, Any]]:
+    """Per drawn row: colour, line style, marker. A learned row and its twins (``ROW [kept seed]``,
+    ``ROW [ensemble]``, ``ROW [Mondrian]``) share a colour no other family has; non-learned rows are
+    dotted with their own colours."""
+    families = list(dict.fromkeys(twin_base(r) for r in rows if r in learned or twin_base(r) in learned))
+    out = {}
+    others = [r for r in rows if r not in learned and twin_base(r) not in learned]
+    for r in rows:
+        fam = twin_base(r)
+        if fam in families:
+            ls, mk = TWIN_STYLES[r[len(fam):]] if r[len(fam):] in TWIN_STYLES else ("-", "o")
+            out[r] = {"color": LEARNED_COLOURS[families.index(fam) % len(LEARNED_COLOURS)], "ls": ls, "marker": mk}
+        else:
+            out[r] = {"color": OTHER_COLOURS[others.index(r) % len(OTHER_COLOURS)], "ls": ":", "marker": "v"}
+    return out
+
+
 def write_frontier_png(path: str | os.PathLike, fr: Mapping[str, Any]) -> None:
-    """Cost against target coverage 1 - alpha per row (band: ± sd over seeds), the bound as a
-    dashed curve; achieved coverage against the target (the diagonal) beside it; misses as x."""
+    """Cost against target coverage 1 - alpha per row (band: ± sd over seeds), the bound as a red
+    dashed curve; achieved coverage against the target beside it, with the target diagonal drawn over
+    the curves and in the legend; misses (the sweep's rule, stated on the plot) as x. A family's rows
+    share a colour (:func:`row_styles`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     drawn, off = plotted_rows(fr)
-    fig, (ax_c, ax_v) = plt.subplots(1, 2, figsize=(12, 5.6))
+    styles = row_styles(drawn, {n for n, e in fr["rows"].items() if e.get("learned")})
+    fig, (ax_c, ax_v) = plt.subplots(1, 2, figsize=(13, 6.4))
     target = [1 - a for a in fr["alphas"]]
-    cmap = plt.get_cmap("tab10")
-    for i, name in enumerate(drawn):
-        pts = fr["rows"][name]["points"]
+    for name in drawn:
+        pts, st = fr["rows"][name]["points"], styles[name]
         mean = np.array([p["cost_cents"]["mean"] for p in pts])
         sd = np.array([p["cost_cents"]["seed_sd"] or 0.0 for p in pts])
-        style = "-" if fr["rows"][name]["learned"] else ":"
-        col = cmap(i % 10)
-        ax_c.plot(target, mean, style, marker="o", ms=3, color=col, label=printable(name))
-        ax_c.fill_between(target, mean - sd, mean + sd, color=col, alpha=0.2, lw=0)
+        kw = dict(ls=st["ls"], marker=st["marker"], ms=4, color=st["color"], lw=1.4, label=printable(name))
+        ax_c.plot(target, mean, **kw)
+        ax_c.fill_between(target, mean - sd, mean + sd, color=st["color"], alpha=0.12, lw=0)
         cov = np.array([p["coverage"]["mean"] for p in pts])
-        ax_v.plot(target, cov, style, marker="o", ms=3, color=col, label=printable(name))
+        ax_v.plot(target, cov, **kw)
         miss = np.array([not p["meets_target"] for p in pts])
         if miss.any():
-            ax_c.plot(np.array(target)[miss], mean[miss], "x", color="black", ms=8, mew=2)
-            ax_v.plot(np.array(target)[miss], cov[miss], "x", color="black", ms=8, mew=2)
+            ax_c.plot(np.array(target)[miss], mean[miss], "x", color="black", ms=8, mew=2, zorder=5)
+            ax_v.plot(np.array(target)[miss], cov[miss], "x", color="black", ms=8, mew=2, zorder=5)
     if BOUND_ROW in fr["rows"]:
         b = [p["cost_cents"]["mean"] for p in fr["rows"][BOUND_ROW]["points"]]
-        ax_c.plot(target, b, "--", color="red", lw=2, label=BOUND_ROW)
+        ax_c.plot(target, b, "--", color="red", lw=2.2, label=f"{BOUND_ROW} (not a policy)", zorder=4)
     if BEST_OBS_ROW in fr["rows"]:
         b = [p["cost_cents"]["mean"] for p in fr["rows"][BEST_OBS_ROW]["points"]]
-        ax_c.plot(target, b, "-.", color="black", lw=1.5, label=f"{BEST_OBS_ROW} (not a policy)")  # tab10 has purple
+        ax_c.plot(target, b, "-.", color="black", lw=1.5, label=f"{BEST_OBS_ROW} (not a policy)", zorder=4)
     lo, hi = min(target), max(target)
-    ax_v.plot([lo, hi], [lo, hi], "--", color="grey", lw=1, label="target (diagonal)")
+    pad = 0.01 if hi > lo else 0.05
+    ax_v.plot([lo - pad, hi + pad], [lo - pad, hi + pad], "--", color="black", lw=2, zorder=6,
+              label="target: achieved coverage = 1 - alpha")
+    ax_v.set_xlim(lo - pad, hi + pad)
+    rule = fr.get("miss_rule", "mean coverage below 1 - alpha by more than 2 standard errors of the split means")
+    miss_text = f"x: misses the target ({rule}); a point just below the diagonal, within that margin, meets it"
     ax_c.set_xlabel("target coverage 1 - alpha")
     ax_c.set_ylabel("cost (cents, summed over the test split)")
     ax_c.set_title("cost vs target coverage" + (f" ({len(off)} row(s) off scale)" if off else ""), fontsize=10)
-    ax_v.set_xlabel("target coverage 1 - alpha")
+    ax_v.set_xlabel("target coverage 1 - alpha\n" + miss_text.replace("; a point", ";\na point"), fontsize=8)
     ax_v.set_ylabel("achieved coverage (mean over splits x seeds)")
-    ax_v.set_title("achieved vs target coverage (x = misses the target)", fontsize=10)
+    ax_v.set_title("achieved vs target coverage", fontsize=10)
     handles, labels = ax_c.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7, frameon=False)
-    fig.suptitle(title(fr), fontsize=10)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    h_v, l_v = ax_v.get_legend_handles_labels()
+    handles, labels = handles + h_v[-1:], labels + l_v[-1:]  # the diagonal (drawn last on the right)
+    ncol = 4 if len(labels) > 12 else 5
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+    fig.suptitle(title(fr) + "\ncoverage: the share of test questions whose answer set holds a correct answer "
+                 "(unsolvable questions count as covered); a row and its twins share a colour", fontsize=9)
+    rows_legend = math.ceil(len(labels) / ncol)
+    fig.tight_layout(rect=(0, min(0.03 + 0.024 * rows_legend, 0.4), 1, 1))
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)

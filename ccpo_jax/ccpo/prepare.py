@@ -257,11 +257,21 @@ def is_setting_profile(setting: Setting, cache: ResponseCache) -> bool:
     return any(v == prof or v.endswith("/" + prof) for v in vals) or name == prof or f"-{prof}-" in f"-{name}-"
 
 
+#: The longest provenance text on the run's header line; the whole record is in results.json and run.json.
+PROVENANCE_CHARS = 160
+
+
 def describe_cache(cache: ResponseCache) -> str:
+    """One short line: kind, name, size, T, the share of unsolvable questions and the provenance cut to
+    :data:`PROVENANCE_CHARS` (an imported cache's record can run to 1,500 characters)."""
     prov = cache.manifest.provenance
     kind = "SYNTHETIC" if prov.get("kind") == "synthetic" else str(prov.get("kind", "?"))
     extra = ", ".join(f"{printable(k)}={printable(v)}" for k, v in prov.items() if k != "kind")
-    return f"{kind} cache {cache.manifest.name!r} ({cache.n_questions} questions, T={cache.T}{', ' + extra if extra else ''})"
+    if len(extra) > PROVENANCE_CHARS:
+        extra = extra[:PROVENANCE_CHARS].rstrip(" ,") + "... (in full: results.json cache.provenance)"
+    unsolv = f", {100 * float(np.mean(cache.unsolvable)):.1f}% unsolvable" if cache.n_questions else ""
+    return (f"{kind} cache {cache.manifest.name!r} ({cache.n_questions} questions, T={cache.T}{unsolv}"
+            f"{', ' + extra if extra else ''})")
 
 
 # -- rows ------------------------------------------------------------------------------

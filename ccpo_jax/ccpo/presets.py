@@ -46,6 +46,28 @@ def deviations(cfg: TrainConfig, reference: TrainConfig = PAPER) -> dict[str, tu
     return out
 
 
+#: What each field's default changes from the paper's setting, in words (``{a}``: the paper's value, ``{b}``
+#: this run's); the measurement behind each is in docs/results.md, "Presets: paper and default".
+DEVIATION_WORDS = {
+    "estimator": "exact expected cost and coverage over the cached answers instead of the paper's sampled "
+                 "estimate (J-bar, Eq. 8)",
+    "ccpo_target": "CCPO trains its calibrated answer set itself rather than the stochastic policy",
+    "pointwise_z": "the pointwise CPO row keeps a {b}-standard-error coverage margin",
+    "iterations": "{b} training iterations instead of {a}",
+    "cg_iters": "a shorter trust-region step ({b} conjugate-gradient iterations instead of {a})",
+    "backtrack_steps": "{b} line-search steps instead of {a}",
+}
+PRESETS_LINK = "docs/results.md#presets-paper-and-default"
+
+
+def deviations_in_words(dev: dict[str, tuple]) -> str:
+    """``dev`` (:func:`deviations`) as one sentence: what the run changes from the paper's setting."""
+    g = lambda x: format(x, "g") if isinstance(x, (int, float)) and not isinstance(x, bool) else x  # noqa: E731
+    keys = [k for k in DEVIATION_WORDS if k in dev] + sorted(k for k in dev if k not in DEVIATION_WORDS)
+    return "; ".join(DEVIATION_WORDS[k].format(a=g(dev[k][0]), b=g(dev[k][1])) if k in DEVIATION_WORDS
+                     else f"{k} {dev[k][0]} -> {dev[k][1]}" for k in keys)
+
+
 def deviations_from_dict(d: dict, reference: TrainConfig = PAPER) -> dict[str, tuple]:
     """:func:`deviations` for a ``train_config`` as stored in results.json (lists for tuples; alpha,
     which comes from the setting, and unknown keys are ignored)."""

@@ -31,20 +31,15 @@ import jax
 import numpy as np
 
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, add_cost_over_best_observable
-from ccpo_jax.ccpo.presets import PAPER, deviations_from_dict
-from ccpo_jax.ccpo.settings import METRICS, Setting, row_key, row_order_key, twin_notes
+from ccpo_jax.ccpo.settings import METRICS, Setting, row_order_key
 from ccpo_jax.ccpo.summary import (COUNT_METRICS, _nanmean, exact_totals, policy_entry,  # noqa: F401 (report.X
                                    seed_stats, summary_stats)  # is where callers found them)
+from ccpo_jax.ccpo.table import (MISS_SE, METRIC_TITLES, _fmt, format_table, is_synthetic,  # noqa: F401 - table.md's
+                                 misses_target, run_title)  # code moved to ccpo_jax.ccpo.table; read from here too
 from envs.cache.atomic import atomic_path, atomic_write_json, atomic_write_text
 from envs.replay.bound import BOUND_ROW
-from envs.cache.values import md_cell, md_code, printable
+from envs.cache.values import md_cell, printable
 
-METRIC_TITLES = {
-    "cost_cents": "Cost (cents)",
-    "coverage": "Coverage",
-    "avg_len": "Avg. Len.",
-    "set_size": "Set Size",
-}
 RESULTS_FILE = "results.json"
 TABLE_FILE = "table.md"
 COST_PNG = "boxplot_cost.png"
@@ -77,6 +72,8 @@ def cache_info(cache) -> dict[str, Any]:
         "provenance": dict(cache.manifest.provenance),
         "checksum": cache.manifest.checksum or cache.checksum(),
         "n_questions": int(cache.n_questions),
+        # no answer of any round is correct: such a question counts as covered (table.md says how many)
+        "unsolvable_share": float(np.mean(np.asarray(cache.unsolvable))) if cache.n_questions else None,
     }
 
 
@@ -103,6 +100,7 @@ def build_results(
     preset: str = "default",
     train_config: Mapping[str, Any] | None = None,
     n_test: int | None = None,
+    split_sizes: tuple[int, int, int] | None = None,
 ) -> dict[str, Any]:
     """The results.json dict (module docstring; docs/reproduce.md). ``rows``: row -> metric -> array [S], in paper
     order; ``n_test``: the test questions of a split (the exact per-split values of :func:`policy_entry`)."""
@@ -116,10 +114,12 @@ def build_results(
         "alpha": float(alpha),
         "protocol": str(protocol),
         "splits": int(n_splits),
+        **({"split_sizes": [int(x) for x in split_sizes]} if split_sizes is not None else {}),
         "seeds": int(seeds),
         "preset": str(preset),
         "train_config": json.loads(json.dumps(dict(train_config or {}))),  # tuples as lists, as read back
-        "cache": {k: cache[k] for k in ("name", "provenance", "checksum", "n_questions")},
+        "cache": {k: cache[k] for k in ("name", "provenance", "checksum", "n_questions", "unsolvable_share")
+                  if k in cache},
         "policies": policies,
         "timing": {k: float(timing.get(k, 0.0)) for k in TIMING_KEYS},
         "environment": dict(environment if environment is not None else environment_info()),
@@ -131,152 +131,7 @@ def write_results(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> Pat
     return atomic_write_json(Path(out_dir) / RESULTS_FILE, results, indent=2, allow_nan=False)
 
 
-# -- table.md -------------------------------------------------------------------
-
-def is_synthetic(results: Mapping[str, Any]) -> bool:
-    return results["cache"]["provenance"].get("kind") == "synthetic"
-
-
-def _fmt(metric: str, x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    if metric == "cost_cents":
-        return f"{x:.4g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
-    if metric == "coverage":
-        return f"{x:.3f}"
-    return f"{x:.2f}"
-
-
-def _fmt_ratio(ratio: Mapping[str, Any] | None, n_seeds: int) -> str:
-    """``1.23x`` (``±`` the sd over seeds when there are several), ``-`` for the bound itself."""
-    if not ratio:
-        return "-"
-    if ratio["mean"] is None:
-        return "n/a"
-    vals = [x for x in ratio["per_seed"] if x is not None]
-    sd = f" ±{np.std(vals, ddof=1):.2f}" if len(vals) > 1 else ""
-    return f"{ratio['mean']:.2f}x{sd}"
-
-
-def run_title(results: Mapping[str, Any], setting: Setting | None = None, own_cache: bool = False) -> str:
-    """``<setting>: <what was run>`` (:meth:`Setting.run_title`): the paper's table only when
-    ``own_cache`` (the setting's synthetic profile), else the custom cache by name."""
-    if setting is None:
-        return f"{results['setting']} on cache {md_code(results['cache']['name'])}"
-    return f"{results['setting']}: {setting.run_title(results['cache']['name'], own_cache, results['alpha'])}"
-
-
-def format_table(
-    results: Mapping[str, Any],
-    setting: Setting | None = None,
-    split_sizes: tuple[int, int, int] | None = None,
-    compare_paper: bool = False,
-) -> str:
-    """Markdown table in the paper's layout (Policy | Cost (cents) | Coverage | Avg. Len. | Set Size).
-
-    Each cell is ``mean [q05, q95]`` over splits; with ``compare_paper`` and a
-    ``setting``, the paper's number follows as ``(paper x)``.
-    """
-    lines: list[str] = []
-    cache = results["cache"]
-    prov = cache["provenance"]
-    lines.append(f"# {run_title(results, setting, compare_paper)}")
-    lines.append("")
-    if is_synthetic(results):
-        gen = ", ".join(f"{printable(k)}={printable(v)}" for k, v in prov.items() if k != "kind")
-        lines.append(
-            "> **SYNTHETIC DATA.** These numbers come from a synthetic response cache "
-            f"({md_code(cache['name'])}{'; ' + gen if gen else ''}), not from real LLM runs."
-        )
-        if compare_paper:
-            lines.append("> The paper's values (in parentheses) are shown for side-by-side comparison only.")
-        lines.append("")
-    if compare_paper and setting is not None and split_sizes is not None and split_sizes[2] != setting.n_test:
-        lines.append(
-            f"Note: cost is summed over the test set; the paper's costs are for {setting.n_test} test "
-            f"questions, these for {split_sizes[2]}."
-        )
-        lines.append("")
-    sizes = f" (train/cal/test = {'/'.join(map(str, split_sizes))})" if split_sizes else ""
-    lines.append(f"- alpha: {results['alpha']:g} (target coverage {1 - results['alpha']:g})")
-    lines.append(f"- protocol: {results['protocol']}")
-    lines.append(f"- splits: {results['splits']}{sizes}")
-    lines.append(
-        f"- cache: {md_code(cache['name'])} ({printable(prov.get('kind', '?'))}, {cache['n_questions']} questions, "
-        f"{printable(cache['checksum'])})"
-    )
-    n_seeds = int(results.get("seeds", 1))
-    tc = results.get("train_config") or {}
-    if tc:
-        dev = deviations_from_dict(tc, PAPER)
-        if dev:
-            lines.append(f"- learned rows go beyond the paper's published setting (preset `{results.get('preset')}`): "
-                         + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in sorted(dev.items()))
-                         + (" (estimator exact: replay-exact expected cost and coverage, not the paper's sampled J-bar)"
-                            if tc.get("estimator") == "exact" else ""))
-        else:
-            lines.append("- learned rows: the paper's published trainer setting (preset `paper`)")
-    if n_seeds > 1:
-        lines.append(f"- learned rows: {n_seeds} training seeds, trainer preset `{results.get('preset', 'default')}`")
-        lines.append(f"- cells: mean [5%, 95%] over seeds x splits; ±: standard deviation over the {n_seeds} "
-                     "seeds of each seed's mean (learned rows)")
-    else:
-        lines.append("- cells: mean [5%, 95%] over splits")
-    lines += twin_notes(results["policies"])
-    lines.append("")
-    with_bound = BOUND_ROW in results["policies"]
-    if with_bound:
-        lines.append(f"- {BOUND_ROW}: the cheapest cost at coverage >= {1 - results['alpha']:g} on each test split "
-                     "when every answer is known (not a policy; no router can beat it). Cost / bound: each row's "
-                     "mean cost over the bound's.")
-        lines.append("")
-    with_ref = BEST_OBS_ROW in results["policies"]
-    if with_ref:
-        ref = results["policies"][BEST_OBS_ROW]
-        lines.append(f"- {BEST_OBS_ROW}: the cheapest policy of the router's observations alone (it stops when a "
-                     f"correctness model says a collected answer is right; per-round thresholds chosen on each "
-                     f"test split with its labels, so optimistic like the bound, and no router). Form: "
-                     f"{md_cell(ref.get('form', '?'))}. Cost / best obs.: each row's mean cost over the reference's.")
-        lines.append("")
-    header = (["Policy"] + [METRIC_TITLES[m] for m in METRICS] + (["Cost / bound"] if with_bound else [])
-              + (["Cost / best obs."] if with_ref else []))
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "---|" * len(header))
-    for row, entry in results["policies"].items():
-        paper = setting.paper_row(row) if (setting is not None and compare_paper) else None
-        cells = [md_cell(row) + (" (not a policy)" if entry.get("is_policy") is False else "")]
-        for m in METRICS:
-            s = entry[m]
-            cell = f"{_fmt(m, s['mean'])} [{_fmt(m, s['q05'])}, {_fmt(m, s['q95'])}]"
-            if s.get("seed_sd") is not None:
-                cell += f" ±{_fmt(m, s['seed_sd'])}"
-            if paper is not None:
-                cell += f" (paper {paper[m]:g})"
-            cells.append(cell)
-        if with_bound:
-            cells.append(_fmt_ratio(entry.get("cost_vs_bound"), n_seeds))
-        if with_ref:
-            cells.append(_fmt_ratio(entry.get("cost_over_best_observable"), n_seeds))
-        lines.append("| " + " | ".join(cells) + " |")
-    if setting is not None and compare_paper:
-        have = {row_key(x) for x in results["policies"]}
-        absent = [r for r in setting.paper if row_key(r) not in have]
-        if absent:
-            lines.append("")
-            lines.append(f"Paper rows absent here (the cache lacks their data or they were not run): {', '.join(absent)}.")
-    t = results["timing"]
-    lines.append("")
-    lines.append(
-        f"Timing: total {t['total_s']:.1f} s (compile {t['compile_s']:.1f} s, train {t['train_s']:.1f} s, "
-        f"eval {t['eval_s']:.1f} s{_ref_time(t)}) on {results['environment']['backend']}."
-    )
-    return "\n".join(lines) + "\n"
-
-
-def _ref_time(timing: Mapping[str, Any]) -> str:
-    s = timing.get("best_observable_s")
-    return "" if s is None else f", of which the best observable reference {s:.1f} s"
-
+# -- table.md (ccpo_jax.ccpo.table) ----------------------------------------------------
 
 def write_table(
     out_dir: str | os.PathLike,
@@ -304,15 +159,27 @@ def cost_panels(rows: list[str]) -> list[tuple[list[str], bool]]:
     return [(exit_rows or other, bool(exit_rows))]
 
 
-def _box_panel(ax, rows: list[str], data: list[np.ndarray], annotate: bool = False) -> None:
-    ax.boxplot(data, tick_labels=[printable(r) for r in rows], whis=(5, 95), showfliers=True)
+MISS_FACE = "mistyrose"
+
+
+def _box_panel(ax, rows: list[str], data: list[np.ndarray], annotate: bool = False,
+               missed: frozenset[str] = frozenset()) -> None:
+    """One panel of boxes; a row in ``missed`` (its coverage misses the target) gets a red box and a red
+    tick label, so a cheap box that does not cover is not read as a good one."""
+    bp = ax.boxplot(data, tick_labels=[printable(r) + (" (misses coverage)" if r in missed else "") for r in rows],
+                    whis=(5, 95), showfliers=True, patch_artist=True)
+    for r, box in zip(rows, bp["boxes"]):
+        box.set_facecolor(MISS_FACE if r in missed else "white")
+        box.set_edgecolor("tab:red" if r in missed else "black")
     ax.tick_params(axis="x", labelrotation=45)
-    for lab in ax.get_xticklabels():
+    for r, lab in zip(rows, ax.get_xticklabels()):
         lab.set_horizontalalignment("right")
+        if r in missed:
+            lab.set_color("tab:red")
     if annotate:  # EXIT rows: say the mean, so a box sitting at 0 is read as 0, not as missing
         for k, d in enumerate(data, start=1):
             if np.isfinite(d).any():
-                ax.annotate(f"mean {np.nanmean(d):.4g}", (k, float(np.nanmax(d))), textcoords="offset points",
+                ax.annotate(f"mean {np.nanmean(d):.4g} cents", (k, float(np.nanmax(d))), textcoords="offset points",
                             xytext=(0, 4), ha="center", fontsize=7)
 
 
@@ -337,6 +204,8 @@ def write_boxplots(
 
     out_dir = Path(out_dir)
     rows = [r for r in results["policies"] if results["policies"][r].get("is_policy", True)]
+    missed = frozenset(r for r in rows if misses_target(results["policies"][r]["per_split"]["coverage"],
+                                                        results["alpha"]))
     bound = results["policies"].get(BOUND_ROW)
     synth = " [SYNTHETIC cache]" if is_synthetic(results) else ""
     title = run_title(results, setting, own_cache)
@@ -354,7 +223,7 @@ def write_boxplots(
         axes = fig.subplots(1, len(panels), gridspec_kw={"width_ratios": ratios}, squeeze=False)[0]
         for ax, (prow, is_exit) in zip(axes, panels):
             if prow:
-                _box_panel(ax, prow, [data[r] for r in prow], annotate=is_exit)
+                _box_panel(ax, prow, [data[r] for r in prow], annotate=is_exit, missed=missed)
             ax.set_ylabel(METRIC_TITLES[metric] + (" (EXIT rows)" if is_exit and len(panels) > 1 else ""))
             if metric == "cost_cents":
                 vals = np.concatenate([data[r] for r in prow]) if prow else np.array([])
@@ -362,7 +231,7 @@ def write_boxplots(
                 top = float(vals.max()) if vals.size else 1.0
                 top = top if top > 0 else 1.0
                 # linear; start just below 0 so a row at 0 (a free model's EXIT run) shows as a box
-                ax.set_ylim(-0.04 * top, top * (1.15 if is_exit else 1.05))
+                ax.set_ylim(-0.04 * top, top * (1.15 if is_exit else 1.3))  # room for the legend
                 if bound is not None and not is_exit and bound["cost_cents"]["mean"] is not None:
                     ax.axhline(bound["cost_cents"]["mean"], color="tab:red", linestyle="--", linewidth=1,
                                label=f"{BOUND_ROW} (mean {bound['cost_cents']['mean']:.4g}; not a policy)")
@@ -375,8 +244,18 @@ def write_boxplots(
         if metric == "coverage":
             ax = axes[0]
             ax.axhline(1 - results["alpha"], color="k", linestyle="--", linewidth=1,
-                       label=f"1 - alpha = {1 - results['alpha']:g}")
-            ax.legend(loc="lower right")
+                       label=f"target 1 - alpha = {1 - results['alpha']:g}")
+        if missed:  # say what a red box means, in the panel that has the legend
+            from matplotlib.patches import Patch
+
+            ax = axes[-1]
+            handles, labels = ax.get_legend_handles_labels()
+            handles.append(Patch(facecolor=MISS_FACE, edgecolor="tab:red"))
+            labels.append(f"misses the coverage target (mean below {1 - results['alpha']:g} by more than "
+                          f"{MISS_SE:g} standard errors)")
+            ax.legend(handles, labels, loc="upper right" if metric == "cost_cents" else "lower right", fontsize=7)
+        elif metric == "coverage":
+            axes[0].legend(loc="lower right")
         fig.suptitle(
             f"{title}\n{METRIC_TITLES[metric].lower()} over {results['splits']} splits (whiskers 5-95%){synth}",
             fontsize=8,

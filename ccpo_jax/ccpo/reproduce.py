@@ -26,16 +26,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
 from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
 from ccpo_jax.ccpo.calibration import (add_group_guarantees, add_guarantees, check_feasible,  # noqa: F401 - the
                                        describe_pooling, format_guarantees, group_spec, run_guarantee)  # names moved
+from ccpo_jax.ccpo.pick import export_default
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.prepare import (CKPT_DIR, RUN_FILE, TB_DIR, Prepared, as_rows, bound_row,  # noqa: F401 - moved
                                    check_options, describe_cache, is_setting_profile, prepare)
-from ccpo_jax.ccpo.presets import deviations
+from ccpo_jax.ccpo.presets import PRESETS_LINK, deviations, deviations_in_words
+from ccpo_jax.runtime.progress import status
 from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn  # noqa: F401 - LearnedRows: tests' stand-in trainers
 from ccpo_jax.ccpo.evaluation import question_cost_max
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, best_observable_row, describe, seconds
@@ -67,9 +70,9 @@ def _announce(say: Callable[[str], Any], run: Prepared, trains: bool, small: str
     if trains:
         tc = cfg.train_config()
         dev = deviations(tc)
-        say(f"  trainer: preset {cfg.preset}, {cfg.seeds} seed(s), {tc.iterations} iterations, estimator "
-            f"{tc.estimator}" + (f"; differs from the paper's setting in {', '.join(sorted(dev))}" if dev else
-                                 "; the paper's published setting"))
+        say(f"  trainer: preset {cfg.preset}, {cfg.seeds} seed(s), {tc.iterations} iterations; "
+            + (f"it changes the paper's setting: {deviations_in_words(dev)} (why: {PRESETS_LINK})" if dev else
+               "the paper's published setting"))
     if small:
         say(f"  warning: {small}")
     block = ex.member_block
@@ -83,7 +86,8 @@ def _announce(say: Callable[[str], Any], run: Prepared, trains: bool, small: str
 def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: ResponseCache, rows: dict, timing: dict,
                    trains: bool, splits_test: Any = None, pooling: dict | None = None,
                    group_rows: dict | None = None, ltt: dict | None = None,
-                   best_obs: dict | None = None, kept: dict | None = None) -> tuple[dict, str]:
+                   best_obs: dict | None = None, kept: dict | None = None,
+                   floor: float | None = None) -> tuple[dict, str]:
     """results.json, table.md and the box plots of a finished run, in its work directory (with
     ``--calibration mondrian`` also the per-group coverage and its picture; ``best_obs``: how the
     best observable reference was fitted, ``ccpo_jax.ccpo.observable``; ``kept``: how each kept-seed
@@ -93,7 +97,14 @@ def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: Respons
         cache=report.cache_info(cache), rows=rows, timing=timing, seeds=cfg.seeds if trains else 1,
         preset=cfg.preset, train_config=dict(dataclasses.asdict(cfg.train_config()), alpha=cfg.alpha) if trains else None,
         n_test=cfg.split_sizes[2],
+        split_sizes=cfg.split_sizes,
     )
+    if floor is not None:  # the least any policy pays: round 1 of every test question (table.md: nothing to save)
+        results["cost_floor_cents"] = floor
+    if trains and (work / POLICIES_DIR).is_dir():  # the row `export` serves by default, marked in table.md
+        pick = export_default(work / POLICIES_DIR, cfg.split_sizes[2])
+        if pick is not None and pick["row"] in results["policies"]:
+            results["export_default"] = pick
     if best_obs is not None and BEST_OBS_ROW in results["policies"]:
         results["policies"][BEST_OBS_ROW].update(describe(best_obs))
         results["timing"]["best_observable_s"] = seconds(best_obs)  # part of eval_s
@@ -182,6 +193,8 @@ def reproduce(
         given = dict(given, setting=setting)
     check_options(given, ReproduceConfig, "reproduce")
     trainer = (trainer or learned.learned_rows) if train else None
+    show = echo is not None and given.get("progress") is not False  # the phase lines (stdout)
+    status("preparing the run: the cache, the splits, the devices ...", show)
     # 1. the run configuration (a new one, or the saved one of a killed run), the cache, env, splits, execution
     run = prepare(given, ReproduceConfig, command="reproduce", trains=trainer is not None)
     cfg, st, cache_obj, params, splits = run.cfg, run.setting, run.data.cache, run.data.params, run.splits
@@ -195,6 +208,8 @@ def reproduce(
         groups = group_spec(cfg, cache_obj)
         pooling = None if groups is None else describe_pooling(groups, splits.cal, say, cfg.group_min)
         # 2. the non-learned rows: all splits in one vmapped call
+        status(f"evaluating the non-learned rows, the clairvoyant bound and the best observable reference on "
+               f"{cfg.n_splits} splits ...", show)
         t0 = time.perf_counter()
         base = non_learned_rows(cache_obj, params, run.k_base, splits.cal, splits.test, cfg.alpha,
                                 train_idx=splits.train)
@@ -203,11 +218,16 @@ def reproduce(
         rows[BEST_OBS_ROW], best_obs = best_observable_row(params, splits.test, cfg.alpha)  # nor this: no answers
         timing = {"compile_s": 0.0, "train_s": 0.0, "eval_s": time.perf_counter() - t0}
         # 3. training and evaluation of the learned rows
+        if trainer is not None:
+            status(f"training the learned rows ({cfg.seeds} seed(s), {cfg.train_config().iterations} iterations; "
+                   "the first chunk compiles first) ...", show)
         group_rows, ltt, kept = _learned(trainer, run, rows, timing, notes, say)
         # 4. outputs
+        status("writing results.json, table.md and the box plots ...", show)
         timing["total_s"] = time.perf_counter() - t_start
+        floor = float(np.mean(np.asarray(params.cost, np.float64)[:, 0][np.asarray(splits.test)].sum(axis=1)))
         results, table = _write_outputs(work, st, cfg, cache_obj, rows, timing, trainer is not None, splits.test,
-                                        pooling, group_rows, ltt, best_obs, kept)
+                                        pooling, group_rows, ltt, best_obs, kept, floor)
     out = run.out
     say("")
     say(table.rstrip("\n"))

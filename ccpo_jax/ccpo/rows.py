@@ -238,11 +238,14 @@ def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execut
                                         member_keys(k_train, key_names, S_t * N), execution)
     state = jax.tree.map(lambda x: x.reshape((x.shape[0], S_t, N) + x.shape[2:]), state)
     t0 = time.perf_counter()
+    execution.status(f"evaluating {len(variants)} learned variant(s) x {N} seed(s) on {np.shape(splits.test)[0]} "
+                     "splits (calibrating each threshold, then the test split) ...")
     ev = evaluate_members(config, data.params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
                           retrain, groups, run_guarantee(run))
     kept, ens = {}, None
     twin_v = twin_variants(variants)
     if N > 1 and twin_v:
+        execution.status("choosing each calibrated row's kept seed and evaluating its seeds as one ensemble ...")
         sub, sub_state = [variants[v] for v in twin_v], jax.tree.map(lambda x: x[np.asarray(twin_v)], state)
         kept = dict(zip(twin_v, kept_seeds(run, data, sub, sub_state, train_idx)))
         ens = (evaluate_members(config, data.params, sub, sub_state, np.asarray(splits.cal), np.asarray(splits.test),

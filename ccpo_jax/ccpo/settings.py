@@ -101,6 +101,13 @@ MONDRIAN_TWIN = " [Mondrian]"
 TWINS = (KEPT_SEED, ENSEMBLE, MONDRIAN_TWIN)
 
 
+def served_row(row: str, seed_rule: str | None) -> str:
+    """The table's name of a saved policy (``policies/ROW``, an exported router): ``ROW [kept seed]`` when it
+    is ROW's kept seed (its ``seed_rule``), else ``row`` (an ensemble row, a one-seed run, an older run).
+    One name for one policy in table.md, ``export``, ``serve``, the gateway and ``live-eval``."""
+    return row + KEPT_SEED if str(seed_rule or "").startswith("the kept seed") and not row.endswith(KEPT_SEED) else row
+
+
 def twin_base(name: str) -> str:
     """The row a twin row (``ROW [kept seed]``, ``ROW [ensemble]``, ``ROW [Mondrian]``) is a twin of; ``name``
     itself otherwise."""
@@ -114,12 +121,13 @@ def twin_notes(rows) -> list[str]:
     """table.md's header lines saying what the seed twins among ``rows`` are (none without them)."""
     out = []
     if any(r.endswith(KEPT_SEED) for r in rows):
-        out.append(f"- ROW{KEPT_SEED}: the one seed of ROW a user would deploy (`policies/ROW`): the seed whose "
-                   "calibrated sets cost least on its own training questions, its threshold fitted there; chosen "
-                   "without any calibration or test question; cells over splits")
+        out.append(f"- ROW{KEPT_SEED}: one seed of ROW, the one whose calibrated sets cost least on its own training "
+                   "questions (threshold fitted there; no calibration or test question looked at); `policies/ROW` "
+                   f"holds it and `export --row 'ROW{KEPT_SEED}'` serves it; cells over splits")
     if any(r.endswith(ENSEMBLE) for r in rows):
         out.append(f"- ROW{ENSEMBLE}: ROW's seeds as one policy, pi the mean of their probabilities, calibrated on "
-                   "each split like any row (`policies/ROW-ensemble`); cells over splits")
+                   f"each split like any row; `policies/ROW-ensemble` holds it and `export --row 'ROW{ENSEMBLE}'` "
+                   "serves it; cells over splits")
     return out
 
 

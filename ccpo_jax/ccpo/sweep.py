@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import jax
 
+from ccpo_jax.runtime.progress import status
 from ccpo_jax.ccpo import frontier as fr
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo.baselines import non_learned_rows
@@ -90,11 +91,15 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
     t_start = time.perf_counter()
     say = echo if echo is not None else (lambda s: None)
     check_options(given, SweepConfig, "sweep")
+    show = echo is not None and given.get("progress") is not False  # the phase lines (stdout)
+    status("preparing the sweep: the cache, the splits, the devices ...", show)
     run = prepare(given, SweepConfig, command="sweep", out_prefix="sweep-", results_file=fr.FRONTIER_JSON, trains=train)
     cfg, st, cache, tc = run.cfg, run.setting, run.data.cache, run.cfg.train_config()
     with run.committed(say) as work:
         _announce(say, run)
         t0 = time.perf_counter()
+        status(f"evaluating the non-learned rows, the bound and the best observable reference at "
+               f"{len(cfg.alphas)} alpha(s) x {cfg.n_splits} splits ...", show)
         grid, fit, ref_s = _grid(run)
         timing = {"compile_s": 0.0, "train_s": 0.0, "eval_s": time.perf_counter() - t0, "best_observable_s": ref_s}
         learned: tuple[str, ...] = ()
@@ -102,6 +107,8 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
             block = run.execution.member_block
             say(f"  trainer: preset {cfg.preset}, {tc.iterations} iterations; {len(cfg.alphas)} alpha(s) x "
                 f"{cfg.seeds} seed(s) x the learned rows, one program" + (f", {block} member(s) per block" if block else ""))
+            status("training the learned rows at every alpha (the first chunk compiles first), then evaluating "
+                   "them ...", show)
             got, t_learn = train_sweep(cfg, run.data, run.execution)
             for a in cfg.alphas:
                 grid[a].update(as_rows(got[a], cfg.n_splits, "the trainer"))
@@ -115,6 +122,7 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
                                      timing=timing, learned=learned)
         frontier["rows"][BEST_OBS_ROW].update(describe(fit))  # its form: fitted on this cache
         add_frontier_guarantees(frontier, grid, run_guarantee(cfg))
+        status("writing frontier.json, frontier.md and frontier.png ...", show)
         md = fr.write_frontier(work, frontier)
     out = run.out
     say("")

@@ -74,8 +74,10 @@ def _export(args) -> int:
                                   f" for {len(mond['rest_groups'])} pooled group(s), unknown or missing groups")
     g = m.get("guarantee") or {"kind": "marginal"}
     groups += f"; guarantee {g['kind']}" + (f" (delta {g['delta']:g})" if g["kind"] == "pac" else "")
-    print(f"exported {m['policy']['row']!r} (alpha={m['alpha']}, kappa={m['kappa']:.6g}{groups}, T={m['T']}, "
-          f"F={m['features']['count']}){tag} to {out}")
+    from ccpo_jax.ccpo.settings import served_row
+
+    print(f"exported {served_row(m['policy']['row'], m.get('seed_rule'))!r} (alpha={m['alpha']}, kappa="
+          f"{m['kappa']:.6g}{groups}, T={m['T']}, F={m['features']['count']}){tag} to {out}")
     return 0
 
 
@@ -140,7 +142,10 @@ def _route(args) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, text)
-    print(f"wrote {len(decisions)} decisions to {out}", file=sys.stderr)
+    from ccpo_jax.ccpo.table import COVERAGE_RULE
+
+    print(f"wrote {len(decisions)} decisions to {out} (coverage target {1 - router.alpha:g}: {COVERAGE_RULE}, "
+          "counting a question no model answers correctly as covered)", file=sys.stderr)
     return 0
 
 
@@ -166,8 +171,14 @@ def _serve(args) -> int:
         raise UserError(f"--host {args.host} --port {args.port}: cannot listen ({e.strerror})") from None
     if args.host not in LOOPBACK:
         print(f"warning: listening on {args.host}, not loopback; the endpoint has no authentication", file=sys.stderr)
-    print(f"serving {router.manifest['policy']['row']!r} on {server.url} (POST /v1/route, GET /healthz); Ctrl-C stops",
-          file=sys.stderr, flush=True)
+    from ccpo_jax.ccpo.settings import served_row
+    from ccpo_jax.ccpo.table import COVERAGE_RULE
+
+    m = router.manifest
+    print(f"serving {served_row(m['policy']['row'], m.get('seed_rule'))!r} on {server.url} (POST /v1/route, GET "
+          f"/healthz); Ctrl-C stops", file=sys.stderr)
+    print(f"coverage target {1 - router.alpha:g}: {COVERAGE_RULE} (a decision's set is the actions to take; "
+          "docs/export.md)", file=sys.stderr, flush=True)
     import signal
 
     def _stop(signum, frame):  # SIGTERM (docker stop, systemd) stops as Ctrl-C does

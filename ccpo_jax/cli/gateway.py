@@ -230,23 +230,28 @@ def _gateway(args) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("ccpo_jax.gateway").setLevel(logging.INFO)
     r = gw.router
-    banner = (f"gateway: model {MODEL_ID!r} = router {r.manifest['policy']['row']!r} (alpha {r.alpha:g}, kappa "
+    from ccpo_jax.ccpo.settings import served_row
+    from ccpo_jax.ccpo.table import COVERAGE_RULE
+
+    row = served_row(r.manifest["policy"]["row"], r.manifest.get("seed_rule"))
+    banner = (f"gateway: model {MODEL_ID!r} = router {row!r} (alpha {r.alpha:g}, kappa "
               f"{float(r.kappa):.6g}{', online' if cfg.online_eta else ''}, T {r.T}); {_upstreams(gw)}; "
               f"http://{args.host}:{args.port}/v1")
     if cfg.state is not None:
         print(_state_line(gw), flush=True)
+    if args.workers <= 1:  # (with --workers, serve_workers prints it)
+        print(banner, flush=True)
+    print(price_line(gw.prices, {role: [e.model for e in gw.rungs[role]] for role in gw.roles},
+                     {name for name, _, _ in cfg.prices}), flush=True)
+    print(f"gateway: coverage = {COVERAGE_RULE} (target "
+          f"{1 - r.alpha:g}); measured from POST /v1/feedback; "
+          + ("a line per request on stderr (--no-access-log: none)" if cfg.access_log else "no access log"),
+          flush=True)
     if args.workers > 1:
         from ccpo_jax.gateway.workers import serve_workers
 
         gw.state.spool.close()  # (the workers take the spools)
         return serve_workers(args.artifact, cfg, sock, args.workers, banner)
-    print(banner, flush=True)
-    print(price_line(gw.prices, {role: [e.model for e in gw.rungs[role]] for role in gw.roles},
-                     {name for name, _, _ in cfg.prices}), flush=True)
-    print(f"gateway: coverage = the share of questions whose answer set holds a correct answer (target "
-          f"{1 - r.alpha:g}); measured from POST /v1/feedback; "
-          + ("a line per request on stderr (--no-access-log: none)" if cfg.access_log else "no access log"),
-          flush=True)
     app = build_app(gw)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     import signal

@@ -21,12 +21,24 @@ COMMAND_MODULES = (
 )
 
 
+def _version() -> str:
+    """The installed distribution's version (``pyproject.toml``), or ``unknown`` when not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ccpo-jax")
+    except PackageNotFoundError:
+        return "unknown (not installed; run from a checkout)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ccpo-jax",
         description="Cost-aware LLM orchestration: CCPO training/evaluation on cached LLM responses, "
         "and Stackelberg resource governance.",
     )
+    parser.add_argument("--version", action="version", version=f"ccpo-jax {_version()}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
@@ -79,6 +91,9 @@ def force_host_devices(devices) -> None:
 def main(argv: list[str] | None = None) -> int:
     from ccpo_jax.errors import USER_ERRORS, hints
 
+    from ccpo_jax.runtime import progress
+
+    progress.restart_clock()  # the phase lines count seconds from the command's start
     parser = build_parser()
     args = parser.parse_args(argv)
     force_host_devices(getattr(args, "devices", None))

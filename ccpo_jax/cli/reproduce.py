@@ -35,6 +35,9 @@ def _reproduce(args) -> int:
 
         print(presets_table())
         return 0
+    from ccpo_jax.runtime.progress import status
+
+    status("reproduce: starting (loading JAX and the library) ...", getattr(args, "progress", True) is not False)
     from ccpo_jax.ccpo.reproduce import reproduce
     from ccpo_jax.ccpo.run_config import REPRODUCE_FLAGS, ReproduceConfig
     from ccpo_jax.errors import UserError

@@ -45,6 +45,9 @@ def _refuse_caps(args) -> None:
 
 
 def _sweep(args) -> int:
+    from ccpo_jax.runtime.progress import status
+
+    status("sweep: starting (loading JAX and the library) ...", getattr(args, "progress", True) is not False)
     from ccpo_jax.ccpo.run_config import SWEEP_FLAGS, SweepConfig
     from ccpo_jax.ccpo.sweep import sweep
     from ccpo_jax.errors import UserError

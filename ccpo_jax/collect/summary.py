@@ -156,7 +156,8 @@ def summary(o: Outcome, s: Settings) -> str:
     if m.estimated_usage:
         lines.append(f"warning: {m.estimated_usage} repl(ies) had no usage; their tokens are estimated and flagged")
     if o.sha256:
-        lines.append(f"sha256 {o.sha256}")
+        lines.append(f"file sha256 {o.sha256} (of the file's bytes; `data check` prints the cache checksum, "
+                     "over its arrays and manifest)")
     if o.removed:
         lines.append(f"nothing was paid or finished: {o.out} and its call log were removed")
     else:

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 from scipy.stats import binomtest
 
-from ccpo_jax.ccpo.settings import KEPT_SEED
+from ccpo_jax.ccpo import settings
 from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.questions import load_questions
 from ccpo_jax.errors import UserError
@@ -49,8 +49,7 @@ def clopper_pearson(k: int, n: int) -> tuple[float, float]:
 def served_row(manifest: dict) -> str:
     """The results.json row whose figures are the exported policy's: ``ROW [kept seed]`` when the artefact is
     a row's kept seed (``seed_rule``), else the row itself (an ensemble row, a one-seed run, an older run)."""
-    row = manifest["policy"]["row"]
-    return row + KEPT_SEED if str(manifest.get("seed_rule", "")).startswith("the kept seed") else row
+    return settings.served_row(manifest["policy"]["row"], manifest.get("seed_rule"))
 
 
 def replay_prediction(results: str | Path, row: str) -> dict:
@@ -191,5 +190,10 @@ def format_report(r: dict) -> list[str]:
                      f"{'yes' if r.get('prediction_inside') else 'no'}")
     else:
         lines.append("no replay prediction (no results.json found; pass --results)")
+    from ccpo_jax.ccpo.table import COVERAGE_RULE
+
+    lines.append(f"coverage: {COVERAGE_RULE}; 'set': an answer of the set matches the gold; 'set or none seen' "
+                 "also counts a question no answer of which matched (the replay counts such an unsolvable "
+                 "question as covered); costs at the router's trained prices (or --price)")
     lines.append(f"journal (a cache): {r.get('journal', '')}")
     return lines

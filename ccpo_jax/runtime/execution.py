@@ -34,6 +34,12 @@ class Execution:
     progress: bool = True
     stop_after_chunks: int | None = None
 
+    def status(self, text: str) -> None:
+        """A phase line on stdout (``ccpo_jax.runtime.progress.status``) unless progress is off."""
+        from ccpo_jax.runtime.progress import status
+
+        status(text, self.progress)
+
     @contextlib.contextmanager
     def scalar_writer(self) -> Iterator[Any]:
         """The TensorBoard writer of ``tb_dir`` (None without one), closed when the block ends."""

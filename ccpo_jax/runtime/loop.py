@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
+from ccpo_jax.runtime.progress import bar as progress_bar
 
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime.checkpoints import VerifiedCheckpoints
@@ -158,8 +158,7 @@ def run_chunks(
     compiled: dict[int, Callable] = {}
     compile_s = 0.0
     t_start = time.perf_counter()
-    bar = tqdm(total=int(iterations), initial=sum(sizes[:start]), desc=desc, unit="it", disable=not progress,
-               leave=False)
+    bar = progress_bar(int(iterations), desc, initial=sum(sizes[:start]), enabled=progress)  # plain lines off a tty
     finished = True
     for ci in range(start, len(sizes)):
         n = sizes[ci]
@@ -178,9 +177,9 @@ def run_chunks(
                 for i, x in enumerate(np.asarray(values, np.float64).reshape(-1)):
                     if np.isfinite(x):
                         tensorboard.add_scalar(tag, float(x), first + i)
-        bar.update(n)
         if postfix is not None:
             bar.set_postfix_str(postfix(m))
+        bar.update(n)
         if store is not None:
             store.save(ci + 1, unplace(state), history)
         if stop_after_chunks is not None and ci + 1 - start >= stop_after_chunks and ci + 1 < len(sizes):

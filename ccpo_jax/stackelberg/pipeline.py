@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ccpo_jax.runtime.progress import status
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import workdir
 from ccpo_jax.runtime.scalars import ScalarWriter
@@ -112,12 +113,14 @@ def run_pipeline(cfg: StackelbergConfig, out_dir: str | os.PathLike, progress: b
 def _run_in(cfg: StackelbergConfig, out: Path, progress: bool, log: Callable) -> dict:
     """The pipeline itself, writing into the work directory ``out``."""
     t_start = time.time()
+    status("loading the response grid ...", progress)
     grid = load_or_generate_grid(cfg)
     syn = grid.manifest.is_synthetic
     tag = "SYNTHETIC" if syn else "real"
     log(f"response grid {grid.manifest.name!r} ({tag}, {grid.n_cells} cells)")
     if cfg.synthetic_leader:
         log(f"leader utility: SYNTHETIC profile '{cfg.leader_profile}' ({leader_profile_record(cfg)})")
+    status("fitting the surrogate and the tool-need head ...", progress)
     fit = fit_surrogate(grid, cfg.surrogate)
     log(f"surrogate (held-out): token R^2 {fit.metrics['token_r2']:.3f} MAE {fit.metrics['token_mae']:.1f}; "
         f"quality R^2 {fit.metrics['quality_r2']:.3f} MAE {fit.metrics['quality_mae']:.3f}")
@@ -128,17 +131,22 @@ def _run_in(cfg: StackelbergConfig, out: Path, progress: bool, log: Callable) ->
     t_train = time.time()
     ctrls = {}
     for i, kind in enumerate(("scalar", "task")):
+        status(f"training the {kind} controller (GAIL follower, then the leader; each chunk compiles first) ...",
+               progress)
         ctrls[kind] = train_controller(kind, cfg, params, jax.random.fold_in(key, i), out / "checkpoints", writer, progress)
         log(f"trained {kind} controller: leader surrogate return per seed {ctrls[kind].report['leader_return_per_seed']}")
     writer.close()
     train_s = time.time() - t_train
     t_oracle = time.time()
+    status("the oracle leaders and the reference tables ...", progress)
     oracles = oracles_and_reference_tables(cfg, params, ctrls, u_head, key, log)
     oracle_s = time.time() - t_oracle
     t_eval = time.time()
     ekey = jax.random.PRNGKey(cfg.eval.seed)
     evals, raw_runs = {}, {}
     sizes = (("paper_size", cfg.eval.paper_episodes), ("large", cfg.eval.episodes))
+    status(f"evaluating the strategies ({cfg.eval.paper_episodes} and {cfg.eval.episodes} episodes) and writing "
+           "the Pareto plots ...", progress)
     all_runs = evaluate_sizes(cfg, params, ctrls, u_head, [(n, jax.random.fold_in(ekey, n)) for _, n in sizes])
     for (size, n), runs in zip(sizes, all_runs):
         raw_runs[size] = runs

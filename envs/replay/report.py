@@ -219,6 +219,7 @@ def describe(cache: ResponseCache, source: str) -> str:
             lines.append(f"  LLM policy ({P(m)}): {p['questions']} questions, rounds {_f(p['rounds_mean'], '.2f')}")
     else:
         lines.append("cached baselines: none")
-    lines.append(f"checksum:    {cache.checksum()}")
+    lines.append(f"checksum:    {cache.checksum()} (the cache checksum: over the arrays and the manifest fields "
+                 "that change results; not the file's sha256, which `data collect` prints)")
     lines += banner
     return "\n".join(lines)
