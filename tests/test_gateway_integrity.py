@@ -320,3 +320,185 @@ def test_the_pending_feedback_table_is_bounded_by_bytes(art, tmp_path, monkeypat
     again.close()
     assert list(again.pending) == kept[:-1][-len(again.pending):] and again.pending_bytes <= 1 << 20
     _checked(journal)
+
+
+# -- the server's bounds on every client (items 6 and 7) -------------------------------------------------
+
+LIMITS = dict(read_timeout_s=0.5, keep_alive_s=1, max_clients=8, max_header_bytes=4096)
+
+
+def _bounded(art, up):
+    from ccpo_jax.gateway.server import ServerLimits
+
+    return _gateway(art, up, server=ServerLimits(**LIMITS))
+
+
+def _port(g) -> int:
+    return int(g.url.split(":")[-1].split("/")[0])
+
+
+def _until_closed(s, limit_s: float = 5.0) -> tuple[float | None, bytes]:
+    """(seconds until the server closed ``s``, what it sent), None when still open after ``limit_s``."""
+    import socket
+
+    s.settimeout(limit_s)
+    t0, got = time.monotonic(), b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return time.monotonic() - t0, got
+            got += chunk
+    except socket.timeout:
+        return None, got
+    except ConnectionResetError:
+        return time.monotonic() - t0, got
+
+
+def test_idle_and_half_sent_connections_are_bounded_and_new_clients_served(art):
+    """Item 6: 20 connections that send nothing (the gateway keeps 8): each new one closes the oldest idle
+    one, a new client is answered at once, and the rest are closed at the read timeout (408)."""
+    import socket
+
+    with FakeChatServer(SCRIPTS) as up, _bounded(art, up) as g:
+        idle = [socket.create_connection(("127.0.0.1", _port(g))) for _ in range(20)]
+        t0 = time.monotonic()
+        st, r = post(g.url, "/chat/completions", _chat(QS[0], max_rounds=1), timeout=5)
+        assert st == 200 and time.monotonic() - t0 < 2.0
+        time.sleep(0.1)
+        assert len(g.server.server_state.connections) <= LIMITS["max_clients"]
+        closed = [_until_closed(s, 3.0) for s in idle]
+        assert all(dt is not None for dt, _ in closed)  # none left open
+        said = {got.split(b"\r\n", 1)[0] for _, got in closed}
+        assert said <= {b"HTTP/1.1 503 Service Unavailable", b"HTTP/1.1 408 Request Timeout", b""}, said
+        assert b"HTTP/1.1 408 Request Timeout" in said and b"HTTP/1.1 503 Service Unavailable" in said
+        for s in idle:
+            s.close()
+
+
+def test_a_trickled_head_an_idle_keep_alive_and_a_slow_body_are_cut(art):
+    """Item 6: a head sent a byte every 0.1 s is answered 408 at the read timeout (bytes do not extend it);
+    an idle keep-alive connection is closed after keep_alive_s; a body that stops is a 408 in OpenAI's shape."""
+    import socket
+
+    with FakeChatServer(SCRIPTS) as up, _bounded(art, up) as g:
+        s = socket.create_connection(("127.0.0.1", _port(g)))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n")
+        s.settimeout(0.1)
+        t0, got = time.monotonic(), b""
+        while time.monotonic() - t0 < 3 and not got:
+            try:
+                s.sendall(b"x")
+                got = s.recv(65536)
+            except socket.timeout:
+                pass
+        assert got.startswith(b"HTTP/1.1 408 Request Timeout") and 0.4 < time.monotonic() - t0 < 1.5
+        assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
+        s.close()
+        s = socket.create_connection(("127.0.0.1", _port(g)))
+        s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        s.settimeout(5)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        dt, _ = _until_closed(s, 5.0)
+        assert dt is not None and 0.5 < dt < 2.0
+        s.close()
+        s = socket.create_connection(("127.0.0.1", _port(g)))
+        s.sendall(b"POST /v1/feedback HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: 100\r\n\r\n{\"id\": ")
+        dt, got = _until_closed(s, 5.0)
+        assert got.startswith(b"HTTP/1.1 408"), got
+        err = json.loads(got.split(b"\r\n\r\n", 1)[1])["error"]
+        assert err["code"] == "request_timeout" and "body did not arrive within 0.5 s" in err["message"]
+        s.close()
+
+
+def test_a_huge_header_is_431_and_the_gateway_serves_on(art):
+    """Item 7: request line and headers past max_header_bytes: 431 in OpenAI's shape, the connection closed
+    after a few kB were read (not the 16 MiB sent), and the next client is served."""
+    import socket
+
+    with FakeChatServer(SCRIPTS) as up, _bounded(art, up) as g:
+        s = socket.create_connection(("127.0.0.1", _port(g)))
+        s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: ")
+        sent = 0
+        try:
+            for _ in range(256):
+                s.sendall(b"a" * (64 << 10))
+                sent += 1
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        assert sent < 256  # the gateway stopped reading
+        s.settimeout(5)
+        try:
+            got = s.recv(65536)
+        except ConnectionResetError:
+            got = b""  # (the reset can overtake the 431 when unread bytes remain)
+        if got:
+            assert got.startswith(b"HTTP/1.1 431 Request Header Fields Too Large")
+            assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "headers_too_large"
+        s.close()
+        s = socket.create_connection(("127.0.0.1", _port(g)))  # a head just past the bound, read whole: the 431
+        s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 5000 + b"\r\n\r\n")
+        _, got = _until_closed(s, 5.0)
+        assert got.startswith(b"HTTP/1.1 431 Request Header Fields Too Large")
+        s.close()
+        assert httpx.get(g.url.replace("/v1", "/healthz"), timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize("flag,value,msg", [
+    ("--read-timeout", "0", "--read-timeout: expected a number of seconds > 0, got 0.0"),
+    ("--max-clients", "0", "--max-clients: expected an integer >= 1, got 0"),
+    ("--max-header-bytes", "10", "--max-header-bytes: expected an integer >= 1024, got 10"),
+    ("--keep-alive", "0", "--keep-alive: expected an integer >= 1, got 0"),
+])
+def test_server_limit_flags_are_checked(art, tmp_path, flag, value, msg):
+    res = run_cli(["gateway", str(art), "--base", "http://127.0.0.1:9/v1,b", "--guide", "http://127.0.0.1:9/v1,g",
+                   flag, value], cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.strip() == f"error: {msg}", res.stderr
+
+
+@pytest.mark.slow
+def test_a_gateway_process_under_a_low_descriptor_limit_serves_past_idle_sockets(art, tmp_path):
+    """Item 6 end to end: ``ccpo-jax gateway`` under ``ulimit -n 64`` (its default --max-clients is then 4)
+    and 80 connections that send nothing: a new client is answered, and the idle ones are all closed
+    by the read timeout (before: the process ran out of descriptors and new clients were reset)."""
+    import os
+    import resource
+    import socket
+    import subprocess
+    import sys
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with FakeChatServer(SCRIPTS) as up:
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ccpo_jax.cli", "gateway", str(art), "--base", f"{up.url},{BASE_MODEL}", "--guide",
+             f"{up.url},{GUIDE_MODEL}", "--port", str(port), "--max-batch", "1", "--no-access-log",
+             "--read-timeout", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+        try:
+            t0 = time.monotonic()
+            while True:  # (the banner is printed before uvicorn listens)
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except ConnectionRefusedError:
+                    assert proc.poll() is None and time.monotonic() - t0 < 120, proc.stdout.read()
+                    time.sleep(0.2)
+            idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(80)]
+            time.sleep(0.3)
+            url = f"http://127.0.0.1:{port}/v1"
+            st, r = post(url, "/chat/completions", _chat(QS[0], max_rounds=1), timeout=10)
+            assert st == 200, r
+            assert len(os.listdir(f"/proc/{proc.pid}/fd")) < 64
+            assert all(_until_closed(x, 5.0)[0] is not None for x in idle)
+            for x in idle:
+                x.close()
+            assert post(url, "/chat/completions", _chat(QS[1], max_rounds=1), timeout=10)[0] == 200
+        finally:
+            proc.terminate()
+            proc.wait(20)

@@ -53,6 +53,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--journal", default=None, metavar="FILE.jsonl",
                    help="append every request to this cache file; needed for POST /v1/feedback")
     g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default: 1 MiB)")
+    g.add_argument("--read-timeout", type=float, default=10.0, metavar="S", help="seconds a client has to send a "
+                   "request's line and headers (from connecting or from the previous response), and again its body; "
+                   "then 408 and the connection is closed (default: 10)")
+    g.add_argument("--keep-alive", type=int, default=5, metavar="S", help="seconds an idle keep-alive connection is "
+                   "kept (uvicorn's timeout_keep_alive; default: 5)")
+    g.add_argument("--max-clients", type=int, default=None, metavar="N", help="most client connections at once; past "
+                   "it the oldest connection with no request in progress is closed, or the new one gets 503 (default: "
+                   "half the file-descriptor limit left after 64, at most 1024)")
+    g.add_argument("--max-header-bytes", type=int, default=64 << 10, metavar="N", help="longest request line and "
+                   "headers; longer: 431 (default: 64 KiB)")
     g.add_argument("--window", type=int, default=200, help="feedback outcomes in the rolling coverage (default: 200)")
     g.add_argument("--no-access-log", action="store_true",
                    help="no line per request on stderr (default: one line per request at INFO)")
@@ -121,6 +131,8 @@ def _config(args, journal):
             raise UserError(f"--max-body-bytes: expected at least 1024, got {args.max_body_bytes}")
         kw["max_body_bytes"] = args.max_body_bytes
     kw["prices"] = _prices(args.price or [], base, guide)
+    if getattr(args, "read_timeout", None) is not None:
+        kw["server"] = _server_limits(args)
     if getattr(args, "no_access_log", False):
         kw["access_log"] = False
     kw.update(_state_config(args))
@@ -187,6 +199,21 @@ def _state_line(gw) -> str:
             f"{v.version}; {len(st.spool.records)} record(s) waiting in the spool {st.spool.path})")
 
 
+def _server_limits(args):
+    """The server's bounds on every client (ccpo_jax.gateway.server.ServerLimits) from the gateway's flags."""
+    from ccpo_jax.errors import UserError
+    from ccpo_jax.gateway.server import ServerLimits
+
+    if not (math.isfinite(args.read_timeout) and args.read_timeout > 0):
+        raise UserError(f"--read-timeout: expected a number of seconds > 0, got {args.read_timeout!r}")
+    for flag, v, lo in (("--keep-alive", args.keep_alive, 1), ("--max-clients", args.max_clients, 1),
+                        ("--max-header-bytes", args.max_header_bytes, 1024)):
+        if v is not None and v < lo:
+            raise UserError(f"{flag}: expected an integer >= {lo}, got {v}")
+    return ServerLimits(read_timeout_s=args.read_timeout, keep_alive_s=args.keep_alive, max_clients=args.max_clients,
+                        max_header_bytes=args.max_header_bytes)
+
+
 def _upstreams(gw) -> str:
     """The start-up line's upstreams: each role's endpoint, a ladder's rungs in round order."""
     parts = []
@@ -206,6 +233,7 @@ def _gateway(args) -> int:
     from ccpo_jax.gateway.access import price_line, stop_line
     from ccpo_jax.gateway.app import MODEL_ID, Gateway, load_gateway
     from ccpo_jax.gateway.routes import build_app
+    from ccpo_jax.gateway.server import uvicorn_config
     from ccpo_jax.serving import Router
 
     if not 0 <= args.port <= 65535:
@@ -253,7 +281,7 @@ def _gateway(args) -> int:
         gw.state.spool.close()  # (the workers take the spools)
         return serve_workers(args.artifact, cfg, sock, args.workers, banner)
     app = build_app(gw)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app, cfg.server, timeout_graceful_shutdown=5))
     import signal
 
     # uvicorn re-raises the signal it stopped on once it has shut down: catch it here to say what was kept

@@ -21,6 +21,7 @@ from ccpo_jax.gateway.engine import ON_EMPTY, Batcher, Caps, Decider, Outcome, P
 from ccpo_jax.gateway.journal import FeedbackError, Journal, journal_manifest
 from ccpo_jax.gateway.metrics import Metrics
 from ccpo_jax.gateway.online import CoverageState
+from ccpo_jax.gateway.server import ServerLimits
 from ccpo_jax.gateway.state import EmbeddedState, FeedbackResult, GatewayState
 from ccpo_jax.gateway.upstream import AsyncChatClient, UpstreamError
 from ccpo_jax.serving import Router
@@ -52,6 +53,9 @@ class GatewayConfig:
     max_body_bytes: int = 1 << 20
     max_question_chars: int = 100_000
     max_connections: int = 256
+    #: The HTTP server's bounds on every client: read timeout, keep-alive, connections, header size
+    #: (ccpo_jax.gateway.server; docs/gateway.md, "Server limits").
+    server: ServerLimits = ServerLimits()
     #: Most decisions in one router call; the decision path is compiled for every power of two up to it
     #: at start-up (1 ... 64: 7 batch sizes, about 11 s here).
     max_batch: int = 64

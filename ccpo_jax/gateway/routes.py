@@ -28,17 +28,22 @@ def _error(e: RequestError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-async def _read_json(request: Request, cap: int):
-    """The body as JSON, read up to ``cap`` bytes (413 beyond), or RequestError."""
+async def _read_json(request: Request, cap: int, timeout_s: float):
+    """The body as JSON, read up to ``cap`` bytes (413 beyond) within ``timeout_s`` seconds (408 after:
+    the server's read timeout, which uvicorn does not apply to a body), or RequestError."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap:
         raise RequestError(413, f"the body has {declared} bytes, more than {cap}", code="body_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise RequestError(413, f"the body is longer than {cap} bytes", code="body_too_large")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > cap:
+                    raise RequestError(413, f"the body is longer than {cap} bytes", code="body_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError(408, f"the body did not arrive within {timeout_s:g} s", code="request_timeout") from None
     raw = b"".join(chunks)
     try:
         body = json.loads(raw.decode("utf-8"))
@@ -93,7 +98,7 @@ def build_app(gw: Gateway) -> AccessLog:
 
     async def completions(request: Request) -> Response:
         try:
-            body = await _read_json(request, gw.cfg.max_body_bytes)
+            body = await _read_json(request, gw.cfg.max_body_bytes, gw.cfg.server.read_timeout_s)
             question, group, caps, stream = parse_request(body, gw.router, gw.cfg.max_question_chars)
         except RequestError as e:
             m.requests.labels("bad_request").inc()
@@ -137,7 +142,7 @@ def build_app(gw: Gateway) -> AccessLog:
 
     async def feedback(request: Request) -> Response:
         try:
-            body = await _read_json(request, 1 << 16)
+            body = await _read_json(request, 1 << 16, gw.cfg.server.read_timeout_s)
             return JSONResponse(await gw.feedback(body))
         except RequestError as e:
             return _error(e)

@@ -37,6 +37,7 @@ def _worker(artifact: str, cfg, address: tuple, family: int, index: int, ready) 
     from ccpo_jax.errors import UserError
     from ccpo_jax.gateway.app import load_gateway
     from ccpo_jax.gateway.routes import build_app
+    from ccpo_jax.gateway.server import uvicorn_config
 
     logging.basicConfig(level=logging.WARNING, format=f"%(levelname)s %(name)s[w{index}]: %(message)s")
     logging.getLogger("ccpo_jax.gateway").setLevel(logging.INFO)
@@ -45,7 +46,7 @@ def _worker(artifact: str, cfg, address: tuple, family: int, index: int, ready) 
     except UserError as e:
         ready.put((index, f"error: {e}"))
         sys.exit(2)
-    server = uvicorn.Server(uvicorn.Config(build_app(gw), log_level="warning", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(build_app(gw), cfg.server, timeout_graceful_shutdown=5))
     sock = socket.socket(family)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
