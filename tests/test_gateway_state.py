@@ -182,6 +182,10 @@ def test_workers_need_state_and_state_needs_no_journal(art, tmp_path):
     res = run_cli(["gateway", str(art), "--base", "http://127.0.0.1:9/v1,a", "--guide", "http://127.0.0.1:9/v1,b",
                    "--state", "redis://127.0.0.1/0"])
     assert res.returncode == 2 and "--state: expected redis://HOST:PORT/DB" in res.stderr
+    res = run_cli(["gateway", str(art), "--base", "http://127.0.0.1:9/v1,a", "--guide", "http://127.0.0.1:9/v1,b",
+                   "--state", "redis://127.0.0.1:1/0", "--spool", str(tmp_path / "spool")])
+    assert res.returncode == 2 and "--state redis://127.0.0.1:1/0: cannot use the store" in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1
 
 
 def test_store_down_completions_go_on_feedback_503_then_spool_flushes(art, up, redis, tmp_path):
