@@ -502,3 +502,31 @@ def test_a_gateway_process_under_a_low_descriptor_limit_serves_past_idle_sockets
         finally:
             proc.terminate()
             proc.wait(20)
+
+
+def test_a_feedback_line_the_reader_would_refuse_is_not_written(art, tmp_path, monkeypatch, caplog):
+    """Items 1-5's last line of defence: a feedback line goes through the cache reader's own check
+    (``check_question``, data check's code path) before it is written; a line it refuses (a labelling bug,
+    simulated here) is a 500, one log line, nothing written, and the request still awaits feedback."""
+    import ccpo_jax.gateway.journal as J
+
+    journal = tmp_path / "j.jsonl"
+    real_label = J.label
+
+    def bad_label(*a, **k):
+        out = real_label(*a, **k)
+        out["rounds"][0]["base"]["tokens_in"] = -1
+        return out
+    with FakeChatServer(SCRIPTS) as up, _gateway(art, up, journal) as g:
+        st, r = post(g.url, "/chat/completions", _chat(QS[0]))
+        before = journal.read_bytes()
+        monkeypatch.setattr(J, "label", bad_label)
+        with caplog.at_level(logging.INFO, logger="ccpo_jax.gateway"):
+            st, err = post(g.url, "/feedback", {"id": r["id"], "gold": SCRIPTS[QS[0]].gold})
+        assert st == 500 and err["error"]["code"] == "internal_error", err
+        assert journal.read_bytes() == before
+        errs = [x.getMessage() for x in caplog.records if x.levelno >= logging.ERROR]
+        assert len(errs) == 1 and "JournalLineRefused" in errs[0] and "rounds[0].base.tokens_in" in errs[0], errs
+        monkeypatch.setattr(J, "label", real_label)
+        assert post(g.url, "/feedback", {"id": r["id"], "gold": SCRIPTS[QS[0]].gold})[0] == 200
+    _checked(journal)

@@ -30,8 +30,9 @@ from ccpo_jax.collect.cachefile import collector_version, today
 from ccpo_jax.collect.calllog import truncate_partial_line
 from ccpo_jax.errors import UserError
 from envs.cache.atomic import atomic_write_text
-from envs.cache.journal import unlabelled
-from envs.cache.jsonl import MAX_LINE_BYTES
+from envs.cache.journal import as_labelled, unlabelled
+from envs.cache.jsonl import MAX_LINE_BYTES, check_question
+from envs.cache.schema import CacheError
 from envs.cache.normalise import normalise_answer
 from envs.cache.values import show
 
@@ -43,8 +44,8 @@ MAX_PENDING = 100_000
 MAX_PENDING_BYTES = 256 << 20
 
 
-class JournalLineTooLong(RuntimeError):
-    """A line the cache reader would refuse for its length: not written (an internal error, HTTP 500)."""
+class JournalLineRefused(RuntimeError):
+    """A line the cache reader would refuse (its length, a value): not written (an internal error, HTTP 500)."""
 
 
 class FeedbackError(UserError):
@@ -172,6 +173,7 @@ class Journal:
     def __init__(self, path: str | os.PathLike, manifest: dict, max_pending: int | None = None,
                  max_pending_bytes: int | None = None):
         self.path = Path(path)
+        self.manifest = manifest  # (a reopened journal's own, once read: its lines are checked against it)
         self.max_pending = MAX_PENDING if max_pending is None else max_pending
         self.max_pending_bytes = MAX_PENDING_BYTES if max_pending_bytes is None else max_pending_bytes
         self.pending_bytes = 0  # sys.getsizeof of the lines in ``pending``
@@ -213,7 +215,7 @@ class Journal:
                     if not isinstance(obj.get("manifest"), dict) or "journal" not in obj["manifest"].get("provenance", {}):
                         raise UserError(f"{self.path}:1: not a gateway journal (no manifest with provenance.journal)",
                                         field="journal")
-                    old = obj["manifest"]
+                    old = self.manifest = obj["manifest"]
                     groups = old["provenance"]["journal"].get("groups")  # (None: a journal from before it was kept)
                     continue
                 if i == 2 and groups is None:
@@ -238,13 +240,22 @@ class Journal:
         line = json.dumps(rec, ensure_ascii=False, allow_nan=False)
         data = (line + "\n").encode("utf-8")
         if len(data) > MAX_LINE_BYTES:
-            raise JournalLineTooLong(f"{self.path}: a line of {len(data)} bytes, over the cache reader's "
+            raise JournalLineRefused(f"{self.path}: a line of {len(data)} bytes, over the cache reader's "
                                      f"{MAX_LINE_BYTES >> 20} MiB; not written")
         with self._lock:
             self._f.write(data)
             self._f.flush()
             os.fsync(self._f.fileno())
         return line
+
+    def _check(self, rec: dict) -> None:
+        """A feedback line passes the cache reader's rules before it is written (``check_question``, the
+        code path of ``data check``): an outcome can never make the journal unreadable. About 1.3 ms a
+        line here, so request lines rely on their fields' checks (the client's before any upstream call)."""
+        try:
+            check_question(self.manifest, as_labelled(rec) if unlabelled(rec) else rec, str(self.path))
+        except CacheError as e:
+            raise JournalLineRefused(f"{e} (the feedback line was not written)") from None
 
     def _keep(self, qid: str, line: str) -> None:
         """Keep ``line`` as ``qid``'s awaiting feedback; forget the oldest beyond the count and bytes bounds."""
@@ -281,6 +292,7 @@ class Journal:
                                     f"gateway keeps the latest {self.max_pending} requests, at most "
                                     f"{self.max_pending_bytes >> 20} MiB)", 404, "id")
             out, cov = apply_feedback(json.loads(line), qid, gold, correct, aliases)
+            self._check(out)
             written = self._write(out)
             if is_labelled(out):
                 self._recorded(qid)
