@@ -9,6 +9,7 @@ kappa of training (``CPO online``), or from pi's sampled actions (``CPO``).
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -320,20 +321,30 @@ def calibration_diagnostics(policy, params: EnvParams, kappa_hat: float, cal_idx
     distribution of the set size over the calibration questions.
     """
     cal = jnp.asarray(cal_idx)
-    probs, _ = policy_tables(policy, params, hidden, ensemble)
-    avail = params.available[cal]
-    in_set = conformal.conformal_set(probs[cal], kappa_hat, avail)
-    m = evaluate_sets(in_set, params, cal)
-    reached = reached_rounds(in_set & avail, avail) & params.round_mask[cal]
-    full = jnp.all(jnp.where(reached[..., None], in_set == avail, True), axis=(1, 2))
-    full_frac = float(jnp.mean(full.astype(jnp.float32)))
-    sizes = np.bincount(np.asarray(m.set_size), minlength=1)
+    full_frac, coverage, set_size = _diagnostic_arrays(policy, params, jnp.float32(kappa_hat), cal,
+                                                       None if hidden is None else tuple(hidden), ensemble)
+    full_frac = float(full_frac)
+    sizes = np.bincount(np.asarray(set_size), minlength=1)
     return {
         "n": int(cal.shape[0]),
         "kappa": float(kappa_hat),
-        "coverage": float(jnp.mean(m.covered.astype(jnp.float32))),
+        "coverage": float(coverage),
         "target": float(1.0 - alpha),
         "full_set_fraction": full_frac,
         "degenerate": bool(full_frac >= DEGENERATE_FULL_SET or float(kappa_hat) < DEGENERATE_KAPPA),
         "set_size_counts": {str(k): int(c) for k, c in enumerate(sizes) if c},
     }
+
+
+@functools.partial(jax.jit, static_argnames=("hidden", "ensemble"))
+def _diagnostic_arrays(policy, params: EnvParams, kappa_hat, cal, hidden, ensemble: bool):
+    """(full-set share, coverage, set size [n]) of :func:`calibration_diagnostics`, in one compiled program per
+    network and kind (run eagerly, the forward pass and the set evaluation were ~180 operations compiled one by
+    one, and the scan over row blocks compiled again for every policy: 13.8 s of a default reproduce's 139 s)."""
+    probs = blocked_policy_probs(policy, params.obs, params.available, hidden, ensemble)
+    avail = params.available[cal]
+    in_set = conformal.conformal_set(probs[cal], kappa_hat, avail)
+    m = evaluate_sets(in_set, params, cal)
+    reached = reached_rounds(in_set & avail, avail) & params.round_mask[cal]
+    full = jnp.all(jnp.where(reached[..., None], in_set == avail, True), axis=(1, 2))
+    return jnp.mean(full.astype(jnp.float32)), jnp.mean(m.covered.astype(jnp.float32)), m.set_size
