@@ -80,6 +80,9 @@ stage train 120 --only train
 stage reproduce 120 --only reproduce
 stage devices 75 --quick --only devices --device-counts 1,2
 stage sweep 150 --quick --only sweep
+echo "gpu.sh: stage perf (limit 240s)" | tee -a "$LOG"  # benchmarks/perf.py: reproduce 1st/2nd, gateway, CPO vs torch
+timeout --signal=TERM --kill-after=10 240 "$PY" benchmarks/perf.py --quick --out "$OUT_DIR/bench_perf.json" >> "$LOG" 2>&1 \
+  || echo "gpu.sh: stage perf exited with $? (see $LOG)" | tee -a "$LOG"
 grep -A12 "^summary" "$LOG"
 
 "$PY" - "$OUT_DIR" <<'EOF'
@@ -87,7 +90,7 @@ import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 recs = []
-for name in ("env_eval", "train", "reproduce", "devices", "sweep"):
+for name in ("env_eval", "train", "reproduce", "devices", "sweep", "perf"):
     p = out / f"bench_{name}.json"
     if p.exists():
         for r in json.loads(p.read_text()):

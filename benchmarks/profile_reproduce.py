@@ -1,7 +1,8 @@
 """Where the default ``ccpo-jax reproduce`` spends its time: imports, tracing, lowering and XLA
 compilation per program, the pipeline's own timing, and a cProfile of the rest.
 
-    python benchmarks/profile_reproduce.py [--out DIR] [--json PROFILE.json] [--top 30] [-- reproduce flags]
+    python benchmarks/profile_reproduce.py [--out DIR] [--json PROFILE.json] [--top 30] [--pstats P.prof]
+        [--cache-dir DIR] [-- reproduce flags]
 
 Runs the command in this process (so every compilation is seen): ``jax_log_compiles`` reports each
 program's tracing, jaxpr -> MLIR lowering and XLA compilation; programs named ``jit(<op>)`` of one
@@ -77,6 +78,7 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=None, help="reproduce's --out (default: a fresh temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="write the profile here")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--pstats", type=Path, default=None, help="also save the cProfile here (pstats format)")
     ap.add_argument("--cache-dir", default=None, help="JAX persistent compilation cache directory (default: off)")
     ap.add_argument("rest", nargs="*", help="extra reproduce flags after --")
     args = ap.parse_args(argv)
@@ -120,6 +122,8 @@ def main(argv=None):
         prof.disable()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     results = json.loads((out / "results.json").read_text())
+    if args.pstats:
+        prof.dump_stats(str(args.pstats))
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(args.top)
     profile = {
