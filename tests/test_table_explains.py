@@ -135,3 +135,22 @@ def test_the_marginal_guarantee_section_says_what_it_promises_and_names_pac():
     text = format_guarantees(res)
     assert "--guarantee pac" in text and "what a marginal guarantee" in text
     assert all(m in METRICS for m in ("cost_cents", "coverage"))
+
+
+def test_frontier_styles_one_colour_per_family_and_misses_by_hand():
+    from ccpo_jax.ccpo.frontier import row_styles
+    from ccpo_jax.ccpo.table import misses_target
+
+    rows = ["Random", "UALA", "CPO", "CPO batch", "CPO batch [kept seed]", "CPO batch [ensemble]", "CCPO (lambda=0)",
+            "CCPO (lambda=0) [kept seed]", "CCPO (lambda=0) [ensemble]", "CCPO (lambda=1e-4)", "CCPO (lambda=1e-4) [ensemble]"]
+    learned = {r for r in rows if r not in ("Random", "UALA")}
+    st = row_styles(rows, learned)
+    fam = {"CPO": ["CPO"], "CPO batch": rows[3:6], "CCPO (lambda=0)": rows[6:9], "CCPO (lambda=1e-4)": rows[9:]}
+    colours = {f: {st[r]["color"] for r in rs} for f, rs in fam.items()}
+    assert all(len(c) == 1 for c in colours.values())  # a row and its twins share a colour
+    assert len({next(iter(c)) for c in colours.values()} | {st["Random"]["color"], st["UALA"]["color"]}) == 6
+    assert len({(st[r]["ls"], st[r]["marker"]) for r in fam["CCPO (lambda=0)"]}) == 3  # the twins told apart
+    assert st["Random"]["ls"] == ":" and st["CPO"]["ls"] == "-"
+    # 0.786 over 20 splits with sd 0.05: se 0.0112, 0.80 - 2 se = 0.7776 -> meets; 0.76 misses
+    v = 0.786 + 0.05 * np.array([1, -1] * 10) * np.sqrt(19 / 20)
+    assert not misses_target(v, 0.2) and misses_target(v - 0.026, 0.2)
