@@ -262,3 +262,37 @@ def test_data_pull_errors_are_one_line(redis, tmp_path):
     assert res.returncode == 2 and "ending in .jsonl" in res.stderr
     res = run_cli(["data", "pull", "redis://127.0.0.1:1/0", "--out", str(tmp_path / "j.jsonl")])
     assert res.returncode == 2 and "cannot read redis://127.0.0.1:1/0" in res.stderr, res.stderr
+
+
+def test_a_spool_of_another_deployment_is_refused_not_sent_into_this_one(up, redis, tmp_path):
+    """Two deployments started from one directory share the default spool folder: a request answered by
+    deployment A while its store was down, by a replica killed before it sent it, must not be sent into
+    deployment B's journal (before: a replica of B adopted it and B's pulled journal held A's request, which
+    data check accepted). A replica of another router or another store on that folder is refused, naming the
+    folder; a replica of A sends it."""
+    art_a = build_artefact(tmp_path / "A", seed=5)
+    art_b = build_artefact(tmp_path / "B", seed=9, kappa=0.5)
+    db_a, db_b, spool = redis.url, redis.url[:-1] + "1", tmp_path / "spool"
+    with _replica(art_a, up, db_a, spool):
+        pass
+    with _replica(art_b, up, db_b, spool, new_deployment=True) as b:  # (the marker belongs to A: it needs the flag)
+        assert _ask(b, QS[1])[0] == 200
+    with _replica(art_a, up, db_a, spool) as a:
+        redis.stop()
+        st, ra = _ask(a, QS[0])
+        assert st == 200 and ra["ccpo"]["state"]["journal"] == "spooled"
+        a.gw.state._task.cancel()
+        a.gw.state.spool.entries = []  # as if killed -9 here: the record stays in its spool file only
+    redis.start()
+    for art, db, what in ((art_b, db_b, "another router"), (art_a, redis.url[:-1] + "2", "this router, another")):
+        with pytest.raises(UserError, match=r"1 journal record\(s\) answered for another deployment") as e:
+            _replica(art, up, db, spool, new_deployment=True)
+        assert str(spool) in str(e.value) and what in str(e.value)
+    pulled = tmp_path / "b.jsonl"
+    assert run_cli(["data", "pull", db_b, "--out", str(pulled)]).returncode == 0
+    assert ra["id"] not in pulled.read_text()
+    with _replica(art_a, up, db_a, spool) as a2:  # A's own replica sends it
+        t0 = time.monotonic()
+        while a2.gw.state.spool.records and time.monotonic() - t0 < 10:
+            time.sleep(0.2)
+        assert post(a2.url, "/feedback", {"id": ra["id"], "gold": SCRIPTS[QS[0]].gold})[0] == 200

@@ -30,6 +30,7 @@ Retry-After (its one script either ran whole or not at all).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -172,7 +173,10 @@ class RedisState(GatewayState):
         self.up, self.lost = True, False
         self.on_call = lambda op, seconds: None  # the gateway's latency histogram
         self.spool = Spool(spool)
+        who = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        self._check_spool(who, None, new_deployment)  # (another router's records: refused before joining)
         self.epoch, self.created = self._join(manifest, identity, kappa0, new_deployment)
+        self._check_spool(who, self.epoch, new_deployment and self.created)
         self._task: asyncio.Task | None = None
         self._r = None
 
@@ -193,7 +197,8 @@ class RedisState(GatewayState):
                     raise UserError(f"--state {self.url}: the store holds no deployment, but this replica's spool "
                                     f"({self.spool.folder}) belongs to deployment {old.get('epoch')} created "
                                     f"{old.get('created', '?')}: was Redis restarted empty (no persistence)? "
-                                    "Restore its data, or pass --new-deployment to begin a new deployment")
+                                    "Restore its data, or pass --new-deployment to begin a new deployment (another deployment started "
+                                    "from this directory: give it its own --spool DIR)")
                 epoch, now = uuid.uuid4().hex, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 manifest = json.loads(json.dumps(manifest))
                 manifest["provenance"]["journal"]["deployment"] = {"store": "redis", "epoch": epoch, "created": now}
@@ -214,6 +219,29 @@ class RedisState(GatewayState):
         marker.write_text(json.dumps({"epoch": res[1], "store": self.url,
                                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
         return res[1], created
+
+    def _check_spool(self, who: str, epoch: str | None, carry: bool) -> None:
+        """Refuse to start on a spool holding records answered for another deployment: another router or
+        settings (``who``: this replica's identity hash), or, once joined (``epoch``), another deployment;
+        they would be sent into this deployment's journal of record. ``carry``: this replica began a new
+        deployment (``--new-deployment``): the same router's records of a lost deployment of the same store
+        (Redis restarted empty) go into it."""
+        self.spool.bind({"store": self.url, "epoch": epoch, "identity": who})
+        ours = lambda d, *keys: isinstance(d, dict) and all(d.get(k) == self.spool.deployment[k] for k in keys)  # noqa: E731
+        theirs = [d for d in self.spool.foreign() if epoch is not None or not ours(d, "identity")]
+        if not theirs:
+            return
+        if carry and all(ours(d, "identity", "store") for d in theirs):
+            self.spool.carry()
+            return
+        self.spool.close()
+        what = "this router, another deployment" if all(ours(d, "identity") for d in theirs) else \
+            "another router or settings"
+        names = sorted({f"{d.get('store')} {d.get('epoch')}" if isinstance(d, dict) else "unknown" for d in theirs})
+        raise UserError(f"{self.spool.folder}: {len(theirs)} journal record(s) answered for another deployment "
+                        f"({what}: {', '.join(names)}) wait in this folder; a spool holds one deployment's records, "
+                        "and these would go into this one's journal. Give this replica its own --spool DIR (or "
+                        "start a replica of that deployment on this folder to send them)", field="spool")
 
     def _read_sync(self, r, epoch: str) -> None:
         res = r.register_script(LUA_READ)(keys=[K_DEP, K_KAPPA, K_OUT], args=[epoch, self.coverage.window])
