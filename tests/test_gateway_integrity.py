@@ -530,3 +530,27 @@ def test_a_feedback_line_the_reader_would_refuse_is_not_written(art, tmp_path, m
         monkeypatch.setattr(J, "label", real_label)
         assert post(g.url, "/feedback", {"id": r["id"], "gold": SCRIPTS[QS[0]].gold})[0] == 200
     _checked(journal)
+
+
+@pytest.mark.parametrize("lines, where", [
+    ([{"manifest": {"T": 3, "models": {}, "provenance": {"journal": True}}}], ":1: not a gateway journal"),
+    ([[1, 2]], ":1: not a gateway journal"),
+    ([{"manifest": {"T": 3, "provenance": ["journal"]}}], ":1: not a gateway journal"),
+    (["JOURNAL", [1, 2]], ":2: not a gateway journal line"),
+    (["JOURNAL", {"id": "x", "rounds": 3}], ":2: not a gateway journal line"),
+    (["JOURNAL", {"rounds": []}], ":2: not a gateway journal line"),
+], ids=["journal not an object", "line 1 a list", "provenance a list", "line 2 a list", "rounds a number", "no id"])
+def test_a_file_that_is_not_a_journal_is_one_error_line_and_left_alone(art, tmp_path, lines, where):
+    """A careless --journal (another JSONL file, a hand-edited journal): one line naming FILE:LINE, exit 2,
+    the file untouched (before: an AttributeError traceback from the journal's reopening)."""
+    good = tmp_path / "good.jsonl"
+    with FakeChatServer(SCRIPTS) as up, _gateway(art, up, good) as g:  # a real journal's manifest line
+        pass
+    journal = tmp_path / "j.jsonl"
+    journal.write_text("".join((good.read_text().splitlines()[0] if x == "JOURNAL" else json.dumps(x)) + "\n"
+                               for x in lines))
+    before = journal.read_bytes()
+    res = run_cli(["gateway", str(art), "--base", "http://127.0.0.1:9/v1,a", "--guide", "http://127.0.0.1:9/v1,b",
+                   "--journal", str(journal)])
+    assert res.returncode == 2 and f"{journal}{where}" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and journal.read_bytes() == before

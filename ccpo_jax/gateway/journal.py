@@ -212,12 +212,19 @@ class Journal:
                     raise UserError(f"{self.path}:{i}: not valid JSON; not a journal this gateway can append to",
                                     field="journal") from None
                 if i == 1:
-                    if not isinstance(obj.get("manifest"), dict) or "journal" not in obj["manifest"].get("provenance", {}):
+                    man = obj.get("manifest") if isinstance(obj, dict) else None
+                    prov = man.get("provenance") if isinstance(man, dict) else None
+                    if not isinstance(prov, dict) or not isinstance(prov.get("journal"), dict):
                         raise UserError(f"{self.path}:1: not a gateway journal (no manifest with provenance.journal)",
                                         field="journal")
-                    old = self.manifest = obj["manifest"]
-                    groups = old["provenance"]["journal"].get("groups")  # (None: a journal from before it was kept)
+                    old = self.manifest = man
+                    groups = prov["journal"].get("groups")  # (None: a journal from before it was kept)
                     continue
+                if not isinstance(obj, dict) or not isinstance(obj.get("id"), str) or not obj["id"] \
+                        or not isinstance(obj.get("rounds"), list):
+                    # (another JSONL file given as --journal: an AttributeError traceback before)
+                    raise UserError(f"{self.path}:{i}: not a gateway journal line (an object with an id and rounds); "
+                                    "not a journal this gateway can append to", field="journal")
                 if i == 2 and groups is None:
                     groups = "group" in obj
                 qid = obj.get("id")
