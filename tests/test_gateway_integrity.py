@@ -22,6 +22,7 @@ from conftest import run_cli  # noqa: E402
 from gateway_harness import GatewayThread, build_artefact, post  # noqa: E402
 
 from ccpo_jax.collect.client import Endpoint, RetryPolicy  # noqa: E402
+from ccpo_jax.errors import UserError  # noqa: E402
 from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
 
 FAST = RetryPolicy(retries=0, backoff_s=0.01, max_backoff_s=0.02, max_retry_after_s=5.0, timeout_s=2.0,
@@ -554,3 +555,29 @@ def test_a_file_that_is_not_a_journal_is_one_error_line_and_left_alone(art, tmp_
                    "--journal", str(journal)])
     assert res.returncode == 2 and f"{journal}{where}" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and journal.read_bytes() == before
+
+
+def test_a_journal_this_router_wrote_before_the_served_models_were_named_reopens(art, tmp_path):
+    """A journal written before the manifest named the upstream models that served (its ``models``: the
+    router's trained names, no ``provenance.journal.router_models`` or ``groups``) is this router's: the
+    gateway reopens it and takes feedback for its earlier requests (before: refused as 'written by another
+    router', models.base.name differing). Served at other prices (--price), it is still refused."""
+    journal = tmp_path / "j.jsonl"
+    with FakeChatServer(SCRIPTS) as up:
+        with _gateway(art, up, journal) as g:
+            st, r = post(g.url, "/chat/completions", _chat(QS[0]))
+        lines = journal.read_text().splitlines()
+        man = json.loads(lines[0])["manifest"]
+        j = man["provenance"]["journal"]
+        assert man["models"]["base"]["name"] != j["router_models"]["base"]["name"]  # (the case under test)
+        man["models"] = j.pop("router_models")
+        j.pop("groups")
+        journal.write_text("\n".join([json.dumps({"manifest": man}), *lines[1:]]) + "\n")
+        before = journal.read_bytes()
+        with pytest.raises(UserError, match=r"models\.guide\.price_in: 2\.5 in the journal, 1\.0 here"):
+            _gateway(art, up, journal, prices=((GUIDE_MODEL, 1.0, 3.0),))
+        assert journal.read_bytes() == before
+        with _gateway(art, up, journal) as g:
+            st, fb = post(g.url, "/feedback", {"id": r["id"], "gold": SCRIPTS[QS[0]].gold})
+            assert st == 200 and fb["labelled"], fb
+    _checked(journal)

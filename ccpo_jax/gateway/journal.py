@@ -157,11 +157,16 @@ def journal_mismatch(old: dict, new: dict, old_groups: bool | None) -> list[str]
     two T (a line with more rounds than the manifest's T), two prices, lines with and without a group
     (``data check`` refuses each) or two routers' outcomes under one router's name."""
     a, b = _identity(old, old_groups), _identity(new, new.get("provenance", {}).get("journal", {}).get("groups"))
+    legacy = "router_models" not in old.get("provenance", {}).get("journal", {})
+    trained = _leaves(new.get("provenance", {}).get("journal", {}).get("router_models"), "models")
     out = []
     for k in a:
         if a[k] is None or b[k] is None or a[k] == b[k]:
             continue
         x, y = _leaves(a[k], k), _leaves(b[k], k)
+        if k == "models" and legacy:  # a journal from before the manifest named the upstream models that
+            # served: its models are the router's (trained) names, at the prices charged (then: trained)
+            y = {p: trained.get(p, v) if p.endswith(".name") else v for p, v in y.items()}
         out += [f"{p}: {show(x.get(p, '(none)'))} in the journal, {show(y.get(p, '(none)'))} here"
                 for p in dict.fromkeys([*x, *y]) if x.get(p, "(none)") != y.get(p, "(none)")]
     return out
