@@ -296,3 +296,30 @@ def test_a_spool_of_another_deployment_is_refused_not_sent_into_this_one(up, red
         while a2.gw.state.spool.records and time.monotonic() - t0 < 10:
             time.sleep(0.2)
         assert post(a2.url, "/feedback", {"id": ra["id"], "gold": SCRIPTS[QS[0]].gold})[0] == 200
+
+
+def test_a_feedback_line_the_reader_would_refuse_is_not_recorded_in_the_store(art, up, redis, tmp_path,
+                                                                              monkeypatch):
+    """As the embedded journal's (tests/test_gateway_integrity.py): a feedback line goes through the cache
+    reader's check before the store takes it; one it refuses (a labelling bug, simulated) is a 500, nothing
+    recorded, and the pulled journal stays readable (before: the store took it and data check refused the
+    pulled file)."""
+    import ccpo_jax.gateway.journal as J
+
+    real_label = J.label
+
+    def bad_label(*a, **k):
+        out = real_label(*a, **k)
+        out["rounds"][0]["base"]["tokens_in"] = -1
+        return out
+    with _replica(art, up, redis.url, tmp_path / "spool") as a:
+        st, r = _ask(a, QS[0])
+        monkeypatch.setattr(J, "label", bad_label)
+        st, err = post(a.url, "/feedback", {"id": r["id"], "gold": SCRIPTS[QS[0]].gold})
+        assert st == 500 and err["error"]["code"] == "internal_error", err
+        pulled = tmp_path / "p.jsonl"
+        assert run_cli(["data", "pull", redis.url, "--out", str(pulled)]).returncode == 0
+        res = run_cli(["data", "check", str(pulled)])
+        assert res.returncode == 0 and "await feedback" in res.stdout, res.stderr
+        monkeypatch.setattr(J, "label", real_label)
+        assert post(a.url, "/feedback", {"id": r["id"], "gold": SCRIPTS[QS[0]].gold})[0] == 200

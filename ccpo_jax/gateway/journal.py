@@ -264,10 +264,7 @@ class Journal:
         """A feedback line passes the cache reader's rules before it is written (``check_question``, the
         code path of ``data check``): an outcome can never make the journal unreadable. About 1.3 ms a
         line here, so request lines rely on their fields' checks (the client's before any upstream call)."""
-        try:
-            check_question(self.manifest, as_labelled(rec) if unlabelled(rec) else rec, str(self.path))
-        except CacheError as e:
-            raise JournalLineRefused(f"{e} (the feedback line was not written)") from None
+        check_feedback_line(self.manifest, rec, str(self.path))
 
     def _keep(self, qid: str, line: str) -> None:
         """Keep ``line`` as ``qid``'s awaiting feedback; forget the oldest beyond the count and bytes bounds."""
@@ -311,6 +308,15 @@ class Journal:
             else:
                 self._keep(qid, written)
         return out, cov
+
+
+def check_feedback_line(manifest: dict, rec: dict, where: str) -> None:
+    """JournalLineRefused unless the feedback line ``rec`` passes the cache reader's rules under ``manifest``
+    (``check_question``, data check's code path): both backends run it before writing an outcome."""
+    try:
+        check_question(manifest, as_labelled(rec) if unlabelled(rec) else rec, where)
+    except CacheError as e:
+        raise JournalLineRefused(f"{e} (the feedback line was not written)") from None
 
 
 def parse_feedback(body: Any) -> tuple[str, str | None, bool | None, list[str]]:

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from ccpo_jax.errors import UserError
-from ccpo_jax.gateway.journal import FeedbackError, apply_feedback, is_labelled, parse_feedback
+from ccpo_jax.gateway.journal import FeedbackError, apply_feedback, check_feedback_line, is_labelled, parse_feedback
 from ccpo_jax.gateway.online import XI, alarm_test
 from ccpo_jax.gateway.spool import Spool
 from ccpo_jax.gateway.state import CoverageView, FeedbackResult, GatewayState, StateUnavailable
@@ -172,6 +172,7 @@ class RedisState(GatewayState):
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self.up, self.lost = True, False
         self.on_call = lambda op, seconds: None  # the gateway's latency histogram
+        self.manifest = manifest  # (a feedback line is checked against it before it is written)
         self.spool = Spool(spool)
         who = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         self._check_spool(who, None, new_deployment)  # (another router's records: refused before joining)
@@ -391,6 +392,7 @@ class RedisState(GatewayState):
             if prev is not None and is_labelled(base):
                 raise FeedbackError(f"id {qid!r}: its outcome is already recorded", 409, "id")
             out, cov = apply_feedback(base, qid, gold, correct, aliases)
+            check_feedback_line(self.manifest, out, self.url)  # as the embedded journal: data pull's reader
             res = await self._call("feedback", [K_DEP, K_REQ, K_FB, K_OUT],
                                    [qid, prev or "", _line(out), "" if cov is None else str(int(cov))])
             if res[0] == "OK":
