@@ -60,9 +60,17 @@ def _worker(artifact: str, cfg, address: tuple, family: int, index: int, ready) 
     server.run(sockets=[sock])
 
 
-def serve_workers(artifact: str, cfg, sock, n: int, banner: str, echo=print) -> int:
-    """Run ``n`` workers on ``sock`` until SIGTERM / SIGINT; restart a worker that dies. Exit status."""
-    from prometheus_client import multiprocess
+#: A worker that dies again before it serves waits this long before its next start (doubling, seconds):
+#: a worker refused at start-up (the store restarted empty, a spool of another deployment) is not a loop
+#: of fresh interpreters, one every second.
+RESTART_BACKOFF_S = (2.0, 60.0)
+
+
+def serve_workers(artifact: str, cfg, sock, n: int, banner: str, echo=print, target=None,
+                  backoff_s: tuple[float, float] = RESTART_BACKOFF_S) -> int:
+    """Run ``n`` workers on ``sock`` until SIGTERM / SIGINT; restart a worker that dies (at once the first
+    time, then after ``backoff_s`` doubling while it dies before serving; why it was refused is logged,
+    once per reason). Exit status. ``target``: the worker function (tests)."""
 
     metrics_dir = tempfile.mkdtemp(prefix="ccpo-gateway-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # (inherited by the spawned workers)
@@ -71,7 +79,7 @@ def serve_workers(artifact: str, cfg, sock, n: int, banner: str, echo=print) -> 
     stop = threading.Event()
 
     def start(i: int):
-        p = ctx.Process(target=_worker, args=(artifact, cfg, sock.getsockname(), sock.family, i, ready),
+        p = ctx.Process(target=target or _worker, args=(artifact, cfg, sock.getsockname(), sock.family, i, ready),
                         name=f"ccpo-gateway-w{i}")
         p.start()
         return p
@@ -94,13 +102,7 @@ def serve_workers(artifact: str, cfg, sock, n: int, banner: str, echo=print) -> 
                 return 2
             up += 1
         echo(f"{banner} ({n} workers, pids {', '.join(str(p.pid) for p in procs.values())})", flush=True)
-        while not stop.is_set():
-            stop.wait(0.5)
-            for i, p in list(procs.items()):
-                if not p.is_alive() and not stop.is_set():
-                    multiprocess.mark_process_dead(p.pid)
-                    log.warning("worker %d (pid %s) exited with %s; starting it again", i, p.pid, p.exitcode)
-                    procs[i] = start(i)
+        _supervise(procs, start, ready, stop, backoff_s)
         return 0
     finally:
         for p in procs.values():
@@ -111,3 +113,38 @@ def serve_workers(artifact: str, cfg, sock, n: int, banner: str, echo=print) -> 
             if p.is_alive():
                 p.kill()
         shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _supervise(procs: dict, start, ready, stop: threading.Event, backoff_s: tuple[float, float]) -> None:
+    """Restart dead workers until ``stop``: a worker's first death at once, then, while it dies before it
+    reports ready, after ``backoff_s[0]``, doubling up to ``backoff_s[1]``; a refusal it reported is logged
+    once per reason."""
+    from prometheus_client import multiprocess
+
+    fails, due, said = {i: 0 for i in procs}, {}, set()
+    while not stop.is_set():
+        stop.wait(0.5)
+        while True:
+            try:
+                i, msg = ready.get_nowait()
+            except queue.Empty:
+                break
+            if msg == "ready":
+                fails[i] = 0
+            elif msg not in said:
+                said.add(msg)
+                log.error("worker %d could not start: %s", i, msg.removeprefix("error: "))
+        now = time.monotonic()
+        for i, p in list(procs.items()):
+            if p.is_alive() or stop.is_set():
+                continue
+            if i not in due:
+                multiprocess.mark_process_dead(p.pid)
+                wait = 0.0 if fails[i] == 0 else min(backoff_s[1], backoff_s[0] * 2 ** (fails[i] - 1))
+                fails[i] += 1
+                due[i] = now + wait
+                log.warning("worker %d (pid %s) exited with %s; starting it again%s", i, p.pid, p.exitcode,
+                            f" in {wait:g} s" if wait else "")
+            if now >= due[i]:
+                del due[i]
+                procs[i] = start(i)
