@@ -26,6 +26,8 @@ ints checked at the boundary (:func:`check_split_sizes`).
 """
 from __future__ import annotations
 
+import functools
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -98,6 +100,13 @@ def make_splits(key: jax.Array, n_questions: int, n_train: int, n_cal: int, n_te
     Returns :class:`Splits` with train [S, n_train], cal [S, n_cal], test [S, n_test], int32.
     """
     check_split_sizes(n_questions, n_train, n_cal, n_test, n_splits)
+    return _make_splits(key, n_questions, n_train, n_cal, n_test, n_splits)
+
+
+# The splits as one compiled program each (sizes static): run eagerly they were ~40 operations compiled one
+# by one before a run's first line (integer permutations: the ids are the same either way).
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _make_splits(key, n_questions, n_train, n_cal, n_test, n_splits) -> Splits:
     keys = jax.random.split(key, n_splits)
     perms = jax.vmap(lambda k: jax.random.permutation(k, n_questions))(keys).astype(jnp.int32)  # [S, Q]
     a, b = n_train, n_train + n_cal
@@ -115,6 +124,11 @@ def make_recalibrate_splits(
     and the first n_cal become calibration, the next n_test test questions.
     """
     check_split_sizes(n_questions, n_train, n_cal, n_test, n_splits)
+    return _make_recalibrate_splits(key, n_questions, n_train, n_cal, n_test, n_splits)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _make_recalibrate_splits(key, n_questions, n_train, n_cal, n_test, n_splits) -> Splits:
     k_train, k_eval = jax.random.split(key)
     perm = jax.random.permutation(k_train, n_questions).astype(jnp.int32)
     train, rest = perm[:n_train], perm[n_train:]  # rest: [Q - n_train]
