@@ -83,14 +83,18 @@ def main(argv=None):
     ap.add_argument("rest", nargs="*", help="extra reproduce flags after --")
     args = ap.parse_args(argv)
     load0 = os.getloadavg()
+    # the command line's own cache (ccpo_jax.runtime.compile_cache, set up before jax is imported, as the CLI
+    # does) only with --cache-dir: without it a profile is a cold run
+    os.environ["CCPO_JAX_COMPILATION_CACHE"] = args.cache_dir or "off"
+    from ccpo_jax.runtime.compile_cache import configure
+
+    configure()
     w0, c0 = time.perf_counter(), time.process_time()
     import jax  # noqa: F401 - timed: the import is part of start-up
     from jax._src import core as jcore
     w_jax, c_jax = time.perf_counter() - w0, time.process_time() - c0
     _PRIMS.update(n for n in dir(jax.lax) if not n.startswith("_"))
     _PRIMS.update(p.name for p in vars(jcore).values() if isinstance(p, jcore.Primitive))
-    if args.cache_dir:
-        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
     jax.config.update("jax_log_compiles", True)
     log = CompileLog()
     for name in ("jax._src.dispatch", "jax._src.interpreters.pxla", "jax._src.pjit", "jax._src.stages"):
