@@ -19,7 +19,11 @@
 #   5. sweep (quick: trainer member-it/s at 20 and 200 members and at 80 members as one vmap vs
 #      retrain's blocks, the 4-alpha sweep vs 4 reproduce runs at 20 splits x 20 iterations,
 #      the retrain protocol at 10 splits; the --devices all runs only on a multi-core CPU) <= 150 s
-# Files: OUT_DIR/bench_gpu.json (merged), bench_<stage>.json, bench_gpu.log (7 files).
+#   then benchmarks/perf.py (quick) <= 240 s, and
+#   gymnax (quick: benchmarks/gymnax_throughput.py, random-policy steps/s through gymnax's API at
+#      1, 64, 1,024, 4,096 envs beside gymnax's CartPole-v1, and the wrapper's cost over the raw
+#      env; only when gymnax imports, e.g. from the wheel cache below)                       <= 45 s
+# Files: OUT_DIR/bench_gpu.json (merged), bench_<stage>.json, bench_gpu.log (9 files).
 set -u
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -49,7 +53,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 WHEELS=${CCPO_WHEELS:-$REPO/.whl}
 missing=$("$PY" - <<'EOF'
 import importlib.util
-need = ["flax", "optax", "orbax.checkpoint", "chex", "tqdm", "scipy", "matplotlib", "yaml", "tensorboardX"]
+need = ["flax", "optax", "orbax.checkpoint", "chex", "tqdm", "scipy", "matplotlib", "yaml", "tensorboardX", "gymnax"]
 print(" ".join(n for n in need if importlib.util.find_spec(n) is None))
 EOF
 )
@@ -83,6 +87,13 @@ stage sweep 150 --quick --only sweep
 echo "gpu.sh: stage perf (limit 240s)" | tee -a "$LOG"  # benchmarks/perf.py: reproduce 1st/2nd, gateway, CPO vs torch
 timeout --signal=TERM --kill-after=10 240 "$PY" benchmarks/perf.py --quick --out "$OUT_DIR/bench_perf.json" >> "$LOG" 2>&1 \
   || echo "gpu.sh: stage perf exited with $? (see $LOG)" | tee -a "$LOG"
+if "$PY" -c "import gymnax" >/dev/null 2>&1; then
+  echo "gpu.sh: stage gymnax (limit 45s)" | tee -a "$LOG"
+  timeout --signal=TERM --kill-after=10 45 "$PY" benchmarks/gymnax_throughput.py --quick \
+    --out "$OUT_DIR/bench_gymnax.json" >> "$LOG" 2>&1 || echo "gpu.sh: stage gymnax exited with $? (see $LOG)" | tee -a "$LOG"
+else
+  echo "gpu.sh: stage gymnax skipped: gymnax is not importable (pip install gymnax, or its wheels in \$CCPO_WHEELS)" | tee -a "$LOG"
+fi
 grep -A12 "^summary" "$LOG"
 
 "$PY" - "$OUT_DIR" <<'EOF'
@@ -90,7 +101,7 @@ import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 recs = []
-for name in ("env_eval", "train", "reproduce", "devices", "sweep", "perf"):
+for name in ("env_eval", "train", "reproduce", "devices", "sweep", "perf", "gymnax"):
     p = out / f"bench_{name}.json"
     if p.exists():
         for r in json.loads(p.read_text()):
