@@ -12,7 +12,7 @@ Per case (``table2``: the built-in SYNTHETIC Table 2 cache, 1000/200/200 at alph
    reference and the clairvoyant bound on every split;
 2. :mod:`experiments.ppo_agent`'s ``make_train`` trains the agent on ``envs.replay.gymnax.make``'s env
    (``reproduce``'s training questions; action sets ``Discrete(8)``; reward -J_t; constraint
-   ``info["covered"] >= 1 - alpha``), all seeds in one ``jit(vmap(train))``;
+   ``info["covered"] >= 1 - alpha``), one compiled ``train`` per seed (:func:`train_seeds`);
 3. its set scores are calibrated like any row: the score of raw action a at o_t is the policy's
    probability that the set it samples holds a, s_a(o_t) = sum_{S ∋ a} pi(S | o_t), and
    C(o_t) = {a : s_a(o_t) >= kappa-hat} with kappa-hat the exact split-conformal threshold on each
@@ -101,6 +101,15 @@ def evaluate(config: PPOConfig, policies, p, splits, alpha: float, key) -> dict[
     return {PPO_ROW: as_np(cal), SAMPLED_ROW: as_np(sampled)}
 
 
+def train_seeds(cfg: PPOConfig, env, params, keys):
+    """One compiled ``train`` called per seed, the results stacked [N, ...]. Not ``jit(vmap(train))``:
+    with 5 seeds vmapped on this 2-core CPU (jax 0.10.2), the run hung after compiling, every XLA thread
+    idle, reproducibly (docs/gym_api.md); one seed at a time ran every time."""
+    train = jax.jit(make_train(cfg, env, params))
+    outs = [jax.block_until_ready(train(k)) for k in keys]
+    return jax.tree.map(lambda *x: jnp.stack(x), *outs)
+
+
 def reproduce(case: str, out: Path, seeds: int, n_splits: int, cache_path: Path | None) -> dict:
     """CCPO and the references on the same splits: ``ccpo-jax reproduce``'s results.json."""
     res = out / "results.json"
@@ -141,8 +150,7 @@ def run_case(case: str, a: argparse.Namespace) -> dict:
     assert int(params.questions.shape[0]) == sizes[0]
     cfg = agent_config(params, alpha, a.timesteps, parse_sets(a.set))
     t0 = time.perf_counter()
-    policies, metrics = jax.block_until_ready(jax.jit(jax.vmap(make_train(cfg, env, params)))(
-        jax.random.split(jax.random.PRNGKey(a.agent_seed), a.seeds)))
+    policies, metrics = train_seeds(cfg, env, params, jax.random.split(jax.random.PRNGKey(a.agent_seed), a.seeds))
     t_train = time.perf_counter() - t0
     k_split = jax.random.split(jax.random.PRNGKey(0), 3)[0]  # ccpo_jax/ccpo/prepare.py's split key at --seed 0
     splits = make_recalibrate_splits(k_split, cache.n_questions, *sizes, a.splits)
