@@ -6,15 +6,15 @@ gymnax is an optional extra: without it these tests skip locally, but under CI=t
 installs the extra) a missing gymnax is an error."""
 from __future__ import annotations
 
-import os
-
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-if os.environ.get("CI") == "true":
+from conftest import IN_CI
+
+if IN_CI:
     import gymnax  # noqa: F401  CI installs '.[gymnax]': its absence must fail, not skip
 pytest.importorskip("gymnax")
 

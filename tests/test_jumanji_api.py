@@ -5,14 +5,14 @@ to the gymnax env's step by step.
 jumanji is in the optional ``gymnax`` extra: these skip without it locally; under CI=true its absence fails."""
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-if os.environ.get("CI") == "true":
+from conftest import IN_CI
+
+if IN_CI:
     import jumanji  # noqa: F401  CI installs '.[gymnax]': its absence must fail, not skip
 pytest.importorskip("jumanji")
 

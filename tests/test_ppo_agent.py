@@ -6,14 +6,14 @@ scores of experiments/ppo_lagrangian.py against a brute-force sum over the sets.
 gymnax is an optional extra: these skip without it locally; under CI=true its absence fails."""
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-if os.environ.get("CI") == "true":
+from conftest import IN_CI
+
+if IN_CI:
     import gymnax  # noqa: F401  CI installs '.[gymnax]': its absence must fail, not skip
 gymnax = pytest.importorskip("gymnax")
 
