@@ -61,13 +61,20 @@ def test_access_log_prices_rolling_coverage_and_served_models(art, tmp_path, cap
             up, journal, prices=((GUIDE_MODEL, 1.0, 3.0),)))) as g:
         client = openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0, timeout=30)
         assert _rolling(g.url) == []  # no value before any feedback (0.0 would read as a failure)
+        # the lines of the requests made in the window only: the server thread logs a request's line after
+        # its response, so _rolling's GET /metrics line above sometimes landed inside the window, and the
+        # 404's line after it (the window stays open until two POST lines came, at most 10 s)
+        def lines() -> list[str]:
+            return [m for m in (r.getMessage() for r in caplog.records if r.name == "ccpo_jax.gateway.access")
+                    if not m.startswith("GET /metrics ")]
         with caplog.at_level(logging.INFO, logger="ccpo_jax.gateway.access"):
             reply = _ask(client, QS[0])
             assert post(g.url, "/chat/completions", {"model": "nope", "messages": []})[0] == 404
-        # the requests made in the window only: the access line of _rolling's GET /metrics above is
-        # logged by the server thread after its response, and sometimes lands inside the window
-        lines = [m for m in (r.getMessage() for r in caplog.records if r.name == "ccpo_jax.gateway.access")
-                 if not m.startswith("GET /metrics ")]
+            t0 = time.monotonic()
+            while len(lines()) < 2 and time.monotonic() - t0 < 10:
+                time.sleep(0.02)
+            time.sleep(0.1)  # (a third line, were one logged, would come now)
+        lines = lines()
         assert len(lines) == 2, lines
         assert lines[0].startswith("POST /v1/chat/completions 200 ") and reply.id in lines[0]
         assert f"rounds {reply.ccpo['rounds']} " in lines[0] and " cents" in lines[0]
