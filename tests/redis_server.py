@@ -6,7 +6,6 @@ server's folder, so that a stop and start keeps the data; without it a restart i
 """
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -16,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import IN_CI  # noqa: E402
+
 
 def redis_binary() -> str:
     b = shutil.which("redis-server")
     if b is None:
         msg = "redis-server is not installed (apt-get install redis-server): the shared-state tests need a real one"
-        if os.environ.get("CI") == "true":
+        if IN_CI:  # (CI=true, 1 or yes: conftest's rule, as for the data and the gymnax extra)
             pytest.fail(msg + "; .ci/run installs it")
         pytest.skip(msg)
     return b

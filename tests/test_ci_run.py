@@ -83,3 +83,16 @@ def test_an_installed_redis_server_is_left_alone(tmp_path):
 def test_a_failed_install_fails_loudly(tmp_path, case, env, sudo, uid, msg):
     rc, err, _ = _run(tmp_path, uid=uid, sudo=sudo, **env)
     assert rc != 0 and msg in err, (rc, err)
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", "Failed"), ("1", "Failed"), ("yes", "Failed"), ("", "Skipped")])
+def test_a_missing_redis_server_fails_the_shared_state_tests_under_ci(tmp_path, ci, outcome):
+    """tests/redis_server.py: without redis-server, CI=true/1/yes (conftest's IN_CI) is a failure, else a
+    skip (before: only CI=true failed; CI=1 skipped the shared-state tests silently)."""
+    import sys
+
+    code = ("import sys; sys.path.insert(0, 'tests'); import redis_server\n"
+            "try:\n    redis_server.redis_binary()\nexcept BaseException as e:\n    print(type(e).__name__)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PATH": str(tmp_path), "CI": ci})
+    assert r.stdout.strip() == outcome, r.stdout + r.stderr
