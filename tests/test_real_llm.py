@@ -20,7 +20,7 @@ import real_llm_loop as R
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(R.missing() is not None, reason=R.missing() or "")]
 
-N_COLLECT, N_LIVE = 40, 8
+N_COLLECT, N_LIVE = 24, 6
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
