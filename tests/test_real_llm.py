@@ -51,7 +51,7 @@ def test_the_loop_against_a_real_llm(tmp_path):
         assert sum("uncertainty" in r["guide"] for r in rounds) >= 0.95 * len(rounds)
         assert sum(r["base"].get("answer_parsed", True) for r in rounds) >= 0.95 * len(rounds)
         _cli("data", "check", "cache.jsonl", cwd=tmp_path)
-        _cli("reproduce", "--cache", "cache.jsonl", "--splits", "2", "--split-sizes", "20,10,10", "--iterations", "4",
+        _cli("reproduce", "--cache", "cache.jsonl", "--splits", "2", "--split-sizes", "12,6,6", "--alpha", "0.3", "--iterations", "4",
              "--seeds", "1", "--no-progress", "--out", "run", cwd=tmp_path)
         _cli("export", "run", "--row", "CCPO (lambda=0)", "--force", "--out", "art", cwd=tmp_path)
         gw = subprocess.Popen([sys.executable, "-m", "ccpo_jax.cli.main", "gateway", "art", "--base", spec, "--guide",
