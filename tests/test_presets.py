@@ -96,7 +96,8 @@ def test_reproduce_passes_preset_overrides_and_seeds(tmp_path, small_cache):
     assert r["policies"]["Random"]["seeds"] == 1
     table = (out / "table.md").read_text()
     assert "3 training seeds" in table and "±1" in table
-    assert "go beyond the paper's published setting (preset `paper`): batch_size 10 -> 20, iterations 1500 -> 11" in table
+    assert ("trainer preset `paper`, 3 training seeds; it changes the paper's published setting: "
+            "11 training iterations instead of 1500; batch_size 10 -> 20") in table
     saved = json.loads((out / "run.json").read_text())
     assert saved["seeds"] == 3 and saved["preset"] == "paper" and saved["overrides"] == ["batch_size=20"]
     assert saved["command"] == "reproduce"  # what `sweep --resume` names when given this run (test_options.py)

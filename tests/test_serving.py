@@ -290,8 +290,15 @@ def test_serve_command(setup):
                             stderr=subprocess.PIPE, text=True, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
                             cwd=Path(__file__).resolve().parents[1])
     try:
-        line = proc.stderr.readline()  # blocks until the server listens (or the process dies)
-        assert "serving 'CCPO (lambda=0)' on http://127.0.0.1:" in line, line + proc.stderr.read()
+        seen = []  # lines before the server listens (a library warning, say) are kept for the message
+        while len(seen) < 50:
+            line = proc.stderr.readline()  # blocks until a line comes (or the process dies: "")
+            seen.append(line)
+            if not line or "serving " in line:
+                break
+        if "serving 'CCPO (lambda=0)' on http://127.0.0.1:" not in line:
+            proc.kill()  # so that reading the rest of stderr cannot wait on a live server
+            pytest.fail("".join(seen) + proc.stderr.read())
         port = int(line.split("http://127.0.0.1:")[1].split()[0])
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         c.request("POST", "/v1/route", body=json.dumps({"rounds": setup.records[0]["rounds"][:1]}),

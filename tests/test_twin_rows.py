@@ -196,7 +196,7 @@ def test_reproduce_reports_the_twin_rows(tmp_path):
         assert twin["cost_cents"]["mean"] == pytest.approx(pol[row]["per_seed"]["cost_cents"][k["seed"][0]])
         assert twin["seeds"] == 1 and "below_target" in twin and "cost_vs_bound" in twin
         assert "cost_over_best_observable" in twin
-    assert "CCPO (lambda=0) [kept seed]" in res.table and "[kept seed]: the one seed" in res.table
+    assert "CCPO (lambda=0) [kept seed]" in res.table and "[kept seed]: one seed of ROW" in res.table
     assert "CCPO (lambda=0) [ensemble]" in res.table and "[ensemble]: ROW's seeds as one policy" in res.table
     assert names.index("CCPO (lambda=0)" + ENSEMBLE) == names.index("CCPO (lambda=0)") + 2
     assert pol["CCPO (lambda=0)" + ENSEMBLE]["ensemble"]["members"] == 3

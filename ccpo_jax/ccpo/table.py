@@ -119,7 +119,7 @@ def _header(results: Mapping[str, Any], setting: Setting | None, split_sizes, co
     if tc:
         dev = deviations_from_dict(tc, PAPER)
         preset = results.get("preset", "default")
-        lines.append(f"- learned rows: trainer preset `{preset}`, {n_seeds} training seed(s); "
+        lines.append(f"- learned rows: trainer preset `{preset}`, {n_seeds} training seed{'s' if n_seeds != 1 else ''}; "
                      + (f"it changes the paper's published setting: {deviations_in_words(dev)} (why, with "
                         f"measurements: {PRESETS_LINK})" if dev else "the paper's published trainer setting"))
     if n_seeds > 1:
