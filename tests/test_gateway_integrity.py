@@ -176,17 +176,7 @@ def test_a_group_the_cache_refuses_is_a_400_before_any_upstream_call(art, tmp_pa
 
 def test_online_kappa_on_a_mondrian_artefact_names_the_flag_once(art, tmp_path, monkeypatch):
     """Item 13: the CLI's message names ``--online-kappa`` once (it said ``--online-kappa --online-kappa:``)."""
-    import numpy as np
-
-    from ccpo_jax.serving import Router
-
-    load = Router.load
-
-    def mondrian(path):
-        r = load(path)
-        r.group_kappas, r.rest_kappa = {"g1": np.float32(0.05)}, np.float32(0.9)
-        return r
-    monkeypatch.setattr(Router, "load", staticmethod(mondrian))
+    _mondrian_load(monkeypatch)
     res = run_cli(["gateway", str(art), "--base", "http://127.0.0.1:9/v1,b", "--guide", "http://127.0.0.1:9/v1,g",
                    "--online-kappa", "1"], cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.startswith("error: --online-kappa: a Mondrian router"), res.stderr
