@@ -147,7 +147,7 @@ def test_coverage_and_cost_caps_hold_with_probability_one_minus_delta():
 def test_ltt_entry_names_the_cap_that_made_each_split_infeasible():
     """Three risks: a split is counted under the cap(s) failing at its coverage threshold; the test cost
     per question is the summed test cost over the test split's size, and a feasible split over budget breaks a cap."""
-    from ccpo_jax.ccpo.calibration import ltt_entry
+    from ccpo_jax.ccpo.guarantee_results import ltt_entry
 
     feas = np.array([[True, False, False, False, False]])
     x = {"feasible": feas, "guide_rate": np.full(feas.shape, 0.5), "cal_guide_rate": np.full(feas.shape, 0.9),

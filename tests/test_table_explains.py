@@ -127,7 +127,7 @@ def test_the_table_marks_the_row_export_picks_by_one_name(tmp_path):
 
 
 def test_the_marginal_guarantee_section_says_what_it_promises_and_names_pac():
-    from ccpo_jax.ccpo.calibration import format_guarantees
+    from ccpo_jax.ccpo.guarantee_results import format_guarantees
 
     res = {"guarantee": {"kind": "marginal", "alpha": 0.1, "statement": "P(covered) >= 0.9 on average"},
            "policies": {"CPO batch": {"below_target": {"count": 199, "n": 500, "fraction": 0.398,

@@ -31,8 +31,8 @@ import numpy as np
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
 from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
-from ccpo_jax.ccpo.calibration import (add_group_guarantees, add_guarantees, check_feasible,  # noqa: F401 - the
-                                       describe_pooling, format_guarantees, group_spec, run_guarantee)  # names moved
+from ccpo_jax.ccpo.calibration import describe_pooling, group_spec, run_guarantee
+from ccpo_jax.ccpo.guarantee_results import add_group_guarantees, add_guarantees, check_feasible, format_guarantees
 from ccpo_jax.ccpo.pick import export_default
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.prepare import (CKPT_DIR, RUN_FILE, TB_DIR, Prepared, as_rows, bound_row,  # noqa: F401 - moved

@@ -28,7 +28,8 @@ from ccpo_jax.runtime.progress import status
 from ccpo_jax.ccpo import frontier as fr
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo.baselines import non_learned_rows
-from ccpo_jax.ccpo.calibration import add_frontier_guarantees, run_guarantee
+from ccpo_jax.ccpo.calibration import run_guarantee
+from ccpo_jax.ccpo.guarantee_results import add_frontier_guarantees
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, best_observable_row, describe, fit_scores
 from ccpo_jax.ccpo.prepare import (CKPT_DIR, RUN_FILE, TB_DIR, Prepared, as_rows, bound_row, check_options,
                                    describe_cache, is_setting_profile, prepare)
