@@ -32,8 +32,8 @@ import re
 from types import MappingProxyType
 from typing import Mapping
 
-import numpy as np
 
+from ccpo_jax.ccpo.rowid import GUIDE_MODEL, Twin, format_lambda, row_key
 from ccpo_jax.errors import UserError
 from envs import published
 from envs.cache.values import md_code
@@ -45,26 +45,7 @@ PROTOCOLS = ("recalibrate", "retrain")
 #: Per-split metrics, in the paper's column order (Cost (cents) / Coverage / Avg. Len. / Set Size).
 METRICS = ("cost_cents", "coverage", "avg_len", "set_size")
 
-GUIDE_MODEL = "GPT-4o"
 BASE_MODELS = {"llama2": "LLaMA-2-7B", "llama3": "LLaMA-3.2-3B"}
-
-
-def format_lambda(lam: float) -> str:
-    """Stable text of a set-size penalty: ``0``, ``1e-4``, ``2e-4``, ``1.5e-4``, ``0.05``, ``1``, ``1e30``.
-
-    Scientific notation with the shortest mantissa below 0.01 and from 1e6 up (1e30 in plain
-    decimal is 31 digits), plain decimal between; the same float always gives the same text,
-    and ``float`` reads it back. No ``+`` in the exponent: a policy's directory name keeps only
-    letters, digits and dashes, and 1e+30 would become the name of 1e-30.
-    """
-    lam = float(lam)
-    if not np.isfinite(lam):
-        raise UserError(f"lambda must be finite, got {lam}")
-    if lam == 0.0:
-        return "0"
-    if abs(lam) < 1e-2 or abs(lam) >= 1e6:
-        return np.format_float_scientific(lam, unique=True, trim="-", exp_digits=1).replace("e+", "e")
-    return np.format_float_positional(lam, unique=True, trim="-")
 
 
 def lambda_row_name(lam: float) -> str:
@@ -85,20 +66,20 @@ def exit_row_name(model: str) -> str:
 #: Suffix of a calibrated row's kept-seed twin, e.g. ``CCPO (lambda=0) [kept seed]``: of the row's
 #: training seeds, the one whose calibrated sets cost least on its own training questions
 #: (``ccpo_jax.ccpo.rows.kept_seeds``), the policy ``ccpo-jax export`` serves.
-KEPT_SEED = " [kept seed]"
+KEPT_SEED = Twin.KEPT_SEED.value
 #: How a kept-seed twin chose its seed (results.json ``kept_seed.rule``, the exported router's ``seed_rule``).
 KEPT_RULE = ("of the row's training seeds, the one whose calibrated sets cost least on the training questions it was "
              "trained on (threshold fitted there, in-sample); no calibration or test question is looked at")
 #: Suffix of a calibrated row's ensemble twin, e.g. ``CCPO (lambda=0) [ensemble]``: the row's training seeds
 #: as one policy, pi(a|o) the mean of theirs, calibrated like any row (``ccpo_jax.ccpo.rows.ensemble_rows``).
-ENSEMBLE = " [ensemble]"
+ENSEMBLE = Twin.ENSEMBLE.value
 #: How an ensemble twin's policy is made (results.json, the exported router's ``seed_rule``).
 ENSEMBLE_RULE = ("pi(a|o) is the mean of the seeds' probabilities (each softmax over the available actions), and "
                  "the set {a : pi(a|o) >= kappa} is calibrated on it like any policy's")
 #: Suffix of a calibrated row's group-conditional (Mondrian) twin, e.g. ``CPO batch [Mondrian]``.
-MONDRIAN_TWIN = " [Mondrian]"
+MONDRIAN_TWIN = Twin.MONDRIAN.value
 #: The twins' suffixes, in the order they follow their row in a table.
-TWINS = (KEPT_SEED, ENSEMBLE, MONDRIAN_TWIN)
+TWINS = tuple(t.value for t in Twin)
 
 
 def served_row(row: str, seed_rule: str | None) -> str:
@@ -154,11 +135,6 @@ def row_order_key(name: str) -> tuple[int, str]:
         except ValueError:
             return (7, m.group(1))
     return (8, name)
-
-
-def row_key(name: str) -> str:
-    """Loose key for matching a row name to the paper's (case, spaces, punctuation ignored)."""
-    return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
 @dataclasses.dataclass(frozen=True)
