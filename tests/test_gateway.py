@@ -578,3 +578,45 @@ def test_an_ensemble_router_behind_the_gateway(tmp_path):
                                                          messages=[{"role": "user", "content": q}]))
             streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             assert streamed == r.choices[0].message.content
+
+
+def test_feedback_outcome_counts_a_question_no_round_saw_as_covered():
+    """journal.outcome against the replay's definition, case by case by hand: covered when the set holds
+    the gold or no round run answered it (possibly unsolvable, Eq. 8); missed only when a round run had it."""
+    from ccpo_jax.gateway.journal import apply_feedback, none_seen, outcome
+
+    def rec(answers, in_set):
+        rounds = [{"base": {"answer": b, "tokens_in": 1, "tokens_out": 1},
+                   "guide": {"verdict": b == g, "answer": g, "tokens_in": 1, "tokens_out": 1}} for b, g in answers]
+        return {"id": "x", "rounds": rounds,
+                "gateway": {"answer": in_set[0] if in_set else None, "answer_set": [{"answer": a} for a in in_set]}}
+
+    r = rec([("Lyon", "Lyon"), ("Nice", "Nice")], ["Nice"])
+    assert outcome(r, "nice", None) is True  # in the set
+    assert outcome(r, "Lyon", None) is False and not none_seen(r, "Lyon")  # round 1 had it, the set does not
+    assert none_seen(r, "Paris") and outcome(r, "Paris", None) is True  # no round run saw it
+    assert outcome(rec([("Lyon", "Lyon")], []), "Paris", None) is True  # empty set, nothing seen
+    assert outcome(rec([("Lyon", "Paris")], []), "Paris", None) is False  # the guide had it, the set is empty
+    assert outcome(r, "Lyons", None, ["lyon"]) is False  # an alias counts as seen
+    assert outcome(r, None, False) is False and outcome(r, None, True) is True  # `correct` alone: as before
+    out, cov = apply_feedback(r, "x", "Paris", None, [])
+    assert cov is True and out["feedback"]["covered"] is False  # the journal keeps the plain fact
+
+
+def test_unsolvable_questions_do_not_set_off_the_drift_alarm(art, tmp_path):
+    """30 outcomes whose gold no round saw: covered for the alarm (before: 30 misses, alarm on at p ~ 1e-30),
+    counted as none_seen in the reply and the metrics."""
+    journal = tmp_path / "j.jsonl"
+    with FakeChatServer(SCRIPTS) as up, _gateway(art, up, journal, window=30) as g:
+        client = openai.OpenAI(base_url=g.url, api_key="unused", max_retries=0, timeout=30)
+        replies = []
+        for i in range(30):
+            cid = _ask(client, QS[i % len(QS)]).id
+            st, fb = post(g.url, "/feedback", {"id": cid, "gold": "an answer no round gave"})
+            assert st == 200
+            replies.append(fb)
+        m = httpx.get(g.url.replace("/v1", "/metrics")).text
+    assert all(fb["covered"] is False and fb["counted_as"] == "none_seen" for fb in replies)
+    assert replies[-1]["rolling_coverage"] == 1.0 and replies[-1]["drift_alarm"] is False
+    assert 'ccpo_gateway_feedback_total{outcome="none_seen"} 30.0' in m
+    assert "ccpo_gateway_drift_alarm 0.0" in m

@@ -395,7 +395,10 @@ class Gateway:
         """Record an outcome (``POST /v1/feedback``); FeedbackError (4xx) or StateUnavailable (503)."""
         res: FeedbackResult = await self.state.feedback(body)
         out, cov, v = res.record, res.covered, res.view
-        self.metrics.feedback.labels({True: "covered", False: "missed", None: "undetermined"}[cov]).inc()
+        # none_seen: the set missed, but no round run saw a correct answer (counted as covered: journal.outcome)
+        counted = "none_seen" if cov and out["feedback"]["covered"] is False else \
+            {True: "covered", False: "missed", None: "undetermined"}[cov]
+        self.metrics.feedback.labels(counted).inc()
         self.metrics.kappa.set(v.kappa)
         if v.rolling is not None:
             self.metrics.coverage.set(v.rolling)
@@ -405,7 +408,7 @@ class Gateway:
                         "(one-sided binomial p = %.2g)", v.rolling, min(v.seen, self.cfg.window),
                         1 - self.router.alpha, v.p_value)
         reply = {"id": out["id"], "recorded": True, "labelled": "correct" in out["rounds"][0]["base"],
-                 "covered": out["feedback"]["covered"], "kappa": v.kappa, "rolling_coverage": v.rolling,
+                 "covered": out["feedback"]["covered"], "counted_as": counted, "kappa": v.kappa, "rolling_coverage": v.rolling,
                  "drift_alarm": v.alarm}
         info = self.state.reply_info()
         if info is not None:

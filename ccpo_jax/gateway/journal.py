@@ -133,6 +133,31 @@ def covered(rec: dict, gold: str | None, correct: bool | None, aliases: list[str
     return None
 
 
+def none_seen(rec: dict, gold: str, aliases: list[str] = ()) -> bool:
+    """Whether no answer of the rounds the request ran (base or guide) is ``gold``: the question may be
+    unsolvable (no correct answer in any of the T rounds), which the paper's coverage counts as covered
+    (Eq. 8; the replay's ``covered``), or its correct answer may lie in a round the router did not run.
+    Live, the two cannot be told apart."""
+    return not any(P.is_correct(r[role]["answer"], [gold, *aliases])
+                   for r in rec["rounds"] for role in ("base", "guide") if role in r)
+
+
+def outcome(rec: dict, gold: str | None, correct: bool | None, aliases: list[str] = ()) -> bool | None:
+    """The coverage outcome feedback adds to the rolling coverage, the drift alarm and online kappa
+    (None: undetermined). With ``gold`` it is the replay's definition as far as the rounds run show it:
+    covered when the set holds a correct answer or no round run saw one (:func:`none_seen`), missed only
+    when a round run answered correctly and the set does not hold it (a certain miss: a miss under any
+    continuation). Counting a none-seen question as missed would make every unsolvable question a miss,
+    so that a weak pair of models (80% unsolvable questions, docs/real-llms.md) sets the alarm off on the
+    distribution it was calibrated on and drives online kappa to 0; since certain misses are a subset of
+    the misses, the alarm's test stays valid (it can only be late, never early). With ``correct`` alone
+    it is :func:`covered` (no gold: a wrong answer cannot be told from an unsolvable question)."""
+    cov = covered(rec, gold, correct, aliases)
+    if gold is not None and not cov and none_seen(rec, gold, aliases):
+        return True
+    return cov
+
+
 def _identity(manifest: dict, groups: bool | None) -> dict[str, Any]:
     """What a journal's lines depend on, by the name a message gives it: a gateway appends to a journal
     only when its own are equal (:func:`journal_mismatch`)."""
@@ -350,8 +375,9 @@ def is_labelled(rec: dict) -> bool:
 
 def apply_feedback(rec: dict, qid: str, gold: str | None, correct: bool | None,
                    aliases: list[str]) -> tuple[dict, bool | None]:
-    """The line to write for feedback on ``rec`` (the id's latest line, not labelled) and the coverage
-    outcome it adds (None: undetermined, or an earlier ``correct`` already counted); FeedbackError 409
+    """The line to write for feedback on ``rec`` (the id's latest line, not labelled; its ``feedback.covered``
+    says whether the set held a correct answer) and the coverage outcome it adds (:func:`outcome`; None:
+    undetermined, or an earlier ``correct`` already counted); FeedbackError 409
     when ``correct`` was already given."""
     if "feedback" in rec and correct is not None:
         raise FeedbackError(f"id {qid!r}: `correct` was already given; send `gold` to label it", 409, "id")
@@ -359,4 +385,4 @@ def apply_feedback(rec: dict, qid: str, gold: str | None, correct: bool | None,
     counted = rec.get("feedback", {}).get("covered") is not None  # an earlier `correct` already counted
     out = label(rec, gold, correct, aliases)
     out["feedback"]["covered"] = cov if not counted else rec["feedback"]["covered"]
-    return out, (None if counted else cov)
+    return out, (None if counted else outcome(rec, gold, correct, aliases))

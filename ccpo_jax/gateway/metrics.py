@@ -57,11 +57,11 @@ class Metrics:
                                "measured (no log-probs): the features' missing value is used", ["signal"], registry=r)
         self.kappa = Gauge("ccpo_gateway_kappa", "The threshold in use (online: the live one)",
                            multiprocess_mode="mostrecent", registry=r)
-        self.feedback = Counter("ccpo_gateway_feedback", "Feedback by outcome for coverage (covered, missed, "
-                                "undetermined)", ["outcome"], registry=r)
+        self.feedback = Counter("ccpo_gateway_feedback", "Feedback by outcome for coverage (covered, none_seen, "
+                                "missed, undetermined)", ["outcome"], registry=r)
         self.coverage = OptionalGauge("ccpo_gateway_rolling_coverage", "Coverage over the last window of feedback "
-                                      "(a question is covered when its answer set holds a correct answer; no "
-                                      "sample before the first feedback)", registry=r)
+                                      "(a question is covered when its answer set holds a correct answer or no "
+                                      "round run saw one; no sample before the first feedback)", registry=r)
         self.target = Gauge("ccpo_gateway_coverage_target", "1 - alpha of the router",
                             multiprocess_mode="mostrecent", registry=r)
         self.alarm = Gauge("ccpo_gateway_drift_alarm", "1 while rolling coverage is below target (binomial test)",
