@@ -13,7 +13,7 @@ import pytest
 
 from ccpo_jax.core import conformal as C
 from conftest import random_rounds
-from ccpo_jax.core.guarantee import Guarantee, hb_critical_mean, hb_pvalue
+from ccpo_jax.core.guarantee import PAC, hb_critical_mean, hb_pvalue
 from envs.replay.env import reached_rounds
 
 
@@ -100,7 +100,7 @@ def test_ltt_threshold_with_a_cost_cap_equals_fixed_sequence_tests_written_out(s
     B = float(cost.sum(1).max())
     cap = float(rng.uniform(0.55, 0.9)) * B
     grid = np.linspace(0, 1, 101, dtype=np.float32)
-    g = Guarantee("pac", delta, None, cap)
+    g = PAC(delta, None, cap)
     c_cov, c_guide = g.ltt_counts(n, alpha)
     crit = g.cost_critical(n, B) * n * (1 - 1e-5)
     cost_grid = C.cost_on_grid(jnp.asarray(reach), jnp.asarray(cost), jnp.asarray(grid))
@@ -125,7 +125,7 @@ def test_coverage_and_cost_caps_hold_with_probability_one_minus_delta():
     second reached iff kappa <= r_i, r_i ~ U(0,1) (mean cost 2 - kappa, at most 2). At alpha 0.2 and a
     budget of 1.85 cents the thresholds meeting both are [0.15, 0.2]: the cost cap is at stake."""
     alpha, budget, delta, n, draws = 0.2, 1.85, 0.1, 400, 4000
-    g = Guarantee("pac", delta, None, budget)
+    g = PAC(delta, None, budget)
     c_cov, c_guide = g.ltt_counts(n, alpha)
     crit = g.cost_critical(n, 2.0) * n * (1 - 1e-5)
     k1, k2 = jax.random.split(jax.random.PRNGKey(1))
@@ -155,7 +155,7 @@ def test_ltt_entry_names_the_cap_that_made_each_split_infeasible():
          "coverage_ok": np.array([[True, True, True, True, False]]),
          "guide_ok": np.array([[True, False, True, False, True]]), "cost_ok": np.array([[True, True, False, False, True]]),
          "cost": np.array([[3.0, np.nan, np.nan, np.nan, np.nan]])}
-    e = ltt_entry(x, Guarantee("pac", 0.1, 0.8, 0.025), np.full(feas.shape, 0.95), 0.1, n_test=100)
+    e = ltt_entry(x, PAC(0.1, 0.8, 0.025), np.full(feas.shape, 0.95), 0.1, n_test=100)
     assert e["binding"] == {"coverage": 1, "guide_cap (infeasible)": 1, "cost_cap (infeasible)": 1,
                             "both caps (infeasible)": 1, "no coverage threshold (infeasible)": 1}
     assert e["cost_per_question_cents"] == pytest.approx(0.03) and e["cost_above_cap"] == {"count": 1, "n": 1}

@@ -83,10 +83,10 @@ def test_pac_threshold_falls_short_in_at_most_delta_of_the_draws(n):
 
 
 def test_rank_table_marks_too_small_sizes_with_n_plus_one():
-    t = G.rank_table(40, 0.1, G.Guarantee("pac", 0.1))
+    t = G.rank_table(40, 0.1, G.PAC(0.1))
     assert [int(t[n]) for n in range(22)] == [n + 1 for n in range(22)]
     assert all(int(t[n]) == G.pac_rank(n, 0.1, 0.1) for n in range(22, 41))
-    m = G.rank_table(40, 0.1, G.Guarantee())
+    m = G.rank_table(40, 0.1, G.Marginal())
     assert all(int(m[n]) == int(C.conformal_rank(n, 0.1)) for n in range(41))
 
 
@@ -95,7 +95,7 @@ def test_mondrian_pac_uses_each_groups_pac_rank():
     n, groups_n = 160, 3
     groups = rng.integers(0, groups_n, n)
     scores = rng.random(n).astype(np.float32)
-    table = G.rank_table(n, 0.1, G.Guarantee("pac", 0.1))
+    table = G.rank_table(n, 0.1, G.PAC(0.1))
     kap, own, n_cal = C.mondrian_kappa(jnp.asarray(scores), jnp.asarray(groups), groups_n, 0.1, 22, jnp.asarray(table))
     for g in range(groups_n):
         s = np.sort(scores[groups == g])[::-1]

@@ -12,7 +12,7 @@ import pytest
 
 from ccpo_jax.core import conformal as C
 from conftest import random_rounds
-from ccpo_jax.core.guarantee import Guarantee, ltt_critical_count
+from ccpo_jax.core.guarantee import PAC, ltt_critical_count
 from envs.replay.env import reached_rounds
 
 
@@ -60,7 +60,7 @@ def test_ltt_threshold_equals_fixed_sequence_tests_written_out(seed):
     kappa_i = np.float32(rng.beta(2, 5, n))
     guide_i = np.float32(rng.beta(2, 8, n))
     grid = np.linspace(0, 1, 101, dtype=np.float32)
-    c_cov, c_guide = Guarantee("pac", float(delta), float(cap)).ltt_counts(n, float(alpha))
+    c_cov, c_guide = PAC(float(delta), float(cap)).ltt_counts(n, float(alpha))
     got = C.ltt_threshold(jnp.asarray(kappa_i), jnp.asarray(guide_i), c_cov, c_guide, jnp.asarray(grid))
     want, feasible = _brute_ltt(kappa_i, guide_i, grid, alpha, cap, delta)
     assert bool(got[1]) == feasible
@@ -80,7 +80,7 @@ def test_both_caps_hold_with_probability_one_minus_delta():
     """Scores with known risks: kappa_i ~ U(0,1) (miscoverage at kappa is kappa) and guide_i ~ U(0,1)
     (guide-call rate 1 - kappa). At alpha 0.2, cap 0.9 the thresholds meeting both are [0.1, 0.2]."""
     alpha, cap, delta, n, draws = 0.2, 0.9, 0.1, 400, 4000
-    c_cov, c_guide = Guarantee("pac", delta, cap).ltt_counts(n, alpha)
+    c_cov, c_guide = PAC(delta, cap).ltt_counts(n, alpha)
     k1, k2 = jax.random.split(jax.random.PRNGKey(0))
     kap = jax.random.uniform(k1, (draws, n))
     gui = jax.random.uniform(k2, (draws, n))

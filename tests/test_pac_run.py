@@ -135,7 +135,7 @@ def test_bad_guarantee_options_are_refused(tmp_path):
 def test_two_risks_choose_the_learn_then_test_threshold_and_refuse_an_infeasible_request(runs, tmp_path):
     from ccpo_jax.ccpo.reproduce import reproduce
     from ccpo_jax.core import conformal as C
-    from ccpo_jax.core.guarantee import LTT_GRID, Guarantee
+    from ccpo_jax.core.guarantee import LTT_GRID, PAC
 
     _, _, path, _ = runs
     kw = dict(cache=str(path), n_splits=3, split_sizes=SIZES, seeds=2, iterations=4, echo=None, progress=False,
@@ -164,7 +164,7 @@ def test_two_risks_choose_the_learn_then_test_threshold_and_refuse_an_infeasible
 
     probs, _ = policy_tables(polp, p, tuple(meta["hidden"]))
     g = np.asarray(jax.vmap(C.largest_guide_kappa)(probs, p.available, p.round_mask))[cal]
-    c_cov, c_guide = Guarantee("pac", 0.1, 0.9).ltt_counts(60, 0.5)
+    c_cov, c_guide = PAC(0.1, 0.9).ltt_counts(60, 0.5)
     ok = [j for j, lam in enumerate(LTT_GRID) if np.sum(scores < lam) <= c_cov and np.sum(g >= lam) <= c_guide]
     assert meta["calibration"]["ltt_feasible"] == bool(ok)
     if ok:  # a threshold passed both tests: the largest
@@ -222,7 +222,7 @@ def test_cost_cap_chooses_the_learn_then_test_threshold_and_refuses_bad_budgets(
     from ccpo_jax.ccpo.evaluation import policy_tables
     from ccpo_jax.ccpo.policy_store import load_policy
     from ccpo_jax.ccpo.reproduce import reproduce
-    from ccpo_jax.core.guarantee import LTT_GRID, Guarantee
+    from ccpo_jax.core.guarantee import LTT_GRID, PAC
     from envs.cache.formats import load_cache
     from envs.replay.env import evaluate_sets, make_env_params
     from ccpo_jax.core import conformal as C
@@ -244,7 +244,7 @@ def test_cost_cap_chooses_the_learn_then_test_threshold_and_refuses_bad_budgets(
     scores, cal, meta = _cal_scores(res, path, "ccpo-lambda-0")
     polp, _ = load_policy(res.out_dir / "policies" / "ccpo-lambda-0")
     probs, _ = policy_tables(polp, p, tuple(meta["hidden"]))
-    c_cov, _ = Guarantee("pac", 0.1, None, budget).ltt_counts(60, 0.5)
+    c_cov, _ = PAC(0.1, None, budget).ltt_counts(60, 0.5)
     cal_j = jnp.asarray(cal)
     ok_cov = [j for j, lam in enumerate(LTT_GRID) if np.sum(scores < lam) <= c_cov]
     ok = []

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ccpo_jax.core.guarantee import GUARANTEES  # noqa: F401 - the --guarantee vocabulary, read here by run_config, export
-from ccpo_jax.core.guarantee import Guarantee, pac_min_n, rank_table
+from ccpo_jax.core.guarantee import Guarantee, Marginal, make_guarantee, rank_table
 from ccpo_jax.errors import UserError
 from envs.cache.schema import ResponseCache, cache_groups
 
@@ -51,8 +51,8 @@ DELTA = 0.1
 def run_guarantee(cfg: Any) -> Guarantee:
     """A run configuration's ``--guarantee``, ``--delta``, ``--guide-cap`` and ``--cost-cap`` (a configuration
     saved before them: marginal)."""
-    return Guarantee(getattr(cfg, "guarantee", "marginal") or "marginal", getattr(cfg, "delta", None),
-                     getattr(cfg, "guide_cap", None), getattr(cfg, "cost_cap", None))
+    return make_guarantee(getattr(cfg, "guarantee", "marginal") or "marginal", getattr(cfg, "delta", None),
+                          getattr(cfg, "guide_cap", None), getattr(cfg, "cost_cap", None))
 
 
 # -- Mondrian: the groups, their pooling, the exported thresholds ------------------------------
@@ -128,7 +128,7 @@ def mondrian_manifest(meta: dict, policy_dir: Path) -> dict:
 def guarantee_manifest(meta: dict, policy_dir: Path, want: str | None) -> dict:
     """The manifest's ``guarantee`` (kind, alpha, delta, statement) from the saved policy (a policy saved
     before ``--guarantee`` was marginal); ``want`` not None must be the saved kind."""
-    g = meta.get("guarantee") or Guarantee().describe(float(meta["alpha"]))
+    g = meta.get("guarantee") or Marginal().describe(float(meta["alpha"]))
     if want is not None and want != g["kind"]:
         raise UserError(f"guarantee: {policy_dir}/policy.json was calibrated with a {g['kind']} guarantee, not {want}; "
                         f"re-run `ccpo-jax reproduce --guarantee {want}` to get {want} thresholds", field="guarantee")
@@ -144,9 +144,7 @@ def variant_ranks(guarantee: Guarantee, alphas: Sequence[float], n_cal: int) -> 
 
 
 def effective_group_min(group_min: int, alpha: float, guarantee: Guarantee) -> int:
-    """The smallest group with a threshold of its own: ``--group-min``, raised under ``pac`` to the
-    fewest calibration questions that have a PAC threshold at (alpha, delta), so that no group gets
-    the trivial "every action" threshold of its own; the smaller groups are pooled into the rest."""
-    if guarantee.kind != "pac":
-        return int(group_min)
-    return max(int(group_min), pac_min_n(alpha, guarantee.delta))
+    """The smallest group with a threshold of its own: ``--group-min``, as the guarantee sets it
+    (:meth:`Guarantee.group_min`: raised under ``pac`` to the fewest calibration questions that have a PAC
+    threshold, so that no group gets the trivial "every action" threshold; smaller groups are pooled)."""
+    return guarantee.group_min(group_min, alpha)

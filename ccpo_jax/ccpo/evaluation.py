@@ -137,13 +137,14 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
                      ensemble: bool = False) -> MemberEval:
     """Every trained variant, seed and split in one jitted, vmapped call: see :func:`evaluate_trained`.
     With ``groups`` the calibrated rows are also calibrated per group (:class:`GroupEval`). With a
-    ``pac`` ``guarantee`` every calibrated threshold (marginal and per group) takes the PAC rank of its
-    calibration count at the variant's alpha (:func:`ccpo_jax.ccpo.calibration.variant_ranks`).
+    ``guarantee`` whose ranks are traced (:attr:`Guarantee.jit_ranks`: ``pac``, not ``marginal``) every calibrated
+    threshold (marginal and per group) takes the guarantee's rank of its calibration count at the variant's
+    alpha (:func:`ccpo_jax.ccpo.calibration.variant_ranks`); a capped one is chosen by Learn then Test.
     ``ensemble``: each variant's N seeds (of a training split) are one policy, the mean of their
     probabilities (:func:`ccpo_jax.ccpo.blocked.block_probs`), calibrated as any: leaves [V, 1, S]; its
     online kappa is the seeds' mean (its CPO online figures are not a row)."""
     S = cal_idx.shape[0]
-    pac = guarantee is not None and guarantee.kind == "pac"
+    pac = guarantee is not None and guarantee.jit_ranks  # the guarantee's own ranks go into the program
     ltt = pac and guarantee.capped
     n_cal_all = int(np.shape(cal_idx)[1])
     grid = jnp.asarray(LTT_GRID)

@@ -147,7 +147,7 @@ def _delta(name: str, v: Any, cfg: Any) -> float | None:
     the calibration split has a PAC threshold at every alpha of the run (else the size it needs)."""
     from ccpo_jax.core.guarantee import pac_min_n
 
-    if cfg.guarantee != "pac":
+    if not GUARANTEES[cfg.guarantee].uses_delta:
         if v is not None:
             raise UserError(f"delta: only with --guarantee pac (this run's guarantee is {cfg.guarantee})", field=name)
         return None
@@ -182,7 +182,7 @@ def _delta_option() -> Any:
 
 def _cap_context(name: str, what: str, cfg: Any) -> None:
     """A cap on a second risk needs --guarantee pac and one threshold per row (marginal calibration)."""
-    if cfg.guarantee != "pac":
+    if not GUARANTEES[cfg.guarantee].takes_caps:
         raise UserError(f"{what}: a cap on a second risk needs --guarantee pac (Learn then Test holds all the "
                         "risks with probability 1 - delta)", field=name)
     if Calibration.of(cfg) is not Calibration.MARGINAL:
@@ -196,7 +196,7 @@ def _cap_context(name: str, what: str, cfg: Any) -> None:
 def _guide_cap(name: str, v: Any, cfg: Any) -> float | None:
     """A cap in (0, 1) on the share of questions that call the guide, with --guarantee pac and one
     threshold (marginal calibration); refused when no calibration outcome could pass the tests."""
-    from ccpo_jax.core.guarantee import Guarantee
+    from ccpo_jax.core.guarantee import make_guarantee
 
     if v is None:
         return None
@@ -211,7 +211,7 @@ def _guide_cap(name: str, v: Any, cfg: Any) -> float | None:
     n_cal = cfg.split_sizes[1]
     cost = 1.0 if getattr(cfg, "cost_cap", None) is not None else None  # a third risk: delta split three ways
     for a in getattr(cfg, "alphas", None) or (cfg.alpha,):
-        g = Guarantee("pac", cfg.delta, r, cost)
+        g = make_guarantee(cfg.guarantee, cfg.delta, r, cost)
         c_cov, c_guide = g.ltt_counts(n_cal, a)
         for c, what in ((c_cov, f"coverage >= {1 - a:g}"), (c_guide, f"guide-call rate <= {r:g}")):
             if c < 0:
@@ -242,7 +242,7 @@ def check_cost_cap(cfg: Any, cost_max: float, where: str) -> None:
     """Refuse, before anything is written, a ``--cost-cap`` that caps nothing (at least ``cost_max``, the most
     a question of the cache can cost) or that no calibration outcome could pass (even a mean cost of 0
     fails the Hoeffding-Bentkus test at delta / the number of risks)."""
-    from ccpo_jax.core.guarantee import Guarantee
+    from ccpo_jax.core.guarantee import make_guarantee
 
     cap = getattr(cfg, "cost_cap", None)
     if cap is None:
@@ -251,7 +251,7 @@ def check_cost_cap(cfg: Any, cost_max: float, where: str) -> None:
         raise UserError(f"cost_cap: {cap:g} cents is at least the most a question of {where} can cost "
                         f"({cost_max:.6g} cents, every round reached), so it caps nothing; give a smaller budget "
                         "or drop --cost-cap", field="cost_cap")
-    g = Guarantee("pac", cfg.delta, getattr(cfg, "guide_cap", None), cap)
+    g = make_guarantee(cfg.guarantee, cfg.delta, getattr(cfg, "guide_cap", None), cap)
     if g.cost_critical(cfg.split_sizes[1], cost_max) < 0:
         raise UserError(f"cost_cap: infeasible request (mean cost <= {cap:g} cents a question, delta {cfg.delta:g}): "
                         f"with {cfg.split_sizes[1]} calibration questions and a question costing up to "

@@ -25,24 +25,69 @@ are small, so it is chosen on the host and handed to the jitted calibration as a
 """
 from __future__ import annotations
 
+import abc
+import dataclasses
 import math
-from typing import NamedTuple
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-#: ``--guarantee`` values.
-GUARANTEES = ("marginal", "pac")
 
+class Guarantee(abc.ABC):
+    """A calibrated row's guarantee: which order statistic of the calibration scores is its threshold
+    (:meth:`rank`), what it promises (:meth:`statement`), and the run-level choices that follow from it
+    (the Mondrian group minimum, ``within_delta``). Frozen dataclasses, hashable and never traced; a new
+    guarantee is a subclass registered with :func:`register_guarantee` (``--guarantee`` reads
+    :data:`GUARANTEES`), the habit of MAPIE's conformity-score classes.
 
-class Guarantee(NamedTuple):
-    """A calibrated row's guarantee: ``kind`` in :data:`GUARANTEES`, ``delta`` (pac only, else None), and
-    (pac only) ``guide_cap`` and/or ``cost_cap``: also cap the guide-call rate and/or the mean cost per
+    Fields (today's, on every kind): ``delta`` (the failure probability; ``pac`` only, else None) and
+    (``pac`` only) ``guide_cap`` and/or ``cost_cap``: also cap the guide-call rate and/or the mean cost per
     question (cents), by Learn then Test (two or three risks, family-wise delta)."""
 
-    kind: str = "marginal"
-    delta: float | None = None
-    guide_cap: float | None = None
-    cost_cap: float | None = None
+    #: The ``--guarantee`` name, results.json's and the manifest's ``guarantee.kind``.
+    kind: ClassVar[str]
+    #: Whether ``--delta`` applies (and is required to be in (0, 1)).
+    uses_delta: ClassVar[bool] = False
+    #: Whether ``--guide-cap`` / ``--cost-cap`` apply (Learn then Test needs a delta).
+    takes_caps: ClassVar[bool] = False
+
+    delta: float | None
+    guide_cap: float | None
+    cost_cap: float | None
+
+    @abc.abstractmethod
+    def rank(self, n: int, alpha: float) -> int | None:
+        """k for n calibration scores: the threshold is the k-th largest; None when no k <= n gives the
+        guarantee (the calibration then returns the trivial threshold, :meth:`ranks`)."""
+
+    @abc.abstractmethod
+    def statement(self, alpha: float) -> str:
+        """What the threshold promises, in words (results.json, policy.json, the router manifest)."""
+
+    @property
+    def jit_ranks(self) -> bool:
+        """Whether the jitted calibration takes its ranks from :meth:`ranks` (else it computes the marginal
+        rank itself in float32, :func:`ccpo_jax.core.conformal.conformal_rank`: the same numbers, the
+        program traced since the first release)."""
+        return True
+
+    def ranks(self, n_max: int, alpha: float) -> np.ndarray:
+        """``[n_max + 1]`` int32: the rank k for every calibration count n = 0..n_max. A count too small for
+        a threshold gets n + 1, which the calibration turns into kappa-hat = 0 (every available action in
+        every set: coverage 1, so the guarantee holds trivially)."""
+        out = np.empty(n_max + 1, np.int32)
+        for n in range(n_max + 1):
+            k = self.rank(n, alpha)
+            out[n] = n + 1 if k is None else k
+        return out
+
+    def group_min(self, asked: int, alpha: float) -> int:
+        """The smallest Mondrian group with a threshold of its own, given ``--group-min`` ``asked``."""
+        return int(asked)
+
+    def below_target(self, coverage: np.ndarray, alpha: float) -> dict:
+        """:func:`below_target` of the splits' test coverages (``within_delta`` added where it means something)."""
+        return below_target(coverage, alpha)
 
     @property
     def capped(self) -> bool:
@@ -71,22 +116,112 @@ class Guarantee(NamedTuple):
         return -1.0 if r < 0 else r * cost_max
 
     def describe(self, alpha: float) -> dict:
-        """The JSON form results.json, policy.json and the router manifest carry."""
-        out = {"kind": self.kind, "alpha": float(alpha), "delta": None if self.delta is None else float(self.delta)}
-        out["statement"] = (
-            f"P(coverage >= {1 - alpha:g}) >= {1 - self.delta:g} over the calibration draw (training-conditional)"
-            if self.kind == "pac" else f"P(covered) >= {1 - alpha:g} on average over calibration draws (marginal)")
-        caps = []
+        """The JSON form results.json, policy.json and the router manifest carry (read back by
+        :func:`guarantee_from_json`)."""
+        out = {"kind": self.kind, "alpha": float(alpha), "delta": None if self.delta is None else float(self.delta),
+               "statement": self.statement(alpha)}
         if self.guide_cap is not None:
             out["guide_cap"] = float(self.guide_cap)
-            caps.append(f"guide-call rate <= {self.guide_cap:g}")
         if self.cost_cap is not None:
             out["cost_cap"] = float(self.cost_cap)
-            caps.append(f"mean cost <= {self.cost_cap:g} cents a question")
-        if caps:
-            out["statement"] = (f"P(coverage >= {1 - alpha:g} and {' and '.join(caps)}) >= {1 - self.delta:g} over "
-                                f"the calibration draw (Learn then Test, {self.families} risks)")
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Marginal(Guarantee):
+    """Split conformal: k = ceil((n+1)(1-alpha)); a fresh question is covered with probability >= 1 - alpha
+    on average over calibration draws (module doc). No delta, no caps."""
+
+    kind: ClassVar[str] = "marginal"
+    delta: None = None
+    guide_cap: None = None
+    cost_cap: None = None
+
+    def __post_init__(self) -> None:
+        if (self.delta, self.guide_cap, self.cost_cap) != (None, None, None):
+            raise ValueError(f"{self.kind}: takes no delta or caps")
+
+    def rank(self, n: int, alpha: float) -> int | None:
+        return marginal_rank(n, alpha)
+
+    def statement(self, alpha: float) -> str:
+        return f"P(covered) >= {1 - alpha:g} on average over calibration draws (marginal)"
+
+    @property
+    def jit_ranks(self) -> bool:
+        # marginal_rank is conformal_rank's float32 arithmetic: the jitted calibration computes it in the
+        # program (no rank table traced); a subclass with its own rank hands its table in
+        return type(self).rank is not Marginal.rank
+
+
+@dataclasses.dataclass(frozen=True)
+class PAC(Guarantee):
+    """Training-conditional: with probability >= 1 - delta over the calibration draw, the threshold's
+    coverage is >= 1 - alpha (Vovk 2012, Prop. 2a; module doc). With ``guide_cap`` / ``cost_cap`` the
+    threshold is chosen by Learn then Test over every capped risk, delta split evenly."""
+
+    kind: ClassVar[str] = "pac"
+    uses_delta: ClassVar[bool] = True
+    takes_caps: ClassVar[bool] = True
+    delta: float
+    guide_cap: float | None = None
+    cost_cap: float | None = None
+
+    def rank(self, n: int, alpha: float) -> int | None:
+        return pac_rank(n, alpha, self.delta)
+
+    def statement(self, alpha: float) -> str:
+        caps = ([f"guide-call rate <= {self.guide_cap:g}"] if self.guide_cap is not None else []) + (
+            [f"mean cost <= {self.cost_cap:g} cents a question"] if self.cost_cap is not None else [])
+        if caps:
+            return (f"P(coverage >= {1 - alpha:g} and {' and '.join(caps)}) >= {1 - self.delta:g} over "
+                    f"the calibration draw (Learn then Test, {self.families} risks)")
+        return f"P(coverage >= {1 - alpha:g}) >= {1 - self.delta:g} over the calibration draw (training-conditional)"
+
+    def group_min(self, asked: int, alpha: float) -> int:
+        """``asked`` raised to the fewest calibration questions that have a PAC threshold at (alpha, delta),
+        so that no group gets the trivial "every action" threshold of its own (smaller groups are pooled)."""
+        return max(int(asked), pac_min_n(alpha, self.delta))
+
+    def below_target(self, coverage: np.ndarray, alpha: float) -> dict:
+        """As the base, with ``within_delta``: the fraction of splits below target is <= delta."""
+        out = below_target(coverage, alpha)
+        if out["fraction"] is not None:
+            out["within_delta"] = bool(out["fraction"] <= self.delta)
+        return out
+
+
+#: ``--guarantee``'s choices: kind -> class, in the order the help lists them.
+GUARANTEES: dict[str, type[Guarantee]] = {}
+
+
+def register_guarantee(cls: type[Guarantee]) -> type[Guarantee]:
+    """Make ``cls`` a ``--guarantee`` choice under ``cls.kind`` (a class decorator); a kind is registered once."""
+    if cls.kind in GUARANTEES and GUARANTEES[cls.kind] is not cls:
+        raise ValueError(f"guarantee {cls.kind!r} is already registered ({GUARANTEES[cls.kind].__name__})")
+    GUARANTEES[cls.kind] = cls
+    return cls
+
+
+register_guarantee(Marginal)
+register_guarantee(PAC)
+
+
+def make_guarantee(kind: str, delta: float | None = None, guide_cap: float | None = None,
+                   cost_cap: float | None = None) -> Guarantee:
+    """The one lookup from a kind and its numbers to the guarantee object (a kind not registered: KeyError)."""
+    cls = GUARANTEES[kind]
+    if not cls.uses_delta:
+        return cls()
+    return cls(delta, guide_cap, cost_cap) if cls.takes_caps else cls(delta)
+
+
+def guarantee_from_json(d: Mapping[str, Any] | None) -> Guarantee:
+    """The guarantee of a :meth:`Guarantee.describe` dict (results.json, policy.json, a manifest); None or
+    an empty dict (written before ``--guarantee``): marginal."""
+    if not d:
+        return Marginal()
+    return make_guarantee(d["kind"], d.get("delta"), d.get("guide_cap"), d.get("cost_cap"))
 
 
 def marginal_rank(n: int, alpha: float) -> int:
@@ -118,17 +253,8 @@ def pac_min_n(alpha: float, delta: float) -> int:
 
 
 def rank_table(n_max: int, alpha: float, guarantee: Guarantee) -> np.ndarray:
-    """``[n_max + 1]`` int32: the rank k for every calibration count n = 0..n_max. A count too small for
-    a threshold gets n + 1, which the calibration turns into kappa-hat = 0 (every available action in
-    every set: coverage 1, so the guarantee holds trivially)."""
-    out = np.empty(n_max + 1, np.int32)
-    for n in range(n_max + 1):
-        if guarantee.kind == "pac":
-            k = pac_rank(n, alpha, guarantee.delta)
-            out[n] = n + 1 if k is None else k
-        else:
-            out[n] = marginal_rank(n, alpha)
-    return out
+    """``[n_max + 1]`` int32: ``guarantee``'s rank for every calibration count 0..n_max (:meth:`Guarantee.ranks`)."""
+    return guarantee.ranks(n_max, alpha)
 
 
 def below_target(coverage: np.ndarray, alpha: float, level: float = 0.95) -> dict:

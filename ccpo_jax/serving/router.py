@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from ccpo_jax.core.guarantee import GUARANTEES, Marginal
 from ccpo_jax.serving import features as feats
 from ccpo_jax.serving.artifact import BLOCK_ROWS, RUNG_FEATURES_SINCE, ArtifactError, RouterInputError, read_verified
 from envs.cache.schema import ACTION_NAMES, N_ACTIONS, ModelInfo
@@ -111,12 +112,14 @@ def _check_manifest_values(manifest: dict, where: str) -> None:
                 raise ArtifactError(f"{where}: mondrian.{name}: expected a number in [0, 1], got {v!r}")
     g = manifest.get("guarantee")
     if g is not None:
-        if not isinstance(g, dict) or g.get("kind") not in ("marginal", "pac"):
-            raise ArtifactError(f"{where}: guarantee.kind: expected 'marginal' or 'pac', got "
+        if not isinstance(g, dict) or g.get("kind") not in GUARANTEES:
+            raise ArtifactError(f"{where}: guarantee.kind: expected {' or '.join(map(repr, GUARANTEES))}, got "
                                 f"{g.get('kind') if isinstance(g, dict) else g!r}")
         d = g.get("delta")
-        if g["kind"] == "pac" and (isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 < d < 1.0):
-            raise ArtifactError(f"{where}: guarantee.delta: expected a number in (0, 1) for a pac guarantee, got {d!r}")
+        if GUARANTEES[g["kind"]].uses_delta and (isinstance(d, bool) or not isinstance(d, (int, float))
+                                                 or not 0.0 < d < 1.0):
+            raise ArtifactError(f"{where}: guarantee.delta: expected a number in (0, 1) for a {g['kind']} guarantee, "
+                                f"got {d!r}")
     for role in ("base", "guide"):
         for at, m in _rungs(manifest, role):
             for key in ("price_in", "price_out"):
@@ -155,7 +158,7 @@ class Router:
         #: Per-group thresholds of a Mondrian router (``{group: kappa}``), else None.
         self.group_kappas = None if mond is None else {g: np.float32(k) for g, k in mond["kappas"].items()}
         self.rest_kappa = None if mond is None else np.float32(mond["rest_kappa"])
-        g = manifest.get("guarantee") or {"kind": "marginal", "delta": None}  # artefacts before --guarantee
+        g = manifest.get("guarantee") or {"kind": Marginal.kind, "delta": None}  # artefacts before --guarantee
         #: What the thresholds guarantee, stated in every decision: ``{"kind", "alpha", "delta"}``.
         self.guarantee = {"kind": g["kind"], "alpha": self.alpha, "delta": g.get("delta"),
                           **{k: g[k] for k in ("guide_cap", "cost_cap") if g.get(k) is not None}}

@@ -1,0 +1,131 @@
+"""Guarantees are objects (issue 52, item 2): ``Marginal`` and ``PAC`` state themselves, give their ranks and
+their run-level choices, are looked up in one registry, and a new guarantee is a subclass plus one
+``register_guarantee``: the toy ``Conservative(Marginal)`` (one rank more than marginal) runs ``reproduce`` end
+to end, its threshold checked against the calibration scores' order statistic."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from ccpo_jax.core import guarantee as G
+from ccpo_jax.errors import UserError
+
+SIZES = "100,60,40"
+
+
+def test_statements_and_json_are_todays():
+    # the literal text of results.json / policy.json / the manifest before the objects (refactor-base)
+    assert G.Marginal().describe(0.1) == {
+        "kind": "marginal", "alpha": 0.1, "delta": None,
+        "statement": "P(covered) >= 0.9 on average over calibration draws (marginal)"}
+    assert G.PAC(0.1).describe(0.2) == {
+        "kind": "pac", "alpha": 0.2, "delta": 0.1,
+        "statement": "P(coverage >= 0.8) >= 0.9 over the calibration draw (training-conditional)"}
+    d = G.PAC(0.2, 0.9, 0.05).describe(0.5)
+    assert list(d) == ["kind", "alpha", "delta", "statement", "guide_cap", "cost_cap"]
+    assert d["statement"] == ("P(coverage >= 0.5 and guide-call rate <= 0.9 and mean cost <= 0.05 cents a question) "
+                              ">= 0.8 over the calibration draw (Learn then Test, 3 risks)")
+    for g in (G.Marginal(), G.PAC(0.1), G.PAC(0.2, 0.9), G.PAC(0.2, None, 0.05)):
+        assert G.guarantee_from_json(g.describe(0.3)) == g
+    assert G.guarantee_from_json(None) == G.Marginal() == G.make_guarantee("marginal")
+
+
+def test_ranks_against_the_binomial_by_hand():
+    # PAC: the smallest k with P(Binomial(n, 1 - alpha) <= k - 1) >= 1 - delta, by a loop over k (scipy's pmf summed)
+    for n, alpha, delta in ((60, 0.1, 0.1), (30, 0.2, 0.05), (10, 0.1, 0.1)):
+        cdf = np.cumsum([stats.binom.pmf(j, n, 1 - alpha) for j in range(n + 1)])
+        ks = [k for k in range(1, n + 1) if cdf[k - 1] >= 1 - delta - 1e-12]
+        want = ks[0] if ks else n + 1
+        assert int(G.PAC(delta).ranks(n, alpha)[n]) == want
+    # marginal: ceil((n + 1)(1 - alpha))
+    m = G.Marginal().ranks(100, 0.1)
+    assert all(int(m[n]) == math.ceil((n + 1) * 0.9 - 1e-9) for n in range(101))
+
+
+def test_group_min_and_within_delta_follow_the_kind():
+    # the fewest questions with a PAC threshold: (1 - alpha)^n <= delta, by search
+    n = next(n for n in range(1, 1000) if 0.9 ** n <= 0.1)
+    assert G.PAC(0.1).group_min(5, 0.1) == n == 22 and G.PAC(0.1).group_min(40, 0.1) == 40
+    assert G.Marginal().group_min(5, 0.1) == 5
+    cov = np.array([0.95, 0.85, 0.91, 0.7])
+    assert "within_delta" not in G.Marginal().below_target(cov, 0.1)
+    assert G.PAC(0.6).below_target(cov, 0.1)["within_delta"] is True  # 2 of 4 below: 0.5 <= 0.6
+    assert G.PAC(0.4).below_target(cov, 0.1)["within_delta"] is False
+    assert G.Marginal().jit_ranks is False and G.PAC(0.1).jit_ranks is True
+
+
+def test_registry_refuses_a_second_class_under_a_kind_and_marginal_refuses_a_delta():
+    assert list(G.GUARANTEES) == ["marginal", "pac"]
+
+    @dataclasses.dataclass(frozen=True)
+    class Other(G.Marginal):
+        kind = "marginal"
+
+    with pytest.raises(ValueError, match="already registered"):
+        G.register_guarantee(Other)
+    with pytest.raises(ValueError, match="no delta"):
+        G.Marginal(0.1)
+    with pytest.raises(KeyError):
+        G.make_guarantee("made-up")
+
+
+@dataclasses.dataclass(frozen=True)
+class Conservative(G.Marginal):
+    """The "must show" toy: the marginal rank plus one (a lower threshold, a larger set)."""
+
+    kind = "conservative"
+
+    def rank(self, n: int, alpha: float) -> int | None:
+        k = G.marginal_rank(n, alpha) + 1
+        return k if k <= n else None
+
+    def statement(self, alpha: float) -> str:
+        return f"P(covered) >= {1 - alpha:g}, one rank to spare (a toy)"
+
+
+@pytest.fixture()
+def conservative():
+    G.register_guarantee(Conservative)
+    yield Conservative
+    del G.GUARANTEES[Conservative.kind]
+
+
+def test_unknown_guarantee_is_refused_until_registered(conservative):
+    from ccpo_jax.ccpo.run_config import ReproduceConfig
+
+    cfg = ReproduceConfig(guarantee="conservative", split_sizes=SIZES)
+    assert cfg.guarantee == "conservative"
+    with pytest.raises(UserError, match="delta: only with"):
+        ReproduceConfig(guarantee="conservative", delta=0.1, split_sizes=SIZES)
+    with pytest.raises(UserError, match="guide_cap: a cap on a second risk needs"):
+        ReproduceConfig(guarantee="conservative", guide_cap=0.5, split_sizes=SIZES)
+    del G.GUARANTEES["conservative"]
+    try:
+        with pytest.raises(UserError, match="unknown guarantee 'conservative'; valid: marginal, pac"):
+            ReproduceConfig(guarantee="conservative")
+    finally:
+        G.register_guarantee(Conservative)
+
+
+@pytest.mark.slow
+def test_a_registered_toy_guarantee_runs_reproduce_end_to_end(conservative, tmp_path):
+    """A subclass and a registration are the whole diff: the run calibrates every row with the toy's rank."""
+    from ccpo_jax.ccpo.reproduce import reproduce
+    from test_mondrian_run import _grouped_cache
+    from test_pac_run import _cal_scores
+
+    path, _ = _grouped_cache(tmp_path)
+    res = reproduce(cache=str(path), n_splits=3, split_sizes=SIZES, seeds=1, iterations=4, guarantee="conservative",
+                    out_dir=tmp_path / "run", echo=None, progress=False)
+    g = res.results["guarantee"]
+    assert g == {"kind": "conservative", "alpha": 0.1, "delta": None,
+                 "statement": "P(covered) >= 0.9, one rank to spare (a toy)"}
+    assert res.results["policies"]["CPO batch"]["guarantee"] == g
+    scores, _, meta = _cal_scores(res, path, "ccpo-lambda-0")
+    assert meta["guarantee"] == g
+    k = math.ceil(61 * 0.9) + 1  # marginal's 55th largest of 60 calibration scores, plus one
+    assert meta["kappa"] == pytest.approx(float(np.clip(np.sort(scores)[::-1][k - 1], 0.0, 1.0)), abs=0)
