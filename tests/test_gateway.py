@@ -396,6 +396,27 @@ def test_live_eval_table_against_the_replay_prediction(art, tmp_path):
     cost = np.mean([r["gateway"]["cost_cents"] for r in recs])
     assert f"| cost per question (cents) | {cost:.4g} | 0.01 |" in res.stdout
     assert "inside" in res.stdout
+    assert "drift alarm (gold feedback after each question): never on; at the end off" in res.stdout
+
+
+def test_live_eval_reports_when_the_drift_alarm_turned_on():
+    """summarise's drift-alarm entry: the first outcome (in recording order, not question order) after
+    which the alarm was on, and the state after the last one; absent for rows without alarm records."""
+    from ccpo_jax.gateway.liveeval import summarise
+
+    def row(after, on, rolling):
+        return {"cost_cents": 1.0, "rounds": 1, "covered": True, "none_seen": False, "empty_set": False,
+                "reply_correct": {"guide": True, "base": True, "abstain": True},
+                "alarm": {"after": after, "on": on, "rolling": rolling}}
+
+    rows = [row(3, True, 0.5), row(1, False, 1.0), row(4, False, 0.75), row(2, True, 0.5)]
+    got = summarise(rows, None, 4, 0.9)["drift_alarm"]
+    assert got == {"on_at_end": False, "first_on_after": 2, "rolling_coverage_at_end": 0.75}
+    rows = [row(i + 1, False, 1.0) for i in range(3)]
+    assert summarise(rows, None, 3, 0.9)["drift_alarm"]["first_on_after"] is None
+    for r in rows:
+        del r["alarm"]
+    assert "drift_alarm" not in summarise(rows, None, 3, 0.9)
 
 
 def test_live_eval_budget_stops_before_crossing(art, tmp_path):

@@ -102,7 +102,7 @@ def live_eval(artefact: str | Path, cfg: GatewayConfig, questions: str | Path, *
 async def _run_all(gw, qs, budget_cents, concurrency) -> list[dict]:
     await gw.start()
     sem = asyncio.Semaphore(concurrency)
-    state = {"spent": 0.0, "reserved": 0.0, "stopped": False}
+    state = {"spent": 0.0, "reserved": 0.0, "stopped": False, "outcomes": 0}
     p, T = gw.cfg.protocol, gw.router.T
     worst_hist = [("x" * (4 * p.base_max_tokens), "x" * (4 * p.guide_max_tokens))]
     prices, has_guide = per_round(gw.prices, T), gw.rungs["guide"] is not None  # (a cascade's base: no history)
@@ -121,7 +121,9 @@ async def _run_all(gw, qs, budget_cents, concurrency) -> list[dict]:
                 state["reserved"] -= need
             cost = sum(t["cost_cents"] for t in out.tokens.values())
             state["spent"] += cost
-            await gw.feedback({"id": cid, "gold": q.golds[0], "gold_aliases": list(q.golds[1:])})
+            fb = await gw.feedback({"id": cid, "gold": q.golds[0], "gold_aliases": list(q.golds[1:])})
+            state["outcomes"] += 1  # the drift alarm after each outcome, in the order they were recorded
+            alarm = {"after": state["outcomes"], "on": fb["drift_alarm"], "rolling": fb["rolling_coverage"]}
             judge = lambda a: P.is_correct(a, q.golds)  # noqa: E731
             seen = any(judge(rd[r]["answer"]) for rd in out.rounds for r in ("base", "guide") if r in rd)
             covered = any(judge(a["answer"]) for a in out.answer_set)
@@ -131,7 +133,7 @@ async def _run_all(gw, qs, budget_cents, concurrency) -> list[dict]:
                 text = out.answer if out.answer is not None else (fb["answer"] if fb else "")
                 reply[choice] = judge(text)
             return {"id": q.id, "cost_cents": cost, "rounds": len(out.rounds), "covered": covered,
-                    "none_seen": not seen, "empty_set": out.answer is None, "reply_correct": reply}
+                    "none_seen": not seen, "empty_set": out.answer is None, "reply_correct": reply, "alarm": alarm}
 
     try:
         rows = await asyncio.gather(*(one(q) for q in qs))
@@ -157,6 +159,11 @@ def summarise(rows: list[dict], pred: dict | None, n_questions: int, target: flo
                                "ci95": clopper_pearson(sum(r["reply_correct"][c] for r in rows), n)}
                            for c in ON_EMPTY},
     }
+    if rows and "alarm" in rows[0]:
+        seq = sorted((r["alarm"] for r in rows), key=lambda a: a["after"])
+        first = next((a["after"] for a in seq if a["on"]), None)
+        out["drift_alarm"] = {"on_at_end": seq[-1]["on"], "first_on_after": first,
+                              "rolling_coverage_at_end": seq[-1]["rolling"]}
     if pred is not None and n:
         lo, hi = out["coverage_set_ci95"][0], out["coverage_set_or_none_seen_ci95"][1]
         out["prediction_inside"] = lo <= pred["coverage"] <= hi
@@ -185,6 +192,12 @@ def format_report(r: dict) -> list[str]:
                  "CP 95%) by --on-empty: " + "; ".join(
                      f"{c} {f(a['value'], 3)} [{a['ci95'][0]:.3f}, {a['ci95'][1]:.3f}]"
                      for c, a in r["reply_accuracy"].items()))
+    if "drift_alarm" in r:
+        a = r["drift_alarm"]
+        lines.append(f"drift alarm (gold feedback after each question): "
+                     + (f"on after {a['first_on_after']} outcome(s)" if a["first_on_after"] else "never on")
+                     + f"; at the end {'on' if a['on_at_end'] else 'off'}, rolling coverage "
+                     f"{f(a['rolling_coverage_at_end'], 3)}")
     if p:
         lines.append(f"prediction ({p['row']}, {p['source']}) inside [{ci_a[0]:.3f}, {ci_b[1]:.3f}]: "
                      f"{'yes' if r.get('prediction_inside') else 'no'}")
