@@ -6,13 +6,21 @@ copied here verbatim so that the RowId fields cannot drift from what results.jso
 were built from."""
 from __future__ import annotations
 
+import json
 import re
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from ccpo_jax.ccpo import rowid
-from ccpo_jax.ccpo.rowid import BEST_OBSERVABLE, BOUND, RowId, Twin
+from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
+from ccpo_jax.ccpo.registry import BASELINES, Baseline, register_baseline
+from ccpo_jax.ccpo.rowid import BEST_OBSERVABLE, BOUND, Family, RowId, Twin, custom_row
 from ccpo_jax.ccpo.settings import SETTINGS
+from envs.cache.schema import A_GUIDE, round_cost_cents_of
+from envs.replay.env import evaluate_actions
 
 # -- the oracle: the code before issue 52 ------------------------------------------------------------------
 _TWINS = (" [kept seed]", " [ensemble]", " [Mondrian]")
@@ -138,3 +146,67 @@ def test_settings_suffixes_are_the_twins():
     from ccpo_jax.ccpo import settings
     assert (settings.KEPT_SEED, settings.ENSEMBLE, settings.MONDRIAN_TWIN) == tuple(t.value for t in Twin)
     assert settings.TWINS == _TWINS
+
+
+# -- the baseline registry: a new baseline is one function and one registration -----------------------------------
+
+
+def always_guide(params, data, key, cal, test, alpha, static):
+    """The toy baseline: accept the guide's first answer on every question (one traced split)."""
+    return evaluate_actions(jnp.full(params.available[test].shape[:-1], A_GUIDE, jnp.int32), params, test)
+
+
+ALWAYS_GUIDE = custom_row("Always guide")
+TOY = Baseline(Family.OTHER,
+               left_out=lambda cache, used: {} if cache.manifest.has_guide else {"Always guide": "no guide"},
+               rows=lambda cache, used: [(ALWAYS_GUIDE, None)] if cache.manifest.has_guide else [],
+               metrics=always_guide)
+
+
+@pytest.fixture
+def toy_registered():
+    register_baseline(TOY)
+    try:
+        yield TOY
+    finally:
+        BASELINES.remove(TOY)
+
+
+def _synthetic(n=120):
+    from envs.generators.synthetic import generate
+    from envs.replay.env import make_env_params
+    cache = generate("hotpotqa-llama2", n_questions=n, seed=3)
+    return cache, make_env_params(cache)
+
+
+def test_a_registered_baseline_is_a_row_of_non_learned_rows(toy_registered):
+    cache, params = _synthetic()
+    rng = np.random.default_rng(0)
+    idx = np.stack([rng.permutation(120) for _ in range(3)])
+    cal, test = idx[:, :60], idx[:, 60:]
+    rows = non_learned_rows(cache, params, jax.random.PRNGKey(0), cal, test, 0.1)
+    assert list(rows)[-1] == "Always guide"  # registration order: after the paper's rows
+    # the oracle: round 1 only, the guide's answer kept; covered iff the guide was right or nothing was
+    m = cache.manifest
+    cost = round_cost_cents_of(cache.arrays, m.base, m.guide).astype(np.float64)[:, 0]
+    ok = np.asarray(cache.arrays["guide_correct"])[:, 0] | np.asarray(params.unsolvable)
+    np.testing.assert_allclose(rows["Always guide"]["cost_cents"], cost[test].sum(1), rtol=1e-5)
+    np.testing.assert_allclose(rows["Always guide"]["coverage"], ok[test].mean(1), rtol=1e-6)
+    np.testing.assert_array_equal(rows["Always guide"]["avg_len"], np.ones(3))
+    np.testing.assert_array_equal(rows["Always guide"]["set_size"], np.ones(3))
+    assert "Always guide" not in left_out_rows(cache, test)
+
+
+def test_a_registered_baseline_runs_end_to_end(toy_registered, tmp_path):
+    """``reproduce`` writes the toy row into results.json (in the table order) and table.md."""
+    from ccpo_jax.ccpo.reproduce import reproduce
+    from envs.cache.fast import save_fast
+    from envs.generators.synthetic import generate
+
+    save_fast(generate("hotpotqa-llama2", n_questions=100, seed=0), tmp_path / "syn100")
+    res = reproduce(cache=str(tmp_path / "syn100"), n_splits=2, split_sizes="60,20,20", out_dir=tmp_path / "out",
+                    train=False, echo=None)
+    names = list(json.loads((tmp_path / "out" / "results.json").read_text())["policies"])
+    assert "Always guide" in names
+    assert names == sorted(names, key=lambda n: RowId.parse(n).sort_key())
+    assert any(ln.startswith("| Always guide") for ln in res.table.splitlines()), res.table

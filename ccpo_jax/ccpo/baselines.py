@@ -50,8 +50,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ccpo_jax.ccpo.ladder_rows import ladder_rows, left_out_ladder_rows
-from ccpo_jax.ccpo.settings import exit_row_name, llm_policy_row_name
+from ccpo_jax.ccpo.ladder_rows import LADDER
+from ccpo_jax.ccpo.registry import BASELINES, Baseline, register_baseline
+from ccpo_jax.ccpo.rowid import RANDOM, UALA, Family, RowId, exit_row, llm_policy_row
 from envs.cache.schema import A_NEXT, ResponseCache
 from envs.replay.env import EnvParams, SetMetrics, evaluate_actions, evaluate_sets, summarise
 
@@ -171,18 +172,15 @@ def has_uncertainty(cache: ResponseCache) -> bool:
 
 
 @functools.lru_cache(maxsize=32)
-def _rows_program(exit_ms: tuple, llm_ms: tuple, with_uala: bool):
-    """The jitted, split-vmapped program for one choice of rows (cached: repeated calls do not recompile)."""
+def _rows_program(plan: tuple):
+    """The jitted, split-vmapped program for one choice of rows (cached: repeated calls do not recompile).
+    ``plan``: ((baseline, ((row name, static), ...)), ...) in registration order; ONE program for all."""
 
     def one(params, data, k, cal, test, alpha):
         rows = {}
-        for i, m in exit_ms:
-            rows[exit_row_name(m)] = summarise(exit_rows(data, params, test, i))
-        rows["Random"] = summarise(random_rows(k, params, test))
-        for i, m in llm_ms:
-            rows[llm_policy_row_name(m)] = summarise(llm_policy_rows(data, params, test, i))
-        if with_uala:
-            rows["UALA"] = summarise(uala(params, cal, test, alpha))
+        for b, named in plan:
+            for name, static in named:
+                rows[name] = summarise(b.metrics(params, data, k, cal, test, alpha, static))
         return rows
 
     return jax.jit(jax.vmap(one, in_axes=(None, None, 0, 0, 0, None)))
@@ -197,53 +195,87 @@ def non_learned_rows(
     alpha: float,
     train_idx: Any = None,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """Every non-learned row for S splits in one jitted, vmapped call.
+    """Every non-learned row for S splits: the traced baselines in one jitted, vmapped call.
 
     ``cal_idx``, ``test_idx``: int [S, n]. Returns
     ``{row name: {"cost_cents", "coverage", "avg_len", "set_size": np.ndarray [S]}}``
     with the paper's row names ("<model> EXIT", "Random", "LLM policy (<model>)",
     "UALA"), in the paper's order, then the ladder rows (``ccpo_jax.ccpo.ladder_rows``: "Always
     rung k" on a base ladder; the threshold cascade, fitted on ``train_idx`` [S, n_train], when
-    given); rows the cache cannot support are absent.
+    given), then any other registered baseline's (``ccpo_jax.ccpo.registry``), each in registration
+    order; rows the cache cannot support are absent.
     """
     cal_idx = np.asarray(cal_idx, np.int32)
     test_idx = np.asarray(test_idx, np.int32)
-    man, a = cache.manifest, cache.arrays
     used = np.unique(test_idx)
-    exit_ms = [(i, m) for i, m in enumerate(man.exit_models) if a["exit_mask"][used, i].all()]
-    llm_ms = [(i, m) for i, m in enumerate(man.llm_policy_models) if (a["llm_policy_actions"][used, i] >= 0).any()]
-    with_uala = has_uncertainty(cache)
+    plan = tuple((b, tuple((r.name, static) for r, static in b.rows(cache, used)))
+                 for b in BASELINES if b.metrics is not None)
     data = make_baseline_data(cache)
     keys = jax.random.split(key, test_idx.shape[0])
     # params and data are arguments (not closed over) so they are not baked into the program as constants
-    run = _rows_program(tuple(exit_ms), tuple(llm_ms), with_uala)
-    out = run(params, data, keys, cal_idx, test_idx, jnp.float32(alpha))
-    order = [exit_row_name(m) for _, m in exit_ms] + ["Random"] + [llm_policy_row_name(m) for _, m in llm_ms]
-    order += ["UALA"] if with_uala else []
-    rows = {r: {k: np.asarray(v) for k, v in out[r].items()} for r in order}
-    rows.update(ladder_rows(cache, params, train_idx, test_idx, alpha)[0])
+    out = _rows_program(plan)(params, data, keys, cal_idx, test_idx, jnp.float32(alpha))
+    rows: dict[str, dict[str, np.ndarray]] = {}
+    for b, named in plan:
+        rows.update({r: {k: np.asarray(v) for k, v in out[r].items()} for r, _ in named})
+    for b in BASELINES:
+        if b.host is not None:
+            rows.update(b.host(cache, params, train_idx, test_idx, alpha))
     return rows
 
 
 def left_out_rows(cache: ResponseCache, test_idx: Any) -> dict[str, str]:
     """{row name: why} of every non-learned row the cache lists or could have that
-    :func:`non_learned_rows` leaves out (the same conditions)."""
-    test_idx = np.asarray(test_idx, np.int32)
-    man, a = cache.manifest, cache.arrays
-    used = np.unique(test_idx)
+    :func:`non_learned_rows` leaves out (each baseline's ``left_out``, in registration order)."""
+    used = np.unique(np.asarray(test_idx, np.int32))
     out: dict[str, str] = {}
-    for i, m in enumerate(man.exit_models):
-        if not a["exit_mask"][used, i].all():
-            n = int((~a["exit_mask"][used, i]).sum())
-            out[exit_row_name(m)] = f"{n} of the {used.size} test questions have no cached EXIT run of {m}"
-    for i, m in enumerate(man.llm_policy_models):
-        if not (a["llm_policy_actions"][used, i] >= 0).any():
-            out[llm_policy_row_name(m)] = (f"no test question has readable actions of {m} (every reply "
-                                           "unreadable or none cached)")
-    if not man.has_guide:
-        out["UALA"] = "a guide-less cascade (models.guide: null): UALA collects the guide's answers"
-    elif not has_uncertainty(cache):
-        out["UALA"] = "no round of the cache has a guide uncertainty (UALA thresholds it)"
-    out.update(left_out_ladder_rows(cache))
+    for b in BASELINES:
+        out.update(b.left_out(cache, used))
     return out
 
+
+# -- the registrations: what each baseline supports and why it is absent ---------------------------------------
+
+
+def _exit_supported(cache: ResponseCache, used: np.ndarray) -> list[tuple[RowId, int]]:
+    mask = cache.arrays["exit_mask"]
+    return [(exit_row(m), i) for i, m in enumerate(cache.manifest.exit_models) if mask[used, i].all()]
+
+
+def _exit_left_out(cache: ResponseCache, used: np.ndarray) -> dict[str, str]:
+    mask = cache.arrays["exit_mask"]
+    return {exit_row(m).name: f"{int((~mask[used, i]).sum())} of the {used.size} test questions have no cached "
+            f"EXIT run of {m}" for i, m in enumerate(cache.manifest.exit_models) if not mask[used, i].all()}
+
+
+def _llm_supported(cache: ResponseCache, used: np.ndarray) -> list[tuple[RowId, int]]:
+    acts = cache.arrays["llm_policy_actions"]
+    return [(llm_policy_row(m), i) for i, m in enumerate(cache.manifest.llm_policy_models) if (acts[used, i] >= 0).any()]
+
+
+def _llm_left_out(cache: ResponseCache, used: np.ndarray) -> dict[str, str]:
+    acts = cache.arrays["llm_policy_actions"]
+    return {llm_policy_row(m).name: f"no test question has readable actions of {m} (every reply unreadable or none "
+            "cached)" for i, m in enumerate(cache.manifest.llm_policy_models) if not (acts[used, i] >= 0).any()}
+
+
+def _uala_left_out(cache: ResponseCache, used: np.ndarray) -> dict[str, str]:
+    if not cache.manifest.has_guide:
+        return {UALA.name: "a guide-less cascade (models.guide: null): UALA collects the guide's answers"}
+    if not has_uncertainty(cache):
+        return {UALA.name: "no round of the cache has a guide uncertainty (UALA thresholds it)"}
+    return {}
+
+
+register_baseline(Baseline(
+    Family.EXIT, _exit_left_out, _exit_supported,
+    lambda params, data, k, cal, test, alpha, i: exit_rows(data, params, test, i)))
+register_baseline(Baseline(
+    Family.RANDOM, lambda cache, used: {}, lambda cache, used: [(RANDOM, None)],
+    lambda params, data, k, cal, test, alpha, _: random_rows(k, params, test)))
+register_baseline(Baseline(
+    Family.LLM_POLICY, _llm_left_out, _llm_supported,
+    lambda params, data, k, cal, test, alpha, i: llm_policy_rows(data, params, test, i)))
+register_baseline(Baseline(
+    Family.UALA, _uala_left_out, lambda cache, used: [(UALA, None)] if has_uncertainty(cache) else [],
+    lambda params, data, k, cal, test, alpha, _: uala(params, cal, test, alpha)))
+register_baseline(LADDER)

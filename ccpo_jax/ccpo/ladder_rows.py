@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ccpo_jax.ccpo.registry import Baseline
+from ccpo_jax.ccpo.rowid import Family
 from envs.cache.schema import A_BASE, A_NEXT, ResponseCache
 from envs.replay.env import EnvParams, evaluate_sets, summarise
 
@@ -220,3 +222,10 @@ def left_out_ladder_rows(cache: ResponseCache) -> dict[str, str]:
     if applies(cache) and not has_confidence(cache):
         out[CASCADE_ROW] = "no round of the cache has a base confidence (the cascade thresholds it)"
     return out
+
+
+#: The ladder rows as a registered baseline (host side; ``ccpo_jax.ccpo.baselines`` registers it after the
+#: paper's rows).
+LADDER = Baseline(Family.LADDER, lambda cache, used: left_out_ladder_rows(cache),
+                  host=lambda cache, params, train_idx, test_idx, alpha: ladder_rows(cache, params, train_idx,
+                                                                                     test_idx, alpha)[0])

@@ -195,6 +195,12 @@ def lambda_row(lam: float) -> RowId:
     return _row(f"CCPO (lambda={format_lambda(lam)})", Family.CCPO, calibrated=True, lam=float(lam))
 
 
+def custom_row(label: str, family: Family = Family.OTHER, **fields) -> RowId:
+    """A row of a newly registered baseline (``ccpo_jax.ccpo.registry``), placed by the table order's rules
+    (a name no rule knows: after the paper's rows, by name); ``fields``: the other :class:`RowId` fields."""
+    return _row(label, family, **fields)
+
+
 def rung_row(k: int, model: str) -> RowId:
     """"Always use base rung k" (1-based) on a base ladder (``ccpo_jax.ccpo.ladder_rows``)."""
     return _row(f"Always rung {k} ({model})", Family.LADDER)
