@@ -29,10 +29,10 @@ sys.path.insert(0, str(SERVER.parent))
 
 from chat_server import BASE_MODEL, GUIDE_MODEL, write_questions  # noqa: E402
 
-from ccpo_jax.collect.client import Endpoint, RetryPolicy  # noqa: E402
 from ccpo_jax.collect.collector import collect  # noqa: E402
-from ccpo_jax.collect.questions import load_questions  # noqa: E402
 from ccpo_jax.collect.settings import Execution, Settings  # noqa: E402
+from ccpo_jax.llm.questions import load_questions  # noqa: E402
+from ccpo_jax.llm.wire import Endpoint, RetryPolicy  # noqa: E402
 from envs.cache.atomic import atomic_write_json  # noqa: E402
 
 

@@ -55,9 +55,9 @@ async def _post_json(client, url: str, body: dict) -> dict:
 
 
 async def _direct(client, url, question, rounds):
-    from ccpo_jax.collect import protocol as P
-    from ccpo_jax.collect.caller import request_body
     from ccpo_jax.gateway.engine import ProtocolConfig
+    from ccpo_jax.llm import paper as P
+    from ccpo_jax.llm.calls import request_body
     from chat_server import BASE_MODEL, GUIDE_MODEL
 
     cfg, history = ProtocolConfig().resolved({}), []  # (the paper's protocol: the scripted server's)
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     from chat_server import make_scripts
 
     questions = list(make_scripts(50))
-    from ccpo_jax.collect import protocol, caller  # noqa: F401 - imported before timing (the direct path uses them)
+    from ccpo_jax.llm import calls, paper  # noqa: F401 - imported before timing (the direct path uses them)
     from ccpo_jax.gateway import engine  # noqa: F401
     up_p, up = _start([sys.executable, "tests/chat_server.py", "50", "--delay-ms", str(a.delay_ms)], "http://")
     env = dict(os.environ, JAX_PLATFORMS="cpu")

@@ -163,7 +163,7 @@ def main(argv=None) -> int:  # noqa: C901 - one measurement script, read top to 
     from chat_server import make_scripts
 
     questions = list(make_scripts(50))
-    from ccpo_jax.collect import caller, protocol  # noqa: F401 - imported before timing (the direct path uses them)
+    from ccpo_jax.llm import calls, paper  # noqa: F401 - imported before timing (the direct path uses them)
     from ccpo_jax.gateway import engine  # noqa: F401
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     dev = platform.processor() or platform.machine()

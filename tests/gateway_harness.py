@@ -57,13 +57,13 @@ class GatewayThread:
         import uvicorn
 
         from ccpo_jax.gateway.routes import build_app
-        from ccpo_jax.gateway.server import uvicorn_config
+        from ccpo_jax.serving.server import uvicorn_config
 
         self.gw = gw
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        # the gateway's own server configuration (its bounds on every client: ccpo_jax.gateway.server)
+        # the gateway's own server configuration (its bounds on every client: ccpo_jax.serving.server)
         self.server = uvicorn.Server(uvicorn_config(build_app(gw), gw.cfg.server, lifespan="on",
                                                     timeout_graceful_shutdown=2))
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),

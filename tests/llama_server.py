@@ -212,7 +212,7 @@ def record(binary: str, out: Path) -> None:
     work = out / "_models"
     work.mkdir(exist_ok=True)
     q = "What is the capital of France?"
-    from ccpo_jax.collect import protocol as P  # noqa: PLC0415 (run from the repository root)
+    from ccpo_jax.llm import paper as P  # noqa: PLC0415 (run from the repository root)
     procs = []
     try:
         for role, design, alias in (("base", BASE, "bigram-base"), ("guide", GUIDE, "bigram-guide")):

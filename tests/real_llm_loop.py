@@ -64,9 +64,9 @@ def server(log: Path, parallel: int = 2):
 
 def record(out: Path, n: int = 6) -> None:
     sys.path.insert(0, str(ROOT))
-    from ccpo_jax.collect import protocols
-    from ccpo_jax.collect.caller import request_body
-    from ccpo_jax.collect.client import parse_completion
+    from ccpo_jax.llm import protocols
+    from ccpo_jax.llm.calls import request_body
+    from ccpo_jax.llm.wire import parse_completion
 
     pr = protocols.get("json")
     qs = [json.loads(x) for x in (QUESTIONS / "cache.jsonl").read_text().splitlines()[:n]]

@@ -20,8 +20,8 @@ import pytest
 
 from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts
 from ccpo_jax.cli.main import main
-from ccpo_jax.collect import protocol as P
-from ccpo_jax.collect.client import parse_completion, retry_after_s
+from ccpo_jax.llm import paper as P
+from ccpo_jax.llm.wire import parse_completion, retry_after_s
 
 N_QUESTIONS = 20
 EPOCH = "1796083200"  # SOURCE_DATE_EPOCH: 2026-12-01, so the provenance dates do not depend on today
@@ -310,8 +310,8 @@ def test_csv_questions_and_pricing_file(server, tmp_path):
     import argparse
 
     from ccpo_jax.collect.command import resolve_prices
-    from ccpo_jax.collect.questions import load_questions
     from ccpo_jax.errors import UserError
+    from ccpo_jax.llm.questions import load_questions
 
     csv_file = tmp_path / "q.csv"
     csv_file.write_text('id,question,gold,extra\n1,"Who wrote ""Hamlet""?",Shakespeare,x\n2,"2+2?",4,y\n')

@@ -18,10 +18,10 @@ import pytest
 
 from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts, write_questions
 from ccpo_jax.cli.main import main
-from ccpo_jax.collect.client import (AttemptOver, BoundedBody, ChatClient, EndpointError, RetryPolicy, TooLarge,
-                                     parse_completion)
 from ccpo_jax.collect.calllog import CallLog
-from ccpo_jax.collect.client import Endpoint
+from ccpo_jax.collect.client import ChatClient
+from ccpo_jax.llm.wire import AttemptOver, BoundedBody, EndpointError, RetryPolicy, TooLarge, parse_completion
+from ccpo_jax.llm.wire import Endpoint
 
 GOOD = {"choices": [{"message": {"role": "assistant", "content": "Yes"}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 1}}

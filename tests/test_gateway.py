@@ -23,8 +23,8 @@ from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts, t
 from conftest import run_cli  # noqa: E402
 from gateway_harness import GatewayThread, build_artefact, post  # noqa: E402
 
-from ccpo_jax.collect.client import Endpoint, RetryPolicy  # noqa: E402
 from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
+from ccpo_jax.llm.wire import Endpoint, RetryPolicy  # noqa: E402
 
 FAST = RetryPolicy(retries=2, backoff_s=0.01, max_backoff_s=0.02, max_retry_after_s=5.0, timeout_s=0.5,
                    attempt_timeout_s=2.0)
@@ -100,7 +100,7 @@ def test_openai_client_reply_usage_and_decisions(live):
 
 def test_round_one_values_are_data_collects(live):
     """The journaled round equals what data collect's reading of the same replies gives."""
-    from ccpo_jax.collect import protocol as P
+    from ccpo_jax.llm import paper as P
 
     up, g, client, journal = live
     q = QS[1]
@@ -388,7 +388,7 @@ def test_live_eval_table_against_the_replay_prediction(art, tmp_path):
     cache = read_jsonl(journal)
     assert cache.n_questions == 10
     recs = list(_journal(journal).values())
-    from ccpo_jax.collect.protocol import is_correct
+    from ccpo_jax.llm.paper import is_correct
 
     k = sum(any(is_correct(a["answer"], [r["gold"]]) for a in r["gateway"]["answer_set"]) for r in recs)
     lo, hi = beta.ppf(0.025, k, 10 - k + 1) if k else 0.0, beta.ppf(0.975, k + 1, 10 - k) if k < 10 else 1.0
@@ -442,9 +442,9 @@ def test_concurrent_decisions_are_batched_and_equal_router_decide(art):
     decision equals Router.decide on that request's rounds."""
     import asyncio
 
-    from ccpo_jax.collect.client import parse_completion
     from ccpo_jax.gateway.engine import Batcher, Caps, Decider, ProtocolConfig, run_protocol
     from ccpo_jax.gateway.online import CoverageState
+    from ccpo_jax.llm.wire import parse_completion
     from ccpo_jax.serving import Router
 
     router = Router.load(art)

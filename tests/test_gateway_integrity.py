@@ -21,9 +21,9 @@ from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts  #
 from conftest import run_cli  # noqa: E402
 from gateway_harness import GatewayThread, build_artefact, post  # noqa: E402
 
-from ccpo_jax.collect.client import Endpoint, RetryPolicy  # noqa: E402
 from ccpo_jax.errors import UserError  # noqa: E402
 from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
+from ccpo_jax.llm.wire import Endpoint, RetryPolicy  # noqa: E402
 
 FAST = RetryPolicy(retries=0, backoff_s=0.01, max_backoff_s=0.02, max_retry_after_s=5.0, timeout_s=2.0,
                    attempt_timeout_s=5.0)
@@ -319,7 +319,7 @@ LIMITS = dict(read_timeout_s=0.5, keep_alive_s=1, max_clients=8, max_header_byte
 
 
 def _bounded(art, up):
-    from ccpo_jax.gateway.server import ServerLimits
+    from ccpo_jax.serving.server import ServerLimits
 
     return _gateway(art, up, server=ServerLimits(**LIMITS))
 

@@ -150,8 +150,8 @@ def test_group_of_200_characters_is_accepted(tmp_path):
 
 
 def test_collect_questions_file_group_column(tmp_path):
-    from ccpo_jax.collect.questions import load_questions
     from ccpo_jax.errors import UserError
+    from ccpo_jax.llm.questions import load_questions
 
     p = tmp_path / "q.csv"
     p.write_text("id,question,gold,group\n1,What?,alpha,physics\n2,Why?,beta,law\n")

@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ccpo_jax.collect import protocol as P
-from ccpo_jax.collect.client import (ChatClient, Endpoint, EndpointError, RetryPolicy, parse_completion,
-                                     parse_model_list)
+from ccpo_jax.collect.client import ChatClient
+from ccpo_jax.llm import paper as P
+from ccpo_jax.llm.wire import Endpoint, EndpointError, RetryPolicy, parse_completion, parse_model_list
 
 FIX = Path(__file__).parent / "fixtures" / "llama_server"
 

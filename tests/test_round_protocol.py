@@ -16,10 +16,10 @@ import pytest
 
 from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts, token_logprob
 from ccpo_jax.cli.main import main
-from ccpo_jax.collect import protocols
-from ccpo_jax.collect import structured as S
-from ccpo_jax.collect.client import Endpoint, RetryPolicy
 from ccpo_jax.gateway.engine import ProtocolConfig, fallback_answer
+from ccpo_jax.llm import protocols
+from ccpo_jax.llm import structured as S
+from ccpo_jax.llm.wire import Endpoint, RetryPolicy
 
 MC = "What is 2 + 2?\nA. 3\nB. 4\nC. 5\nD. 22"
 JSON = protocols.get("json")

@@ -102,9 +102,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _config(args, journal):
-    from ccpo_jax.collect.client import RetryPolicy, parse_endpoint
     from ccpo_jax.errors import UserError
     from ccpo_jax.gateway.app import GatewayConfig
+    from ccpo_jax.llm.wire import RetryPolicy, parse_endpoint
 
     for flag, v, lo in (("--retries", args.retries, 0), ("--timeout", args.timeout, 1e-3),
                         ("--attempt-timeout", args.attempt_timeout, 1e-3), ("--max-retry-after", args.max_retry_after, 0)):
@@ -200,9 +200,9 @@ def _state_line(gw) -> str:
 
 
 def _server_limits(args):
-    """The server's bounds on every client (ccpo_jax.gateway.server.ServerLimits) from the gateway's flags."""
+    """The server's bounds on every client (ccpo_jax.serving.server.ServerLimits) from the gateway's flags."""
     from ccpo_jax.errors import UserError
-    from ccpo_jax.gateway.server import ServerLimits
+    from ccpo_jax.serving.server import ServerLimits
 
     if not (math.isfinite(args.read_timeout) and args.read_timeout > 0):
         raise UserError(f"--read-timeout: expected a number of seconds > 0, got {args.read_timeout!r}")
@@ -233,8 +233,8 @@ def _gateway(args) -> int:
     from ccpo_jax.gateway.access import price_line, stop_line
     from ccpo_jax.gateway.app import MODEL_ID, Gateway, load_gateway
     from ccpo_jax.gateway.routes import build_app
-    from ccpo_jax.gateway.server import uvicorn_config
     from ccpo_jax.serving import Router
+    from ccpo_jax.serving.server import uvicorn_config
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port: expected 0..65535, got {args.port}")

@@ -1,10 +1,10 @@
 """The cost bound printed before the first call: every completion at ``max_tokens``, every round."""
 from __future__ import annotations
 
-from ccpo_jax.collect import protocol as P
-from ccpo_jax.collect.caller import PROMPT_TOKENS_PER_CHAR, estimate_tokens
-from ccpo_jax.collect.questions import Question
 from ccpo_jax.collect.settings import Settings
+from ccpo_jax.llm import paper as P
+from ccpo_jax.llm.calls import PROMPT_TOKENS_PER_CHAR, reserve_tokens
+from ccpo_jax.llm.questions import Question
 
 
 def cost_bound(s: Settings, questions: list[Question]) -> dict[str, dict[str, float]]:
@@ -14,7 +14,7 @@ def cost_bound(s: Settings, questions: list[Question]) -> dict[str, dict[str, fl
 
     def add(role, prompt_text_chars, n_msgs, extra_tokens, max_out):
         o = out[role]
-        t_in = estimate_tokens(prompt_text_chars, n_msgs) + extra_tokens
+        t_in = reserve_tokens(prompt_text_chars, n_msgs) + extra_tokens
         o["calls"] += 1
         o["tokens_in"] += t_in
         o["tokens_out"] += max_out

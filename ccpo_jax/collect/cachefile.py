@@ -10,7 +10,6 @@ a file collected with other settings, naming the fields that differ.
 """
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import os
@@ -18,23 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ccpo_jax.collect.calllog import truncate_partial_line
-from ccpo_jax.collect.settings import COLLECTOR_VERSION, CollectError, Settings
-from envs.cache.atomic import atomic_write_text
-
-
-def today() -> str:
-    """UTC date (``SOURCE_DATE_EPOCH`` when set, for reproducible files)."""
-    sde = os.environ.get("SOURCE_DATE_EPOCH")
-    if sde and sde.strip().isdigit():
-        return dt.datetime.fromtimestamp(int(sde), dt.timezone.utc).date().isoformat()
-    return dt.datetime.now(dt.timezone.utc).date().isoformat()
-
-
-def collector_version() -> str:
-    import ccpo_jax
-
-    return f"ccpo-jax {ccpo_jax.__version__}, collector {COLLECTOR_VERSION}"
+from ccpo_jax.collect.settings import CollectError, Settings
+from ccpo_jax.llm.provenance import collector_version, today
+from envs.cache.atomic import atomic_write_text, truncate_partial_line
 
 
 def make_manifest(s: Settings, started: str) -> dict[str, Any]:
@@ -64,7 +49,7 @@ def make_manifest(s: Settings, started: str) -> dict[str, Any]:
             "endpoints": s.endpoints(),
             "prices": {r: s.price_sources[r] for r in s.roles()},
             "prompts_sha256": s.proto.prompt_hashes(),
-            # the round protocol (ccpo_jax.collect.protocols); the gateway serves the artefact with it
+            # the round protocol (ccpo_jax.llm.protocols); the gateway serves the artefact with it
             **({} if s.protocol == "paper" else {"round_protocol": s.protocol}),
             "requests": {
                 "base_temperature": list(s.base_temperature),

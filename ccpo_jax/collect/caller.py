@@ -10,15 +10,11 @@ import threading
 from typing import Any, Callable
 
 from ccpo_jax.collect.calllog import CallLog
-from ccpo_jax.collect.client import CallStats, ChatClient, EndpointError, Stopped
+from ccpo_jax.collect.client import ChatClient
 from ccpo_jax.collect.meter import Meter
-from ccpo_jax.collect.settings import TOP_LOGPROBS, Settings
-
-#: Prompt tokens per character assumed by the cost bound before a model has replied.
-PROMPT_TOKENS_PER_CHAR = 0.5
-#: Tokens added per chat message by the bound (chat template overhead).
-TOKENS_PER_MESSAGE = 16
-
+from ccpo_jax.collect.settings import Settings
+from ccpo_jax.llm.calls import PROMPT_TOKENS_PER_CHAR, TOP_LOGPROBS, request_body, reserve_tokens
+from ccpo_jax.llm.wire import CallStats, EndpointError, Stopped
 
 @dataclasses.dataclass(frozen=True)
 class Answer:
@@ -39,25 +35,6 @@ def now_iso() -> str:
 
 def _chars(messages: list[dict]) -> int:
     return sum(len(m["content"]) for m in messages)
-
-
-def estimate_tokens(chars: int, n_messages: int, ratio: float = PROMPT_TOKENS_PER_CHAR) -> int:
-    return math.ceil(chars * ratio) + TOKENS_PER_MESSAGE * n_messages
-
-
-def request_body(model: str, messages: list[dict], max_tokens: int, temperature: float, seed: int | None,
-                 logprobs: bool, response_format: dict | None = None) -> dict:
-    """The chat-completions body of one protocol call (data collect and the gateway send the same);
-    ``response_format``: the structured protocol's JSON schema (None: not sent)."""
-    b: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
-    if response_format is not None:
-        b["response_format"] = response_format
-    if seed is not None:
-        b["seed"] = seed
-    if logprobs:
-        b["logprobs"] = True
-        b["top_logprobs"] = TOP_LOGPROBS
-    return b
 
 
 class Caller:
@@ -91,7 +68,7 @@ class Caller:
         chars = _chars(messages)
         ratio = self.log.ratio.get(ep.model)
         ratio = PROMPT_TOKENS_PER_CHAR if ratio is None else 1.25 * ratio
-        est = self.usd(role, estimate_tokens(chars, len(messages), ratio), max_tokens)
+        est = self.usd(role, reserve_tokens(chars, len(messages), ratio), max_tokens)
         self.meter.reserve(est)
         try:
             reply, stats = self.clients[role].chat(body)

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from ccpo_jax.collect.settings import CollectError
+from envs.cache.atomic import truncate_partial_line
 
 
 class CallLog:
@@ -84,19 +85,3 @@ class CallLog:
         with self.lock:
             if self._f is not None:
                 self._f.close()
-
-
-def truncate_partial_line(path: Path) -> bool:
-    """Drop a last line without its newline (a write cut by a kill); True when one was dropped."""
-    size = path.stat().st_size
-    if size == 0:
-        return False
-    with open(path, "rb+") as f:
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return False
-        f.seek(0)
-        data = f.read()
-        keep = data.rfind(b"\n") + 1
-        f.truncate(keep)
-    return True

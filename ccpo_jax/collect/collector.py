@@ -45,13 +45,14 @@ from ccpo_jax.collect.bound import cost_bound, format_bound
 from ccpo_jax.collect.cachefile import CacheFile, read_existing
 from ccpo_jax.collect.caller import Caller
 from ccpo_jax.collect.calllog import CallLog
-from ccpo_jax.collect.client import ChatClient, EndpointError, Stopped
+from ccpo_jax.collect.client import ChatClient
 from ccpo_jax.collect.meter import BudgetStop, Meter
-from ccpo_jax.collect.questions import Question
 from ccpo_jax.collect.rounds import collect_question
 from ccpo_jax.collect.settings import Execution, Settings
 from ccpo_jax.collect.summary import Outcome, Progress
 from ccpo_jax.errors import UserError
+from ccpo_jax.llm.questions import Question
+from ccpo_jax.llm.wire import EndpointError, Stopped
 
 #: Exit status of a run stopped by --max-cost-usd.
 EXIT_BUDGET = 3

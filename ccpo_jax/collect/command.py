@@ -237,11 +237,11 @@ def _check_cascade(args, n_bases: int, exit_roles: tuple[str, ...], policy_roles
 
 
 def settings_from_args(args):
-    from ccpo_jax.collect.client import parse_endpoint
     from ccpo_jax.collect.settings import Settings
-    from ccpo_jax.collect.questions import load_questions
+    from ccpo_jax.llm.questions import load_questions
+    from ccpo_jax.llm.wire import parse_endpoint
 
-    from ccpo_jax.collect import protocols
+    from ccpo_jax.llm import protocols
 
     args = _with_ladder_file(args)
     proto = protocols.get(args.round_protocol, "--round-protocol")
@@ -307,8 +307,8 @@ def settings_from_args(args):
 
 
 def execution_from_args(args):
-    from ccpo_jax.collect.client import RetryPolicy
     from ccpo_jax.collect.settings import Execution
+    from ccpo_jax.llm.wire import RetryPolicy
 
     if args.concurrency < 1:
         raise UserError(f"--concurrency {args.concurrency}: must be >= 1")

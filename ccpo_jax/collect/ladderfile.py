@@ -63,7 +63,7 @@ class LadderFile:
 
 
 def _entry(obj: Any, where: str) -> Entry:
-    from ccpo_jax.collect.client import parse_endpoint
+    from ccpo_jax.llm.wire import parse_endpoint
 
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected an object {{url, model, price_in, price_out}}, got {type(obj).__name__}")

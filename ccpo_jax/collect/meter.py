@@ -4,7 +4,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from ccpo_jax.collect.client import CallStats, Reply
+from ccpo_jax.llm.wire import CallStats, Reply
 
 
 #: Kinds of call whose cut replies are counted apart: each has its own max_tokens flag.

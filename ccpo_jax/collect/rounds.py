@@ -2,16 +2,16 @@
 
 The T base-guide rounds, then the baselines asked for: an LLM-EXIT run per
 model and an LLM-as-policy run per model over the collected chain
-(:mod:`ccpo_jax.collect.protocol` holds the prompts, parsers and measures).
+(:mod:`ccpo_jax.llm.paper` holds the prompts, parsers and measures).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ccpo_jax.collect import protocol as P
 from ccpo_jax.collect.caller import Answer, Caller
-from ccpo_jax.collect.questions import Question
 from ccpo_jax.collect.settings import Settings
+from ccpo_jax.llm import paper as P
+from ccpo_jax.llm.questions import Question
 
 
 def _tokens(rec: dict, a: Answer) -> None:

@@ -6,17 +6,13 @@ import hashlib
 import json
 from typing import Any
 
-from ccpo_jax.collect import protocols
-from ccpo_jax.collect.client import Endpoint, RetryPolicy
 from ccpo_jax.errors import UserError
+from ccpo_jax.llm import protocols
+from ccpo_jax.llm.calls import TOP_LOGPROBS, CallDefaults
+from ccpo_jax.llm.provenance import COLLECTOR_VERSION
+from ccpo_jax.llm.wire import Endpoint, RetryPolicy
 
-#: Version of the collector's protocol and output (in every cache's provenance).
-COLLECTOR_VERSION = "1"
 ROLES = ("base", "guide")
-#: ``top_logprobs`` sent with ``logprobs``: llama-cpp-python returns no log-probs for ``logprobs``
-#: alone, and every OpenAI-compatible server we know accepts it (OpenAI: 0-20); 1 is the fewest
-#: alternatives that make the common servers return the chosen tokens' log-probs.
-TOP_LOGPROBS = 1
 
 
 class CollectError(UserError):
@@ -38,10 +34,10 @@ class Settings:
     base_max_tokens: int = 512
     guide_max_tokens: int = 32
     decision_max_tokens: int = 8
-    base_temperature: tuple[float, float] = (0.0, 1.0)  # first round, later rounds (paper, MMLU)
-    guide_temperature: float = 0.0
-    seed: int | None = 0
-    logprobs: bool = True
+    base_temperature: tuple[float, float] = CallDefaults.base_temperature  # first round, later rounds
+    guide_temperature: float = CallDefaults.guide_temperature
+    seed: int | None = CallDefaults.seed
+    logprobs: bool = CallDefaults.logprobs
     f1_threshold: float | None = None
     exit_roles: tuple[str, ...] = ()
     policy_roles: tuple[str, ...] = ()
@@ -52,7 +48,7 @@ class Settings:
     #: A base ladder (docs/collect.md#model-ladders): round t's base model is ``ladder[t]`` (T entries,
     #: ``ladder[0]`` is ``base``), priced as role ``base@<t+1>``; empty: ``base`` every round.
     ladder: tuple[Endpoint, ...] = ()
-    #: The round protocol (:mod:`ccpo_jax.collect.protocols`): ``json`` (structured replies, the default)
+    #: The round protocol (:mod:`ccpo_jax.llm.protocols`): ``json`` (structured replies, the default)
     #: or ``paper`` (the paper's free text).
     protocol: str = protocols.DEFAULT
 

@@ -16,16 +16,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ccpo_jax.collect.client import Endpoint, Reply, RetryPolicy
+from ccpo_jax.errors import UserError
 from ccpo_jax.gateway.engine import ON_EMPTY, Batcher, Caps, Decider, Outcome, ProtocolConfig, run_protocol
 from ccpo_jax.gateway.journal import FeedbackError, Journal, journal_manifest
 from ccpo_jax.gateway.metrics import Metrics
 from ccpo_jax.gateway.online import CoverageState
-from ccpo_jax.gateway.server import ServerLimits
 from ccpo_jax.gateway.state import EmbeddedState, FeedbackResult, GatewayState
 from ccpo_jax.gateway.upstream import AsyncChatClient, UpstreamError
+from ccpo_jax.llm.wire import Endpoint, Reply, RetryPolicy
 from ccpo_jax.serving import Router
-from ccpo_jax.errors import UserError
+from ccpo_jax.serving.server import ServerLimits
 from envs.cache.values import group_problem
 
 log = logging.getLogger("ccpo_jax.gateway")
@@ -54,7 +54,7 @@ class GatewayConfig:
     max_question_chars: int = 100_000
     max_connections: int = 256
     #: The HTTP server's bounds on every client: read timeout, keep-alive, connections, header size
-    #: (ccpo_jax.gateway.server; docs/gateway.md, "Server limits").
+    #: (ccpo_jax.serving.server; docs/gateway.md, "Server limits").
     server: ServerLimits = ServerLimits()
     #: Most decisions in one router call; the decision path is compiled for every power of two up to it
     #: at start-up (1 ... 64: 7 batch sizes, about 11 s here).
@@ -214,7 +214,7 @@ class Gateway:
 
     def __init__(self, router: Router, cfg: GatewayConfig, state: GatewayState | None = None):
         # the round protocol the router's cache was collected with, unless one was given (one protocol for
-        # data collect, the gateway and live-eval: ccpo_jax.collect.protocols)
+        # data collect, the gateway and live-eval: ccpo_jax.llm.protocols)
         cfg = dataclasses.replace(cfg, protocol=cfg.protocol.resolved(router.manifest["cache"]["provenance"]))
         if cfg.on_empty not in ON_EMPTY:
             raise UserError(f"--on-empty {cfg.on_empty!r}: one of {', '.join(ON_EMPTY)}", field="on_empty")

@@ -1,8 +1,8 @@
 """One request through the CCPO protocol, live: base, guide, parse, decide, until the router's set stops.
 
 The prompts, parsers, measures and request bodies are data collect's
-(:mod:`ccpo_jax.collect.protocol`, :func:`ccpo_jax.collect.caller.request_body`,
-with :class:`ccpo_jax.collect.settings.Settings`' defaults for max tokens,
+(:mod:`ccpo_jax.llm.paper`, :func:`ccpo_jax.llm.calls.request_body`,
+with the defaults of :class:`ccpo_jax.llm.calls.CallDefaults` and the round protocol for max tokens,
 temperatures, seed and log-probs). After each round the exported router decides
 on the rounds so far (:meth:`ccpo_jax.serving.Router.decide`), exactly as
 ``serve`` and ``route`` would; with ``--online-kappa`` the set is taken at the
@@ -24,12 +24,11 @@ import math
 import time
 from typing import Any, Callable
 
-from ccpo_jax.collect import protocol as P
-from ccpo_jax.collect import protocols
-from ccpo_jax.collect.caller import PROMPT_TOKENS_PER_CHAR, estimate_tokens, request_body
-from ccpo_jax.collect.client import Reply
-from ccpo_jax.collect.settings import Settings
 from ccpo_jax.gateway.online import CoverageState
+from ccpo_jax.llm import paper as P
+from ccpo_jax.llm import protocols
+from ccpo_jax.llm.calls import PROMPT_TOKENS_PER_CHAR, CallDefaults, request_body, reserve_tokens
+from ccpo_jax.llm.wire import Reply
 from ccpo_jax.serving import Router
 
 ROLES = ("base", "guide")
@@ -38,13 +37,13 @@ ON_EMPTY = ("guide", "base", "abstain")
 
 
 def _default(name: str) -> Any:
-    return next(f.default for f in dataclasses.fields(Settings) if f.name == name)
+    return next(f.default for f in dataclasses.fields(CallDefaults) if f.name == name)
 
 
 @dataclasses.dataclass(frozen=True)
 class ProtocolConfig:
-    """Per-call settings; the defaults are data collect's (one definition: Settings' and the round
-    protocol's, :mod:`ccpo_jax.collect.protocols`). ``round_protocol`` None: the artefact's (the protocol
+    """Per-call settings; the defaults are data collect's (one definition: :class:`ccpo_jax.llm.calls.CallDefaults`
+    and the round protocol's, :mod:`ccpo_jax.llm.protocols`). ``round_protocol`` None: the artefact's (the protocol
     its cache was collected with, :func:`protocols.of_provenance`); max tokens None: that protocol's."""
 
     base_max_tokens: int | None = None
@@ -233,12 +232,12 @@ def round_reserve(question: str, history: list[tuple[str, str]], cfg: ProtocolCo
     the base is shown (none in a cascade); a cascade's round is the base call alone."""
     cfg = cfg if cfg.complete else cfg.resolved({})  # (a config not resolved against an artefact: the paper's)
     bm = cfg.proto.base_messages(question, history)
-    b_in = estimate_tokens(sum(len(m["content"]) for m in bm), len(bm))
+    b_in = reserve_tokens(sum(len(m["content"]) for m in bm), len(bm))
     base = cents(prices["base"][t], b_in, cfg.base_max_tokens)
     if prices.get("guide") is None:
         return base
     g_chars = cfg.proto.guide_prompt_chars() + len(question)
-    g_in = estimate_tokens(g_chars, 1) + math.ceil(cfg.base_max_tokens * 4 * PROMPT_TOKENS_PER_CHAR)
+    g_in = reserve_tokens(g_chars, 1) + math.ceil(cfg.base_max_tokens * 4 * PROMPT_TOKENS_PER_CHAR)
     return base + cents(prices["guide"][t], g_in, cfg.guide_max_tokens)
 
 
@@ -293,7 +292,7 @@ async def run_protocol(question: str, group: str | None, caps: Caps, *, decider:
                        on_round: Callable[[str, dict], Any] = lambda role, rec: None,
                        on_empty: str = "abstain") -> Outcome:
     """The protocol for one question. ``call(role, t, body)`` is awaited for each upstream call of round
-    ``t`` (0-based) and returns a :class:`~ccpo_jax.collect.client.Reply`; ``on_round(role, info)`` sees
+    ``t`` (0-based) and returns a :class:`~ccpo_jax.llm.wire.Reply`; ``on_round(role, info)`` sees
     each call's round, tokens and cost. ``prices``: per role one pair or T per-round pairs (a ladder;
     :func:`per_round`). A guide-less cascade's router (``has_guide`` False) makes no guide call, and
     its base is asked afresh every round (there is no guide reply to show it). ``on_empty``: the reply

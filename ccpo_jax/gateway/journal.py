@@ -24,16 +24,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ccpo_jax.collect import protocol as P
-from ccpo_jax.collect import protocols
-from ccpo_jax.collect.cachefile import collector_version, today
-from ccpo_jax.collect.calllog import truncate_partial_line
 from ccpo_jax.errors import UserError
-from envs.cache.atomic import atomic_write_text
+from ccpo_jax.llm import paper as P
+from ccpo_jax.llm import protocols
+from ccpo_jax.llm.provenance import collector_version, today
+from envs.cache.atomic import atomic_write_text, truncate_partial_line
 from envs.cache.journal import as_labelled, unlabelled
 from envs.cache.jsonl import MAX_LINE_BYTES, check_question
-from envs.cache.schema import CacheError
 from envs.cache.normalise import normalise_answer
+from envs.cache.schema import CacheError
 from envs.cache.values import show
 
 #: Requests kept in memory for feedback (the oldest are forgotten first), by count ...
@@ -87,7 +86,7 @@ def journal_manifest(router_manifest: dict, endpoints: dict[str, dict | list], r
                         "router_policy": m["policy"]["row"], "alpha": m["alpha"], "router_models": trained,
                         "groups": bool(groups)},
             "endpoints": endpoints,
-            # the round protocol's prompts (ccpo_jax.collect.protocols), and its name unless the paper's
+            # the round protocol's prompts (ccpo_jax.llm.protocols), and its name unless the paper's
             "prompts_sha256": protocols.get(requests.get("round_protocol", "paper")).prompt_hashes(),
             **({"round_protocol": requests["round_protocol"]} if "round_protocol" in requests else {}),
             "requests": requests,

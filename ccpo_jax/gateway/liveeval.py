@@ -32,11 +32,11 @@ import numpy as np
 from scipy.stats import binomtest
 
 from ccpo_jax.ccpo import settings
-from ccpo_jax.collect import protocol as P
-from ccpo_jax.collect.questions import load_questions
 from ccpo_jax.errors import UserError
 from ccpo_jax.gateway.app import GatewayConfig, load_gateway
 from ccpo_jax.gateway.engine import ON_EMPTY, Caps, fallback_answer, per_round, round_reserve
+from ccpo_jax.llm import paper as P
+from ccpo_jax.llm.questions import load_questions
 
 
 def clopper_pearson(k: int, n: int) -> tuple[float, float]:

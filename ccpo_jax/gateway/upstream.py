@@ -1,11 +1,11 @@
 """One upstream chat-completions endpoint, called with ``aiohttp`` under data collect's rules.
 
-The async caller of :mod:`ccpo_jax.collect.client`'s rules, shared, not copied: the same
-:class:`~ccpo_jax.collect.client.RetryPolicy`, the same bounded read of a reply
-(:class:`~ccpo_jax.collect.client.BoundedBody`: attempt deadline and body cap), the same judgement
-of an attempt (:func:`~ccpo_jax.collect.client.judge_attempt`: retries on malformed bodies and HTTP
+The async caller of :mod:`ccpo_jax.llm.wire`'s rules, shared, not copied: the same
+:class:`~ccpo_jax.llm.wire.RetryPolicy`, the same bounded read of a reply
+(:class:`~ccpo_jax.llm.wire.BoundedBody`: attempt deadline and body cap), the same judgement
+of an attempt (:func:`~ccpo_jax.llm.wire.judge_attempt`: retries on malformed bodies and HTTP
 408/409/429/5xx, other 4xx fail at once, the reply parser) and the same wait
-(:func:`~ccpo_jax.collect.client.retry_wait`: backoff with jitter, ``Retry-After`` honoured up to
+(:func:`~ccpo_jax.llm.wire.retry_wait`: backoff with jitter, ``Retry-After`` honoured up to
 ``max_retry_after_s``). Only the waiting is asynchronous, so a cancelled request (a client that hung
 up) cancels its upstream call at once.
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import aiohttp
 
-from ccpo_jax.collect.client import (AttemptOver, BoundedBody, CallStats, Endpoint, EndpointError, NotRetried, Reply,
-                                     RetryPolicy, TooLarge, judge_attempt, redact, retry_wait)
+from ccpo_jax.llm.wire import (AttemptOver, BoundedBody, CallStats, Endpoint, EndpointError, NotRetried, Reply,
+                               RetryPolicy, TooLarge, judge_attempt, redact, retry_wait)
 
 
 class UpstreamError(EndpointError):

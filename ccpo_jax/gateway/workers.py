@@ -37,7 +37,7 @@ def _worker(artifact: str, cfg, address: tuple, family: int, index: int, ready) 
     from ccpo_jax.errors import UserError
     from ccpo_jax.gateway.app import load_gateway
     from ccpo_jax.gateway.routes import build_app
-    from ccpo_jax.gateway.server import uvicorn_config
+    from ccpo_jax.serving.server import uvicorn_config
 
     logging.basicConfig(level=logging.WARNING, format=f"%(levelname)s %(name)s[w{index}]: %(message)s")
     logging.getLogger("ccpo_jax.gateway").setLevel(logging.INFO)

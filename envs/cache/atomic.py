@@ -7,7 +7,8 @@ under the current umask (``mkstemp``/``mkdtemp`` make 0600/0700), and is then
 renamed into place. A failed or interrupted write (an exception, including
 KeyboardInterrupt) removes the temporary and leaves an existing file untouched.
 
-The caller creates the destination's folder; errors propagate as ``OSError``.
+The caller creates the destination's folder; errors propagate as ``OSError``. Appended files (call
+logs, journals) are repaired after a kill by :func:`truncate_partial_line`.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_path", "atomic_dir"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_path", "atomic_dir",
+           "truncate_partial_line"]
 
 
 def current_umask() -> int:
@@ -130,3 +132,19 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Path
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def truncate_partial_line(path: Path) -> bool:
+    """Drop a last line without its newline (a write cut by a kill); True when one was dropped."""
+    size = path.stat().st_size
+    if size == 0:
+        return False
+    with open(path, "rb+") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return False
+        f.seek(0)
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        f.truncate(keep)
+    return True

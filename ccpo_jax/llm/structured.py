@@ -19,7 +19,7 @@ the gateway and ``live-eval`` constrain the same questions the same way.
 
 Reading a reply (:func:`read_json_answer`, :func:`read_json_verdict`) never guesses: the JSON object
 (code fences or text around it allowed), else the paper's free-text parsers
-(:mod:`ccpo_jax.collect.protocol`) for a server that ignored the schema, else unreadable.
+(:mod:`ccpo_jax.llm.paper`) for a server that ignored the schema, else unreadable.
 
 Measures (the paper protocol's, on the value inside the JSON): base ``confidence`` = exp(mean
 logprob) of the tokens that overlap the ``answer`` value's characters; guide ``uncertainty`` =

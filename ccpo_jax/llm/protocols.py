@@ -1,10 +1,10 @@
 """The round protocols, by name: what ``data collect``, the gateway and ``live-eval`` send and read.
 
 * ``json`` (the default): structured replies that small real models follow
-  (:mod:`ccpo_jax.collect.structured`: a JSON schema in ``response_format``, answers of
+  (:mod:`ccpo_jax.llm.structured`: a JSON schema in ``response_format``, answers of
   multiple-choice questions constrained to the option labels, no chain of thought);
 * ``paper``: the CCPO paper's free-text protocol (arXiv 2511.11828, appendix 8.1;
-  :mod:`ccpo_jax.collect.protocol`): chain of thought ending ``Answer: ...``, ``Yes`` / ``No [answer]``.
+  :mod:`ccpo_jax.llm.paper`): chain of thought ending ``Answer: ...``, ``Yes`` / ``No [answer]``.
 
 One protocol per cache: ``data collect --round-protocol`` records it in the manifest
 (``provenance.round_protocol``), ``export`` carries the cache's provenance into the artefact, and the
@@ -20,9 +20,9 @@ import hashlib
 import math
 from typing import Any, Sequence
 
-from ccpo_jax.collect import protocol as P
-from ccpo_jax.collect import structured as S
 from ccpo_jax.errors import UserError
+from ccpo_jax.llm import paper as P
+from ccpo_jax.llm import structured as S
 
 NAMES = ("json", "paper")
 DEFAULT = "json"
