@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from ccpo_jax.serving import Router
-    from ccpo_jax.serving.http import start_in_thread
+    from ccpo_jax.serving.app import start_in_thread
     from envs.cache.jsonl import cache_to_records
     from envs.generators.synthetic import generate
 

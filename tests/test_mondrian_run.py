@@ -155,7 +155,7 @@ def test_served_mondrian_router_says_which_threshold(run, tmp_path):
     import urllib.request
 
     from ccpo_jax.serving import Router
-    from ccpo_jax.serving.http import start_in_thread
+    from ccpo_jax.serving.app import start_in_thread
 
     res, _, _ = run
     assert run_cli(["export", str(res.out_dir), "--row", "CPO batch", "--calibration", "mondrian",

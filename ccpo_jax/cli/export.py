@@ -42,11 +42,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-batch", type=int, default=1024, help="most requests in one 'batch' (default: 1024)")
     s.add_argument("--backlog", type=int, default=1024, help="listen backlog: connections queued before accept (default: 1024)")
     s.add_argument("--max-connections", type=int, default=64,
-                   help="connections served at once (one thread each); more get 503 (default: 64)")
+                   help="most client connections at once; past it the oldest connection with no request in progress "
+                   "is closed, or the new one gets 503 (default: 64)")
     s.add_argument("--request-timeout", type=float, default=10.0, metavar="S",
-                   help="seconds from a request's first byte to its last; slower -> 408 (default: 10)")
+                   help="seconds a client has to send a request's line and headers (from connecting or from the "
+                   "previous answer), and again its body; slower -> 408, connection closed (default: 10)")
     s.add_argument("--idle-timeout", type=float, default=30.0, metavar="S",
-                   help="seconds a keep-alive connection may stay silent (default: 30)")
+                   help="seconds an idle keep-alive connection is kept, at most --request-timeout (default: 30)")
     s.add_argument("--verbose", action="store_true", help="log every request to stderr")
     s.set_defaults(func=_serve)
 
@@ -152,7 +154,8 @@ def _route(args) -> int:
 def _serve(args) -> int:
     from ccpo_jax.errors import UserError
     from ccpo_jax.serving import Router
-    from ccpo_jax.serving.http import LOOPBACK, RouterServer
+    from ccpo_jax.serving.app import LOOPBACK, listen, server as make_server
+    from ccpo_jax.serving.server import ServerLimits
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port: expected 0..65535, got {args.port}")
@@ -162,35 +165,39 @@ def _serve(args) -> int:
         raise UserError("--backlog and --max-connections must be >= 1")
     if not (args.request_timeout > 0 and args.idle_timeout > 0):
         raise UserError("--request-timeout and --idle-timeout must be > 0 seconds")
+    limits = ServerLimits(read_timeout_s=args.request_timeout, keep_alive_s=args.idle_timeout,
+                          max_clients=args.max_connections)
     router = Router.load(args.artifact)
-    try:  # RouterServer compiles every batch bucket up to --max-batch before it listens
-        server = RouterServer(router, args.host, args.port, max_bytes=args.max_bytes, max_batch=args.max_batch,
-                              verbose=args.verbose, backlog=args.backlog, max_connections=args.max_connections,
-                              request_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout)
+    try:
+        sock = listen(args.host, args.port, args.backlog)
     except OSError as e:
         raise UserError(f"--host {args.host} --port {args.port}: cannot listen ({e.strerror})") from None
+    # (compiles every batch bucket up to --max-batch before it listens)
+    server = make_server(router, max_bytes=args.max_bytes, max_batch=args.max_batch, limits=limits,
+                         backlog=args.backlog, verbose=args.verbose)
     if args.host not in LOOPBACK:
         print(f"warning: listening on {args.host}, not loopback; the endpoint has no authentication", file=sys.stderr)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     from ccpo_jax.ccpo.settings import served_row
     from ccpo_jax.ccpo.table import COVERAGE_RULE
 
     m = router.manifest
-    print(f"serving {served_row(m['policy']['row'], m.get('seed_rule'))!r} on {server.url} (POST /v1/route, GET "
+    print(f"serving {served_row(m['policy']['row'], m.get('seed_rule'))!r} on {url} (POST /v1/route, GET "
           f"/healthz); Ctrl-C stops", file=sys.stderr)
     print(f"coverage target {1 - router.alpha:g}: {COVERAGE_RULE} (a decision's set is the actions to take; "
           "docs/export.md)", file=sys.stderr, flush=True)
     import signal
 
-    def _stop(signum, frame):  # SIGTERM (docker stop, systemd) stops as Ctrl-C does
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
+    # uvicorn re-raises the signal it stopped on once it has shut down: a SIGTERM (docker stop, systemd)
+    # then lands here and the stop is clean, as Ctrl-C's
+    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        server.serve_forever()
+        server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        sock.close()
     # Leave without interpreter teardown: tearing down the XLA:CPU client after a signal
     # occasionally aborted the process (exit -6 seen once in CI); the server is closed and
     # nothing else is pending, so a direct exit is the clean stop.

@@ -9,7 +9,7 @@
 
 Imports jax, NumPy and ``envs`` (the featuriser) only: no optax, orbax,
 tensorboardX, flax or ``ccpo_jax.ccpo.train``. The HTTP endpoint is
-:mod:`ccpo_jax.serving.http`.
+:mod:`ccpo_jax.serving.app` (Starlette on :mod:`ccpo_jax.serving.server`, the gateway's server).
 """
 from ccpo_jax.serving.artifact import (  # noqa: F401
     FORMAT_NAME,

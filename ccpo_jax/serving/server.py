@@ -1,4 +1,5 @@
-"""The gateway's HTTP server: uvicorn, with every client bounded (docs/gateway.md, "Server limits").
+"""The HTTP server of the gateway and of ``ccpo-jax serve``: uvicorn, with every client bounded
+(docs/gateway.md, "Server limits"; docs/integrity.md).
 
 uvicorn's own settings bound what they can: ``timeout_keep_alive`` (an idle keep-alive connection
 is closed after it) and ``limit_concurrency`` (a request beyond it gets 503). Three bounds uvicorn
@@ -14,13 +15,17 @@ every new client). So:
 * **read timeout**: the request line and headers must arrive within ``read_timeout_s`` of the
   connection opening or of the previous response ending (an absolute deadline: bytes trickled in
   do not extend it); else 408 and the connection is closed. The body is held to the same time by
-  the app (:func:`ccpo_jax.gateway.routes.read_json`: 408).
+  the app (:func:`ccpo_jax.serving.web.read_json`: 408).
 * **header size**: more than ``max_header_bytes`` of request line and headers: 431, closed.
 * **connections**: at most ``max_clients`` at once. A connection past it closes the oldest one
   that has no request in progress (an idle or half-sent one), so new clients keep being served
   while idle sockets pile up; when every connection has a request in progress, the new one is
   answered 503 at once. The default leaves room in the process's file-descriptor limit for one
   upstream connection per client.
+
+A request the HTTP parser refuses (a bad request line, HTTP/0.9, an unknown method, two
+``Content-Length`` headers or one that is not digits) gets uvicorn's 400, but in OpenAI's error shape
+as every other error (uvicorn's own is plain text).
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import asyncio
 import dataclasses
 import json
 import resource
+from typing import Callable
 
 #: File descriptors a started gateway holds besides its clients' and upstream connections, with room to
 #: spare (measured: 14 at idle, JAX, the event loop and the listening socket included).
@@ -39,7 +45,7 @@ class ServerLimits:
     """Bounds on every client (module doc). ``max_clients`` None: from the file-descriptor limit."""
 
     read_timeout_s: float = 10.0
-    keep_alive_s: int = 5
+    keep_alive_s: float = 5
     max_clients: int | None = None
     max_header_bytes: int = 64 << 10
 
@@ -59,19 +65,57 @@ def _refusal(status: int, reason: str, code: str, message: str) -> bytes:
             "connection: close\r\n\r\n").encode() + body
 
 
-def bounded_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol with the read timeout, the header bound and the connection bound."""
+#: The 400 of a request the HTTP parser refuses (uvicorn does not say which rule it broke).
+NOT_HTTP = ("the request is not valid HTTP: a bad request line, an unknown method or version, a bad header, or a "
+            "Content-Length that is not one number of decimal digits")
+
+
+class RefusalLog:
+    """One log line per refusal (``ccpo-jax serve``'s stderr); 503s, a flood of connections, at most one
+    line a second with their count."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self.log, self.n, self.at = log, 0, float("-inf")
+
+    def __call__(self, status: int, message: str, client) -> None:
+        if status != 503:
+            host, port = (client or ("?", 0))[:2]
+            self.log(f"{host}:{port}: {message}; {status}, connection closed")
+            return
+        self.n += 1
+        now = asyncio.get_running_loop().time()
+        if now - self.at >= 1.0:
+            self.log(f"{self.n} connection(s) closed with 503 since the last such line: {message}")
+            self.n, self.at = 0, now
+
+
+def _make_room(new, connections, max_clients: int) -> None:
+    """A connection past ``max_clients``: the oldest one with no request in progress is closed (503 on it);
+    when every one has a request in progress, the new one is answered 503."""
+    idle = [c for c in connections if c is not new and hasattr(c, "busy") and not c.busy()
+            and not c.transport.is_closing()]
+    if idle:
+        min(idle, key=lambda c: c.idle_since).refuse(
+            503, "Service Unavailable", "too_many_connections", f"closed to serve a new client: the server "
+            f"keeps at most {max_clients} connections and this one had no request in progress")
+    else:
+        new.refuse(503, "Service Unavailable", "too_many_connections", f"the server serves at most {max_clients} "
+                   "connections and every one has a request in progress; retry")
+
+
+def bounded_protocol(limits: ServerLimits, log: Callable[[str], None] | None = None) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with the read timeout, the header bound and the connection bound.
+    ``log``: called with one line per refusal (``ccpo-jax serve``'s stderr; the gateway logs none)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     max_clients = limits.clients()
+    said = None if log is None else RefusalLog(log)
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.head_bytes = 0
-            self.heads = 0  # heads completed on this connection
+            self.head_bytes, self.heads, self.idle_since = 0, 0, 0.0  # heads: completed on this connection
             self.in_head = True  # between a request's first byte (or the connection) and its headers' end
-            self.idle_since = 0.0
             self._deadline: asyncio.TimerHandle | None = None
 
         def busy(self) -> bool:
@@ -97,7 +141,12 @@ def bounded_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
                 if not self.busy():
                     self.transport.write(_refusal(status, reason, code, message))
                 self.transport.close()
+                if said is not None:
+                    said(status, message, self.client)
             self.connections.discard(self)
+
+        def send_400_response(self, msg: str) -> None:  # the parser refused it: OpenAI's shape, not plain text
+            self.refuse(400, "Bad Request", "invalid_http", NOT_HTTP)
 
         def _too_slow(self) -> None:
             self._deadline = None
@@ -114,15 +163,7 @@ def bounded_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
             super().connection_made(transport)
             self._arm()
             if len(self.connections) > max_clients:
-                idle = [c for c in self.connections if c is not self and isinstance(c, BoundedHttpToolsProtocol)
-                        and not c.busy() and not c.transport.is_closing()]
-                if idle:  # the oldest connection with no request in progress makes room
-                    min(idle, key=lambda c: c.idle_since).refuse(
-                        503, "Service Unavailable", "too_many_connections", f"closed to serve a new client: the "
-                        f"gateway keeps at most {max_clients} connections and this one had no request in progress")
-                else:
-                    self.refuse(503, "Service Unavailable", "too_many_connections", f"the gateway serves at most "
-                                f"{max_clients} connections and every one has a request in progress; retry")
+                _make_room(self, self.connections, max_clients)
 
         def connection_lost(self, exc) -> None:
             self._disarm()
@@ -152,6 +193,9 @@ def bounded_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
                 self.refuse(431, "Request Header Fields Too Large", "headers_too_large",
                             f"the request line and headers are longer than {limits.max_header_bytes} bytes")
                 return
+            if self.parser.get_http_version() not in ("1.0", "1.1"):  # HTTP/0.9: a reply would have no status line
+                self.send_400_response("")
+                return
             super().on_headers_complete()
 
         def on_body(self, body: bytes) -> None:
@@ -171,11 +215,11 @@ def bounded_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
     return BoundedHttpToolsProtocol
 
 
-def uvicorn_config(app, limits: ServerLimits, **kwargs):
-    """The gateway's ``uvicorn.Config``: the bounded protocol, uvicorn's keep-alive timeout and its
-    concurrency limit (a request past ``max_clients`` + 1 at once: 503)."""
+def uvicorn_config(app, limits: ServerLimits, log: Callable[[str], None] | None = None, **kwargs):
+    """The ``uvicorn.Config`` of the gateway and of serve: the bounded protocol, uvicorn's keep-alive
+    timeout and its concurrency limit (a request past ``max_clients`` + 1 at once: 503)."""
     import uvicorn
 
     kwargs.setdefault("log_level", "warning")
-    return uvicorn.Config(app, http=bounded_protocol(limits), timeout_keep_alive=limits.keep_alive_s,
+    return uvicorn.Config(app, http=bounded_protocol(limits, log), timeout_keep_alive=limits.keep_alive_s,
                           limit_concurrency=limits.clients() + 1, **kwargs)
