@@ -321,7 +321,8 @@ def test_cli_data_import(real_data, tmp_path):
 
 
 def test_token_rule_is_ceil_chars_over_4():
-    from envs.importers import estimate_tokens, number_key
+    from envs.cache.tokens import estimate_tokens
+    from envs.importers import number_key
 
     assert [estimate_tokens("x" * n) for n in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
     assert estimate_tokens("x" * 4001) == math.ceil(4001 / 4)

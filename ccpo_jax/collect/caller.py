@@ -5,7 +5,6 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
-import math
 import threading
 from typing import Any, Callable
 
@@ -15,6 +14,7 @@ from ccpo_jax.collect.meter import Meter
 from ccpo_jax.collect.settings import Settings
 from ccpo_jax.llm.calls import PROMPT_TOKENS_PER_CHAR, TOP_LOGPROBS, request_body, reserve_tokens
 from ccpo_jax.llm.wire import CallStats, EndpointError, Stopped
+from envs.cache.tokens import estimate_tokens, tokens_for_chars
 
 @dataclasses.dataclass(frozen=True)
 class Answer:
@@ -84,8 +84,8 @@ class Caller:
             self.meter.settle(est, role, None, 0.0, CallStats())
             raise
         estimated = reply.tokens_in is None
-        t_in = reply.tokens_in if not estimated else math.ceil(chars / 4)
-        t_out = reply.tokens_out if not estimated else math.ceil(len(reply.text) / 4)
+        t_in = reply.tokens_in if not estimated else tokens_for_chars(chars)
+        t_out = reply.tokens_out if not estimated else estimate_tokens(reply.text)
         usd = self.usd(role, t_in, t_out)
         rec = {
             "key": key, "q": qid, "call": name, "model": ep.model, "endpoint": ep.public_url, "at": now_iso(),

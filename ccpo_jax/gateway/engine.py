@@ -30,6 +30,7 @@ from ccpo_jax.llm import protocols
 from ccpo_jax.llm.calls import PROMPT_TOKENS_PER_CHAR, CallDefaults, request_body, reserve_tokens
 from ccpo_jax.llm.wire import Reply
 from ccpo_jax.serving import Router
+from envs.cache.tokens import CHARS_PER_TOKEN, estimate_tokens, tokens_for_chars
 
 ROLES = ("base", "guide")
 #: What the reply holds when the final set is empty: nothing, or the last round's guide / base answer.
@@ -237,14 +238,14 @@ def round_reserve(question: str, history: list[tuple[str, str]], cfg: ProtocolCo
     if prices.get("guide") is None:
         return base
     g_chars = cfg.proto.guide_prompt_chars() + len(question)
-    g_in = reserve_tokens(g_chars, 1) + math.ceil(cfg.base_max_tokens * 4 * PROMPT_TOKENS_PER_CHAR)
+    g_in = reserve_tokens(g_chars, 1) + math.ceil(cfg.base_max_tokens * CHARS_PER_TOKEN * PROMPT_TOKENS_PER_CHAR)
     return base + cents(prices["guide"][t], g_in, cfg.guide_max_tokens)
 
 
 def _side(reply: Reply, messages: list[dict]) -> tuple[int, int, bool]:
-    """Tokens of a call: the reply's usage, or data collect's estimate (4 characters a token)."""
+    """Tokens of a call: the reply's usage, or the one estimate (envs.cache.tokens, as data collect)."""
     if reply.tokens_in is None:
-        return math.ceil(sum(len(m["content"]) for m in messages) / 4), math.ceil(len(reply.text) / 4), True
+        return tokens_for_chars(sum(len(m["content"]) for m in messages)), estimate_tokens(reply.text), True
     return reply.tokens_in, reply.tokens_out, False
 
 

@@ -36,8 +36,7 @@ import numpy as np
 from ccpo_jax.serving.artifact import RouterInputError
 from envs.cache.schema import round_cost_cents_of
 from envs.replay.features import available_actions, build_features, ladder_raw
-from envs.cache.jsonl import json_type_name
-from envs.cache.values import CASCADE_NO_GUIDE, NO_GUIDE_ROUND
+from envs.cache.values import CASCADE_NO_GUIDE, NO_GUIDE_ROUND, json_type_name
 from envs.cache.normalise import normalise_answer
 
 #: Largest token count accepted for one call (the JSONL reader's bound).

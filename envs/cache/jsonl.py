@@ -73,8 +73,8 @@ from envs.cache.schema import (
 )
 from envs.cache.journal import as_labelled as _as_labelled, is_journal, unlabelled as _unlabelled
 from envs.cache.normalise import NORMALISATION, normalise_answer
-from envs.cache.values import (  # noqa: F401  (MAX_* and json_type_name are re-exported for older callers)
-    CASCADE_NO_GUIDE, MAX_CENTS, MAX_T, MAX_TOKENS, NO_GUIDE_ROUND, actions_problem, cents_problem, exit_rounds_problem,
+from envs.cache.values import (
+    CASCADE_NO_GUIDE, MAX_T, NO_GUIDE_ROUND, actions_problem, cents_problem, exit_rounds_problem,
     json_type_name, lone_surrogate, model_names_problem, number_problem, show, tokens_problem, unit_problem,
 )
 

@@ -35,14 +35,13 @@ Rules shared by the importers (documented in ``docs/caches.md``):
 - *guide verdict* of a cascade round = the guide's answer id equals the base's
   (the guide "agrees"), i.e. what a judge that outputs its own answer would say;
 - *token estimate* where a source records none: ``ceil(chars / 4)``
-  (:func:`estimate_tokens`).
+  (:func:`envs.cache.tokens.estimate_tokens`, the one estimator).
 """
 from __future__ import annotations
 
 import csv
 import dataclasses
 import importlib
-import math
 import os
 from pathlib import Path
 from typing import Callable, Sequence
@@ -57,7 +56,6 @@ CASCADE_PROTOCOL = "single-round cascade (T = 1), not the CCPO multi-round proto
 #: correctness only. Already in normalised form, so they survive a JSONL round trip.
 GOLD_KEY = "gold answer"
 WRONG_KEY = "wrong answer"
-CHARS_PER_TOKEN = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,11 +139,6 @@ def import_cache(fmt: str, src: str | os.PathLike) -> ResponseCache:
 
 
 # -- helpers shared by the importers -------------------------------------------
-
-
-def estimate_tokens(text: str) -> int:
-    """Token estimate for text whose token count the source does not record: ceil(chars / 4)."""
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
 def correctness_key(correct: bool) -> str:

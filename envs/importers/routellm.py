@@ -36,13 +36,13 @@ import re
 from pathlib import Path
 
 from envs.cache.schema import CacheError, ResponseCache
+from envs.cache.tokens import estimate_tokens
 from envs.importers import (
     CASCADE_PROTOCOL,
     GOLD_KEY,
     Side,
     build_cache,
     correctness_key,
-    estimate_tokens,
     number_key,
     parse_bool,
     read_csv,

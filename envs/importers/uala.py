@@ -55,7 +55,8 @@ import re
 from pathlib import Path
 
 from envs.cache.schema import CacheError, ModelInfo, ResponseCache
-from envs.importers import CHARS_PER_TOKEN, Side, build_cache
+from envs.cache.tokens import tokens_for_chars
+from envs.importers import Side, build_cache
 from envs.cache.normalise import normalise_answer
 from envs.importers.pricing import model_info, price_sources
 
@@ -126,7 +127,7 @@ def _split_tokens(lines: list[str]) -> tuple[int, int]:
             n_in += len(line) + 1
         else:
             n_out += len(line) + 1
-    return math.ceil(n_in / CHARS_PER_TOKEN), math.ceil(n_out / CHARS_PER_TOKEN)
+    return tokens_for_chars(n_in), tokens_for_chars(n_out)
 
 
 def _cot_part(rec: dict, path: Path) -> tuple[str, float, list[str]]:
