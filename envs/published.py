@@ -90,8 +90,6 @@ def value(table: int, kind: str, column: str) -> float:
 # -- arXiv 2606.23026 (Stackelberg resource governance); ccpo_jax.stackelberg puts these beside a run's
 # results (results.json, table.md). Read-only mappings.
 
-STACKELBERG_PAPER = "arXiv 2606.23026"
-
 #: Table 4 (§10.2): strategy -> (tokens per turn, quality, efficiency Q/T x 1e3).
 STACKELBERG_TABLE4: Mapping[str, tuple[float, float, float]] = MappingProxyType({
     "Middle": (933.7, 0.888, 0.951), "Conservative": (703.8, 0.899, 1.278), "Task-aware raw": (263.5, 0.824, 3.127),

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ccpo_jax.ccpo.reproduce import CKPT_DIR
+from ccpo_jax.ccpo.prepare import CKPT_DIR
 from ccpo_jax.ccpo.rows import LearnedRows
 from ccpo_jax.ccpo.settings import METRICS
 from conftest import run_cli

@@ -189,7 +189,8 @@ def cache100(tmp_path_factory) -> Path:
 
 
 def test_trainer_writes_into_the_runs_tensorboard_folder(tmp_path, cache100):
-    from ccpo_jax.ccpo.reproduce import TB_DIR, reproduce
+    from ccpo_jax.ccpo.prepare import TB_DIR
+    from ccpo_jax.ccpo.reproduce import reproduce
 
     seen = {}
 

@@ -11,7 +11,8 @@ import pytest
 from ccpo_jax.ccpo.config import TrainConfig
 from ccpo_jax.ccpo.presets import DEFAULT, PAPER, apply_overrides, deviations, get_preset, presets_table
 from ccpo_jax.ccpo.report import policy_entry
-from ccpo_jax.ccpo.reproduce import LearnedRows, reproduce
+from ccpo_jax.ccpo.reproduce import reproduce
+from ccpo_jax.ccpo.rows import LearnedRows
 from ccpo_jax.ccpo.settings import METRICS
 from ccpo_jax.errors import UserError
 from conftest import run_cli

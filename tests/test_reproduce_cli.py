@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ccpo_jax.ccpo.reproduce import CKPT_DIR, LearnedRows, reproduce
+from ccpo_jax.ccpo.prepare import CKPT_DIR
+from ccpo_jax.ccpo.reproduce import reproduce
+from ccpo_jax.ccpo.rows import LearnedRows
 from ccpo_jax.ccpo.settings import METRICS
 from ccpo_jax.errors import UserError
 from conftest import FAST_COMPILE_XLA_FLAGS, run_cli

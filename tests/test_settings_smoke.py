@@ -27,7 +27,7 @@ TRAINED = ("mmlu-llama3-a0.2",)
 
 
 def _stand_in_trainer():
-    from ccpo_jax.ccpo.reproduce import LearnedRows
+    from ccpo_jax.ccpo.rows import LearnedRows
 
     calls = []
 

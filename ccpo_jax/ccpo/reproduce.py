@@ -35,11 +35,11 @@ from ccpo_jax.ccpo.calibration import describe_pooling, group_spec, run_guarante
 from ccpo_jax.ccpo.guarantee_results import add_group_guarantees, add_guarantees, check_feasible, format_guarantees
 from ccpo_jax.ccpo.pick import export_default
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
-from ccpo_jax.ccpo.prepare import (CKPT_DIR, RUN_FILE, TB_DIR, Prepared, as_rows, bound_row,  # noqa: F401 - moved
+from ccpo_jax.ccpo.prepare import (CKPT_DIR, RUN_FILE, TB_DIR, Prepared, as_rows, bound_row,
                                    check_options, describe_cache, is_setting_profile, prepare)
 from ccpo_jax.ccpo.presets import PRESETS_LINK, deviations, deviations_in_words
 from ccpo_jax.runtime.progress import status
-from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn  # noqa: F401 - LearnedRows: tests' stand-in trainers
+from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn
 from ccpo_jax.ccpo.evaluation import question_cost_max
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, best_observable_row, describe, seconds
 from ccpo_jax.ccpo.run_config import ReproduceConfig, check_cost_cap

@@ -80,14 +80,13 @@ BASELINE_FIELDS: dict[str, np.dtype] = {
     "llm_policy_actions": np.dtype(np.int32),
 }
 ALL_FIELDS = tuple(ROUND_FIELDS) + TEXT_FIELDS + tuple(BASELINE_FIELDS)
-#: Optional arrays: present only when the cache has them (a cache without them keeps its checksum).
-#: ``group`` (unicode [Q]): the question's group (MMLU subject, HotpotQA question type, ...), used
-#: by the group-conditional (Mondrian) calibration (docs/calibration.md).
-OPTIONAL_FIELDS = ("group",)
 
 
 def cache_groups(arrays: dict[str, np.ndarray]) -> np.ndarray | None:
-    """The [Q] group names of a cache, or None when it has none."""
+    """The [Q] group names of a cache, or None when it has none. ``group`` (unicode [Q]) is the one optional
+    array, present only when the cache has it (a cache without it keeps its checksum): the question's group
+    (MMLU subject, HotpotQA question type, ...) of the group-conditional (Mondrian) calibration
+    (docs/calibration.md)."""
     g = arrays.get("group")
     return None if g is None else np.asarray(g)
 
