@@ -210,3 +210,60 @@ def test_a_registered_baseline_runs_end_to_end(toy_registered, tmp_path):
     assert "Always guide" in names
     assert names == sorted(names, key=lambda n: RowId.parse(n).sort_key())
     assert any(ln.startswith("| Always guide") for ln in res.table.splitlines()), res.table
+
+
+# -- a run's rows and the one results builder -------------------------------------------------------------------
+
+
+def _metrics(seed, n=2, s=3):
+    rng = np.random.default_rng(seed)
+    return {"cost_cents": rng.uniform(1, 2, (n, s)), "coverage": rng.uniform(0.8, 1, (n, s)),
+            "avg_len": rng.uniform(1, 3, (n, s)), "set_size": rng.uniform(1, 2, (n, s))}
+
+
+def test_rowset_is_in_the_table_order_and_reads_names_once():
+    from ccpo_jax.ccpo.registry import Row, RowSet, rows_from
+    added = ["CCPO (lambda=0) [kept seed]", "Random", "CPO batch [ensemble]", "gpt-4o EXIT", "CPO batch",
+             "CCPO (lambda=0)", "Clairvoyant bound"]
+    rs = rows_from({n: _metrics(i) for i, n in enumerate(added)}, kept_seed={"CCPO (lambda=0) [kept seed]": {"seed": [1]},
+                                                                          "no such row": {"seed": [0]}})
+    assert rs.names() == sorted(added, key=_row_order_key)
+    assert list(rs.metrics()) == added  # the order they came in (report.build_results sorts)
+    assert rs.extra("kept_seed") == {"CCPO (lambda=0) [kept seed]": {"seed": [1]}}  # unknown names ignored
+    assert rs.by_name("CPO batch").id == rowid.CPO_BATCH and rowid.CPO_BATCH in rs and "CPO batch" not in rs
+    rs.add(Row(rowid.CPO_BATCH, _metrics(9)))  # one row per name: replaced in place
+    assert len(rs) == len(added) and list(rs.metrics()) == added
+    assert np.array_equal(rs[rowid.CPO_BATCH].metrics["coverage"], _metrics(9)["coverage"])
+    assert isinstance(RowSet(), RowSet) and len(RowSet()) == 0
+
+
+def test_one_builder_orders_keys_and_writes_the_table_once(tmp_path):
+    """results.json's keys in the documented order, each row's fragments after its metrics (kept seed,
+    ensemble, guarantee, below_target); table.md written once, holding every section."""
+    from ccpo_jax.ccpo.registry import rows_from
+    from ccpo_jax.ccpo.report import cache_info
+    from ccpo_jax.ccpo.results import RunRecord, build_results, build_table, write_outputs
+    from ccpo_jax.ccpo.settings import get_setting
+    from ccpo_jax.core.guarantee import make_guarantee
+
+    names = ["CPO batch", "CPO batch [kept seed]", "CPO batch [ensemble]", "Random"]
+    rows = rows_from({n: _metrics(i) for i, n in enumerate(names)},
+                     kept_seed={"CPO batch [kept seed]": {"seed": [0, 1, 0], "train_cost_cents": [[1.0, 2.0]] * 3}})
+    run = RunRecord(setting="hotpotqa-llama2-a0.1", alpha=0.1, protocol="recalibrate", n_splits=3,
+                    split_sizes=(60, 20, 20), seeds=2, preset="default", train_config={"iterations": 2},
+                    cache=cache_info(_synthetic(20)[0]), timing={"total_s": 1.0}, cost_floor_cents=0.5,
+                    left_out={"UALA": "no uncertainty"}, guarantee=make_guarantee("marginal"))
+    res = build_results(run, rows, environment={"jax": "x", "backend": "cpu", "devices": ["cpu:0"]})
+    assert list(res) == ["setting", "alpha", "protocol", "splits", "split_sizes", "seeds", "preset", "train_config",
+                         "cache", "policies", "timing", "environment", "cost_floor_cents", "left_out", "guarantee"]
+    pol = res["policies"]
+    assert list(pol) == ["Random", "CPO batch", "CPO batch [kept seed]", "CPO batch [ensemble]"]
+    assert list(pol["CPO batch [kept seed]"])[-3:] == ["kept_seed", "guarantee", "below_target"]
+    assert list(pol["CPO batch [ensemble]"])[-3:] == ["ensemble", "guarantee", "below_target"]
+    assert "guarantee" not in pol["Random"] and pol["CPO batch [ensemble]"]["ensemble"]["members"] == 2
+    text, shown = build_table(res, get_setting("hotpotqa-llama2-a0.1"), (60, 20, 20), False)
+    assert text.count("Rows left out:") == 1 and "- UALA: no uncertainty" in text
+    assert shown.rstrip("\n") == text.rstrip("\n")
+    out = write_outputs(tmp_path, res, get_setting("hotpotqa-llama2-a0.1"), (60, 20, 20), False, group_plot=False)
+    assert out == shown and (tmp_path / "table.md").read_text() == text
+    assert json.loads((tmp_path / "results.json").read_text())["left_out"] == {"UALA": "no uncertainty"}

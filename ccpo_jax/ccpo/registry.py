@@ -1,4 +1,5 @@
-"""The baselines' registry: adding a baseline is one function and one :func:`register_baseline`.
+"""Rows as typed records (:class:`Row`, :class:`RowSet`) and the baselines' registry: adding a baseline is
+one function and one :func:`register_baseline`.
 
 A :class:`Baseline` says which rows a cache supports (:class:`ccpo_jax.ccpo.rowid.RowId` and a static
 argument each), why the others are absent, and how one row is evaluated on one split: traced
@@ -11,7 +12,7 @@ where a table is written.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -50,3 +51,75 @@ def register_baseline(b: Baseline) -> Baseline:
     """Add ``b`` to :data:`BASELINES` (last); returns it."""
     BASELINES.append(b)
     return b
+
+
+# -- a run's rows ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Row:
+    """One row of a run: its identity, its metrics and what results.json says of it besides them."""
+
+    id: RowId
+    metrics: dict[str, np.ndarray]
+    """``ccpo_jax.ccpo.settings.METRICS`` -> float [N seeds, S splits] (``prepare.as_rows``)."""
+    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``kept_seed`` (how a kept-seed twin chose its seed), ``ltt`` (a capped row's Learn then Test
+    outcome), ``groups`` (per-group outcomes, Mondrian), ``reference`` (how the best observable reference
+    was fitted): each present only where it applies."""
+
+
+class RowSet(Mapping[RowId, Row]):
+    """A run's rows, one per name, iterated in the table order (``RowId.sort_key``; rows whose keys tie keep
+    the order they were added in). Indexed by RowId; :meth:`by_name` at the boundaries."""
+
+    def __init__(self, rows: Sequence[Row] = ()) -> None:
+        self._rows: dict[RowId, Row] = {}
+        for r in rows:
+            self.add(r)
+
+    def add(self, row: Row) -> None:
+        """Add ``row`` (a row of the same name replaces the old one in its place)."""
+        self._rows[row.id] = row
+
+    def __getitem__(self, key: RowId) -> Row:
+        return self._rows[key]
+
+    def __iter__(self) -> Iterator[RowId]:
+        return iter(sorted(self._rows, key=RowId.sort_key))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def names(self) -> list[str]:
+        """The row names in the table order."""
+        return [r.name for r in self]
+
+    def by_name(self, name: str) -> Row:
+        """The row called ``name`` (KeyError when there is none)."""
+        return self._rows[RowId.parse(name)]
+
+    def metrics(self) -> dict[str, dict[str, np.ndarray]]:
+        """``{row name: {metric: [N, S]}}`` in the order the rows were added."""
+        return {r.name: row.metrics for r, row in self._rows.items()}
+
+    def extra(self, key: str) -> dict[str, Any]:
+        """``{row name: extras[key]}`` of the rows that have it, in the table order."""
+        return {r.name: self._rows[r].extras[key] for r in self if key in self._rows[r].extras}
+
+    def attach(self, key: str, per_row: Mapping[str, Any] | None) -> None:
+        """Put ``per_row[name]`` into ``extras[key]`` of every row named there (names of no row: ignored, as
+        results.json never had an entry for them)."""
+        for name, value in (per_row or {}).items():
+            rid = RowId.parse(name)
+            if rid in self._rows:
+                self._rows[rid].extras[key] = value
+
+
+def rows_from(metrics: Mapping[str, dict[str, np.ndarray]], **extras: Mapping[str, Any] | None) -> RowSet:
+    """A RowSet of ``{row name: {metric: [N, S]}}`` (names read once here), each ``extras`` mapping
+    (``kept_seed=``, ``ltt=``, ``groups=``, ...: ``{row name: value}``) attached to its rows."""
+    out = RowSet([Row(RowId.parse(name), dict(m)) for name, m in metrics.items()])
+    for key, per_row in extras.items():
+        out.attach(key, per_row)
+    return out

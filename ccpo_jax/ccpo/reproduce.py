@@ -32,7 +32,7 @@ from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
 from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
 from ccpo_jax.ccpo.calibration import describe_pooling, group_spec, run_guarantee
-from ccpo_jax.ccpo.guarantee_results import add_group_guarantees, add_guarantees, check_feasible, format_guarantees
+from ccpo_jax.ccpo.guarantee_results import check_feasible
 from ccpo_jax.ccpo.pick import export_default
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
 from ccpo_jax.ccpo.prepare import (CKPT_DIR, RUN_FILE, TB_DIR, Prepared, as_rows, bound_row,
@@ -42,11 +42,11 @@ from ccpo_jax.runtime.progress import status
 from ccpo_jax.ccpo.rows import LearnedRows, LearnedRowsFn
 from ccpo_jax.ccpo.evaluation import question_cost_max
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, best_observable_row, describe, seconds
+from ccpo_jax.ccpo.registry import rows_from
+from ccpo_jax.ccpo.results import RunRecord, build_results, write_outputs
 from ccpo_jax.ccpo.run_config import ReproduceConfig, check_cost_cap
-from ccpo_jax.ccpo.settings import ENSEMBLE, ENSEMBLE_RULE, KEPT_RULE, Setting
 from ccpo_jax.core.conformal import calibration_size_warning
 from envs.replay.bound import BOUND_ROW
-from envs.cache.schema import ResponseCache
 
 
 @dataclasses.dataclass
@@ -83,68 +83,29 @@ def _announce(say: Callable[[str], Any], run: Prepared, trains: bool, small: str
             + (" (retrain's default: one split's rows x seeds)" if block and cfg.member_block is None else ""))
 
 
-def _write_outputs(work: Path, st: Setting, cfg: ReproduceConfig, cache: ResponseCache, rows: dict, timing: dict,
-                   trains: bool, splits_test: Any = None, pooling: dict | None = None,
-                   group_rows: dict | None = None, ltt: dict | None = None,
-                   best_obs: dict | None = None, kept: dict | None = None,
-                   floor: float | None = None) -> tuple[dict, str]:
-    """results.json, table.md and the box plots of a finished run, in its work directory (with
-    ``--calibration mondrian`` also the per-group coverage and its picture; ``best_obs``: how the
-    best observable reference was fitted, ``ccpo_jax.ccpo.observable``; ``kept``: how each kept-seed
-    twin chose its seed, ``ccpo_jax.ccpo.rows.LearnedRows.kept``)."""
-    results = report.build_results(
-        setting=st.name, alpha=cfg.alpha, protocol=cfg.protocol, n_splits=cfg.n_splits,
-        cache=report.cache_info(cache), rows=rows, timing=timing, seeds=cfg.seeds if trains else 1,
-        preset=cfg.preset, train_config=dict(dataclasses.asdict(cfg.train_config()), alpha=cfg.alpha) if trains else None,
-        n_test=cfg.split_sizes[2],
-        split_sizes=cfg.split_sizes,
-    )
-    if floor is not None:  # the least any policy pays: round 1 of every test question (table.md: nothing to save)
-        results["cost_floor_cents"] = floor
-    if trains and (work / POLICIES_DIR).is_dir():  # the row `export` serves by default, marked in table.md
-        pick = export_default(work / POLICIES_DIR, cfg.split_sizes[2])
-        if pick is not None and pick["row"] in results["policies"]:
-            results["export_default"] = pick
-    if best_obs is not None and BEST_OBS_ROW in results["policies"]:
-        results["policies"][BEST_OBS_ROW].update(describe(best_obs))
-        results["timing"]["best_observable_s"] = seconds(best_obs)  # part of eval_s
-    for row, how in (kept or {}).items():
-        if row in results["policies"]:
-            results["policies"][row]["kept_seed"] = dict(how, rule=KEPT_RULE)
-    for row, entry in results["policies"].items():
-        if row.endswith(ENSEMBLE):
-            entry["ensemble"] = {"members": cfg.seeds, "rule": ENSEMBLE_RULE}
+def _write_outputs(work: Path, run: Prepared, rows: dict, timing: dict, trains: bool, pooling: dict | None = None,
+                   group_rows: dict | None = None, ltt: dict | None = None, best_obs: dict | None = None,
+                   kept: dict | None = None, floor: float | None = None) -> tuple[dict, str]:
+    """results.json, table.md and the box plots of a finished run, in its work directory
+    (``ccpo_jax.ccpo.results``; with ``--calibration mondrian`` also the per-group coverage and its
+    picture; ``best_obs``: how the best observable reference was fitted, ``ccpo_jax.ccpo.observable``;
+    ``kept``: how each kept-seed twin chose its seed, ``ccpo_jax.ccpo.rows.LearnedRows.kept``)."""
+    st, cfg, cache = run.setting, run.cfg, run.data.cache
+    pick = export_default(work / POLICIES_DIR, cfg.split_sizes[2]) if trains and (work / POLICIES_DIR).is_dir() else None
+    record = RunRecord(
+        setting=st.name, alpha=cfg.alpha, protocol=cfg.protocol, n_splits=cfg.n_splits, split_sizes=cfg.split_sizes,
+        seeds=cfg.seeds if trains else 1, preset=cfg.preset,
+        train_config=dict(dataclasses.asdict(cfg.train_config()), alpha=cfg.alpha) if trains else None,
+        cache=report.cache_info(cache), timing=timing, cost_floor_cents=floor, export_default=pick,
+        best_observable_s=seconds(best_obs) if best_obs is not None else None,
+        left_out=left_out_rows(cache, run.splits.test), calibration=pooling,
+        groups={k: v for k, v in group_rows.items() if k != "rows"} if group_rows else None,
+        guarantee=run_guarantee(cfg) if trains else None)
+    rowset = rows_from(rows, kept_seed=kept, ltt=ltt, groups=(group_rows or {}).get("rows"),
+                       reference={BEST_OBS_ROW: describe(best_obs)} if best_obs is not None else None)
+    results = build_results(record, rowset)
     compare = is_setting_profile(st, cache)
-    left = left_out_rows(cache, splits_test) if splits_test is not None else {}
-    results["left_out"] = left
-    if pooling is not None:
-        results["calibration"] = pooling
-        if group_rows:
-            report.add_groups(results, group_rows, cfg.alpha)
-    if trains:
-        add_guarantees(results, rows, cfg.alpha, run_guarantee(cfg), ltt, cfg.split_sizes[2])
-        add_group_guarantees(results, group_rows, cfg.alpha, run_guarantee(cfg))
-    report.write_results(work, results)
-    report.write_table(work, results, st, cfg.split_sizes, compare_paper=compare)
-    table = report.format_table(results, st, cfg.split_sizes, compare_paper=compare)
-    if results.get("calibration", {}).get("kind") == "mondrian":
-        extra = report.format_groups(results)
-        with open(work / report.TABLE_FILE, "a", encoding="utf-8") as f:
-            f.write(extra)
-        table = table.rstrip("\n") + "\n" + extra
-        if group_rows:
-            report.write_group_plot(work, results)
-    if results.get("guarantee"):
-        extra = format_guarantees(results)
-        with open(work / report.TABLE_FILE, "a", encoding="utf-8") as f:
-            f.write(extra)
-        table = table.rstrip("\n") + "\n" + extra
-    if left:
-        extra = "\nRows left out:\n" + "".join(f"- {r}: {why}\n" for r, why in left.items())
-        with open(work / report.TABLE_FILE, "a", encoding="utf-8") as f:
-            f.write(extra)
-        table = table.rstrip("\n") + "\n" + extra
-    report.write_boxplots(work, results, st, own_cache=compare)
+    table = write_outputs(work, results, st, cfg.split_sizes, compare, group_plot=bool(group_rows))
     return results, table
 
 
@@ -226,8 +187,8 @@ def reproduce(
         status("writing results.json, table.md and the box plots ...", show)
         timing["total_s"] = time.perf_counter() - t_start
         floor = float(np.mean(np.asarray(params.cost, np.float64)[:, 0][np.asarray(splits.test)].sum(axis=1)))
-        results, table = _write_outputs(work, st, cfg, cache_obj, rows, timing, trainer is not None, splits.test,
-                                        pooling, group_rows, ltt, best_obs, kept, floor)
+        results, table = _write_outputs(work, run, rows, timing, trainer is not None, pooling, group_rows, ltt,
+                                        best_obs, kept, floor)
     out = run.out
     say("")
     say(table.rstrip("\n"))
