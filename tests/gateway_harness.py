@@ -56,7 +56,7 @@ class GatewayThread:
     def __init__(self, gw):
         import uvicorn
 
-        from ccpo_jax.gateway.routes import build_app
+        from ccpo_jax.gateway.app import build_app
         from ccpo_jax.serving.server import uvicorn_config
 
         self.gw = gw

@@ -23,7 +23,7 @@ from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts, t
 from conftest import run_cli  # noqa: E402
 from gateway_harness import GatewayThread, build_artefact, post  # noqa: E402
 
-from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
+from ccpo_jax.gateway.service import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
 from ccpo_jax.llm.wire import Endpoint, RetryPolicy  # noqa: E402
 
 FAST = RetryPolicy(retries=2, backoff_s=0.01, max_backoff_s=0.02, max_retry_after_s=5.0, timeout_s=0.5,
@@ -551,7 +551,7 @@ def test_correct_feedback_labels_only_what_it_determines():
 
 def test_online_kappa_needs_a_marginal_router(art):
     from ccpo_jax.errors import UserError
-    from ccpo_jax.gateway.app import Gateway
+    from ccpo_jax.gateway.service import Gateway
     from ccpo_jax.serving import Router
 
     r = Router.load(art)

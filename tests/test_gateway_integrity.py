@@ -22,7 +22,7 @@ from conftest import run_cli  # noqa: E402
 from gateway_harness import GatewayThread, build_artefact, post  # noqa: E402
 
 from ccpo_jax.errors import UserError  # noqa: E402
-from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
+from ccpo_jax.gateway.service import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
 from ccpo_jax.llm.wire import Endpoint, RetryPolicy  # noqa: E402
 
 FAST = RetryPolicy(retries=0, backoff_s=0.01, max_backoff_s=0.02, max_retry_after_s=5.0, timeout_s=2.0,

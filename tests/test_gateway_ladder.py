@@ -20,7 +20,7 @@ from chat_server import GUIDE_MODEL, FakeChatServer, make_scripts  # noqa: E402
 from conftest import run_cli  # noqa: E402
 from gateway_harness import GatewayThread, build_artefact, post  # noqa: E402
 
-from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
+from ccpo_jax.gateway.service import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
 from ccpo_jax.llm.wire import Endpoint, RetryPolicy  # noqa: E402
 from envs.cache.schema import ModelInfo  # noqa: E402
 
@@ -211,7 +211,7 @@ def test_wrong_endpoints_for_the_artefact_are_one_error_line(ladder_art, cascade
 
 def test_one_model_artefact_refuses_a_ladder_of_endpoints(tmp_path):
     from ccpo_jax.errors import UserError
-    from ccpo_jax.gateway.app import endpoint_rungs
+    from ccpo_jax.gateway.service import endpoint_rungs
 
     one = {"name": "b", "price_in": 1, "price_out": 2}
     e = Endpoint("http://127.0.0.1:9/v1", "b")

@@ -21,7 +21,7 @@ import llama_server as LS  # noqa: E402
 from conftest import run_cli  # noqa: E402
 from gateway_harness import GatewayThread, build_artefact  # noqa: E402
 
-from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
+from ccpo_jax.gateway.service import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
 from ccpo_jax.llm.wire import Endpoint  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not LS.BINARY, reason=LS.NO_BINARY)]

@@ -26,7 +26,7 @@ from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts  #
 from conftest import REPO, run_cli  # noqa: E402
 from gateway_harness import GatewayThread, build_artefact, post  # noqa: E402
 
-from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
+from ccpo_jax.gateway.service import MODEL_ID, GatewayConfig, load_gateway  # noqa: E402
 from ccpo_jax.llm.wire import Endpoint, RetryPolicy  # noqa: E402
 
 FAST = RetryPolicy(retries=1, backoff_s=0.01, max_backoff_s=0.02, max_retry_after_s=5.0, timeout_s=2.0,

@@ -195,7 +195,7 @@ def test_gateway_routes_with_the_exported_mondrian_thresholds(run, tmp_path):
     from chat_server import BASE_MODEL, GUIDE_MODEL, FakeChatServer, make_scripts
     from gateway_harness import GatewayThread
 
-    from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway
+    from ccpo_jax.gateway.service import MODEL_ID, GatewayConfig, load_gateway
     from ccpo_jax.llm.wire import Endpoint, RetryPolicy
 
     res, _, _ = run

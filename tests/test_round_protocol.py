@@ -185,7 +185,7 @@ def json_art(tmp_path_factory):
 @pytest.mark.parametrize("on_empty", ["guide", "base", "abstain"])
 def test_gateway_runs_the_artefacts_protocol_and_marks_fallbacks(json_art, tmp_path, on_empty):
     from gateway_harness import GatewayThread
-    from ccpo_jax.gateway.app import MODEL_ID, GatewayConfig, load_gateway
+    from ccpo_jax.gateway.service import MODEL_ID, GatewayConfig, load_gateway
 
     scripts = make_scripts(3)
     q = list(scripts)[1]  # round 1: the base answers wrong, the guide corrects it to the gold

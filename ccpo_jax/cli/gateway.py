@@ -103,7 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _config(args, journal):
     from ccpo_jax.errors import UserError
-    from ccpo_jax.gateway.app import GatewayConfig
+    from ccpo_jax.gateway.service import GatewayConfig
     from ccpo_jax.llm.wire import RetryPolicy, parse_endpoint
 
     for flag, v, lo in (("--retries", args.retries, 0), ("--timeout", args.timeout, 1e-3),
@@ -231,8 +231,8 @@ def _gateway(args) -> int:
 
     from ccpo_jax.errors import UserError
     from ccpo_jax.gateway.access import price_line, stop_line
-    from ccpo_jax.gateway.app import MODEL_ID, Gateway, load_gateway
-    from ccpo_jax.gateway.routes import build_app
+    from ccpo_jax.gateway.service import MODEL_ID, Gateway, load_gateway
+    from ccpo_jax.gateway.app import build_app
     from ccpo_jax.serving import Router
     from ccpo_jax.serving.server import uvicorn_config
 

@@ -1,6 +1,6 @@
 """``ccpo-jax live-eval``: questions with gold through the gateway's code, realised vs replay-predicted.
 
-Each question runs :meth:`~ccpo_jax.gateway.app.Gateway.complete` in-process (the
+Each question runs :meth:`~ccpo_jax.gateway.service.Gateway.complete` in-process (the
 code behind ``POST /v1/chat/completions``, without HTTP) and is labelled at once
 with its gold (the ``/v1/feedback`` code), so the journal is a cache.
 
@@ -33,7 +33,7 @@ from scipy.stats import binomtest
 
 from ccpo_jax.ccpo import settings
 from ccpo_jax.errors import UserError
-from ccpo_jax.gateway.app import GatewayConfig, load_gateway
+from ccpo_jax.gateway.service import GatewayConfig, load_gateway
 from ccpo_jax.gateway.engine import ON_EMPTY, Caps, fallback_answer, per_round, round_reserve
 from ccpo_jax.llm import paper as P
 from ccpo_jax.llm.questions import load_questions

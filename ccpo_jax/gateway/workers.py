@@ -35,8 +35,8 @@ def _worker(artifact: str, cfg, address: tuple, family: int, index: int, ready) 
     import uvicorn
 
     from ccpo_jax.errors import UserError
-    from ccpo_jax.gateway.app import load_gateway
-    from ccpo_jax.gateway.routes import build_app
+    from ccpo_jax.gateway.service import load_gateway
+    from ccpo_jax.gateway.app import build_app
     from ccpo_jax.serving.server import uvicorn_config
 
     logging.basicConfig(level=logging.WARNING, format=f"%(levelname)s %(name)s[w{index}]: %(message)s")
