@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f = dsub.add_parser("formats", help="list the import formats and synthetic profiles")
     f.set_defaults(func=_formats)
 
-    from ccpo_jax.collect.command import add_arguments
+    from ccpo_jax.collect.options import add_arguments
 
     co = dsub.add_parser("collect", help="collect a cache from live OpenAI-compatible endpoints (docs/collect.md)",
                          description="Run the CCPO base-guide protocol against live chat-completions endpoints and "

@@ -1,90 +1,17 @@
-"""Flags of ``ccpo-jax data collect`` and the glue to :func:`ccpo_jax.collect.collector.collect`."""
+"""``ccpo-jax data collect``: its options (:class:`~ccpo_jax.collect.options.CollectOptions`) -> the run's
+settings and execution, and the glue to :func:`ccpo_jax.collect.collector.collect`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
 
+from ccpo_jax.collect.options import CollectOptions
 from ccpo_jax.errors import UserError
 from envs.cache.values import price_problem
-
-
-def add_arguments(c: argparse.ArgumentParser) -> None:
-    g = c.add_argument_group("what to collect")
-    g.add_argument("--questions", required=True, metavar="FILE",
-                   help="questions: .jsonl (id, question, gold: a string or an array of aliases) or .csv (id,question,gold)")
-    g.add_argument("--base", metavar="URL,MODEL", action="append",
-                   help="base model: chat-completions API base URL and model, e.g. http://127.0.0.1:8000/v1,meta-llama/Llama-3.2-3B-Instruct; "
-                        "give it once per round (--rounds times) for a ladder: round t's base model is the t-th")
-    g.add_argument("--ladder", default=None, metavar="FILE",
-                   help="the base ladder in a JSON file instead of --base/--base-price: {\"rungs\": [{url, model, price_in, "
-                        "price_out}, ...], \"guide\": {url, model, price_in, price_out} or null (optional)} (docs/collect.md)")
-    g.add_argument("--guide", default=None, metavar="URL,MODEL",
-                   help="guide model, e.g. https://api.openai.com/v1,gpt-4o; or 'none' for a guide-less cascade of a "
-                        "ladder (each round is its base call alone; no guide call)")
-    g.add_argument("--out", required=True, metavar="CACHE.jsonl", help="output cache (human JSONL format); its call log is CACHE.jsonl.calls")
-    g.add_argument("--rounds", type=int, default=None, metavar="T",
-                   help="base-guide rounds per question (default: 4, the paper's; with --ladder, its number of rungs)")
-    g.add_argument("--exit-baselines", default="", metavar="ROLES",
-                   help="collect LLM-EXIT runs of these models: base, guide or base,guide (default: none)")
-    g.add_argument("--policy-baselines", default="", metavar="ROLES",
-                   help="collect LLM-as-policy actions of these models: base, guide or base,guide (default: none)")
-    g.add_argument("--policy-coverage", type=float, default=0.9, metavar="C",
-                   help="coverage the LLM-as-policy prompt aims at (default: 0.9)")
-    g.add_argument("--f1", type=float, default=None, metavar="THRESHOLD",
-                   help="also count an answer correct when its token F1 with a gold answer is >= THRESHOLD (default: exact match only)")
-    g.add_argument("--name", default=None, help="cache name in the manifest (default: the --out file's stem)")
-    g.add_argument("--task", default="unknown", help="task name in the manifest (default: unknown)")
-    g.add_argument("--license", default="unknown", help="license of the questions, for the provenance (default: unknown)")
-
-    k = c.add_argument_group("keys and prices (USD per million tokens)")
-    k.add_argument("--base-key-env", default=None, metavar="VAR", help="environment variable holding the base endpoint's API key (default: send none)")
-    k.add_argument("--guide-key-env", default=None, metavar="VAR", help="environment variable holding the guide endpoint's API key, e.g. OPENAI_API_KEY (default: send none)")
-    k.add_argument("--base-price", default=None, metavar="IN,OUT", action="append",
-                   help="base model price, e.g. 0,0 for a local server; for a ladder once per round, or none (--pricing or the list prices)")
-    k.add_argument("--guide-price", default=None, metavar="IN,OUT", help="guide model price, e.g. 2.5,10 for gpt-4o")
-    k.add_argument("--pricing", default=None, metavar="FILE",
-                   help="JSON or YAML file {model: {price_in, price_out}}; flags win; else the list prices in envs/importers/pricing.py")
-
-    r = c.add_argument_group("requests")
-    r.add_argument("--round-protocol", default="json", choices=("json", "paper"),
-                   help="round protocol: json (structured replies that small real models follow: a JSON schema in "
-                        "response_format, multiple-choice answers constrained to the option letters) or paper (the "
-                        "CCPO paper's free text: chain of thought, 'Answer: ...', 'Yes' / 'No [answer]') (default: json; "
-                        "docs/real-llms.md)")
-    r.add_argument("--base-max-tokens", type=int, default=None,
-                   help="max_tokens of a base answer (default: 48 under --round-protocol json, 512 under paper)")
-    r.add_argument("--guide-max-tokens", type=int, default=None,
-                   help="max_tokens of a guide verdict (default: 48 under --round-protocol json, 32 under paper)")
-    r.add_argument("--decision-max-tokens", type=int, default=8, help="max_tokens of an EXIT / policy decision (default: 8)")
-    r.add_argument("--base-temperature", default="0,1", metavar="FIRST[,LATER]",
-                   help="base temperature in round 1 and later rounds (default: 0,1, the paper's MMLU setting)")
-    r.add_argument("--guide-temperature", type=float, default=0.0, help="guide temperature (default: 0)")
-    r.add_argument("--seed", default="0", help="request seed sent to the endpoints, or 'none' (default: 0)")
-    r.add_argument("--no-logprobs", action="store_true",
-                   help="do not ask for token log-probs (then no uncertainty / confidence is stored)")
-
-    e = c.add_argument_group("execution")
-    e.add_argument("--concurrency", type=int, default=8, help="questions in flight at once (default: 8)")
-    e.add_argument("--timeout", type=float, default=120.0, help="seconds of silence per read of an HTTP attempt (default: 120)")
-    e.add_argument("--attempt-timeout", type=float, default=600.0, metavar="S",
-                   help="seconds for a whole HTTP attempt, headers and body; a trickling server is cut off (default: 600)")
-    e.add_argument("--max-reply-bytes", type=int, default=8 << 20, metavar="N",
-                   help="largest reply body; a larger one fails the call, not retried (default: 8388608, 8 MiB)")
-    e.add_argument("--retries", type=int, default=6, help="retries per call on timeouts, 429, 5xx, malformed bodies (default: 6)")
-    e.add_argument("--backoff", type=float, default=1.0, help="first retry wait in seconds, doubled each retry, with jitter (default: 1)")
-    e.add_argument("--max-retry-after", type=float, default=600.0,
-                   help="fail a call whose server asks (Retry-After) to wait longer than this many seconds (default: 600)")
-    e.add_argument("--max-cost-usd", type=float, default=None,
-                   help="stop cleanly before a call whose worst-case cost would take the collection's total past this")
-    e.add_argument("--limit", type=int, default=None, metavar="N", help="collect only the first N questions")
-    e.add_argument("--resume", action="store_true", help="continue the collection in --out (same settings), replaying paid calls")
-    e.add_argument("--dry-run", action="store_true", help="print the cost bound and exit without calling any endpoint")
-    e.add_argument("--no-progress", action="store_true", help="no progress bar")
-    e.add_argument("--allow-unlisted-model", action="store_true",
-                   help="call a model that the endpoint's GET /models does not list (gateways that do not list)")
 
 
 def _pair(text: str, flag: str) -> tuple[float, float]:
@@ -182,12 +109,10 @@ def _roles(text: str, flag: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(roles))
 
 
-def _with_ladder_file(args):
+def _with_ladder_file(args: CollectOptions) -> CollectOptions:
     """``args`` with the ``--ladder`` file's rungs (and guide) as the flags it stands for
     (:meth:`~ccpo_jax.collect.ladderfile.LadderFile.flags`), so that the collection is the one those
     flags make; a flag given in both places is refused, as is a missing ``--base`` / ``--guide``."""
-    import argparse
-
     from ccpo_jax.collect.ladderfile import read_ladder_file
 
     if args.ladder is None:
@@ -205,9 +130,9 @@ def _with_ladder_file(args):
             raise UserError(f"--ladder {args.ladder}: the file gives the guide (\"guide\": "
                             f"{'null' if lf.guide is None else repr(lf.guide.model)}); give it either there or as "
                             f"--guide / --guide-price, not both ({flag} given)")
-        args = argparse.Namespace(**{**vars(args), **lf.flags()})
+        args = dataclasses.replace(args, **lf.flags())
         if args.rounds is None:
-            args.rounds = len(lf.rungs)
+            args = dataclasses.replace(args, rounds=len(lf.rungs))
         elif len(lf.rungs) not in (1, args.rounds):
             raise UserError(f"--ladder {args.ladder}: {len(lf.rungs)} rungs, but --rounds {args.rounds}; list one "
                             "rung per round (or one rung for one base model), or leave --rounds out")
@@ -215,11 +140,12 @@ def _with_ladder_file(args):
         raise UserError("--guide: missing; give --guide URL,MODEL, or --guide none for a guide-less cascade "
                         "(no guide calls)")
     if args.rounds is None:
-        args.rounds = 4
+        args = dataclasses.replace(args, rounds=4)
     return args
 
 
-def _check_cascade(args, n_bases: int, exit_roles: tuple[str, ...], policy_roles: tuple[str, ...]) -> None:
+def _check_cascade(args: CollectOptions, n_bases: int, exit_roles: tuple[str, ...],
+                   policy_roles: tuple[str, ...]) -> None:
     """Flags that cannot apply to a guide-less cascade (``--guide none``) are refused, naming the flag."""
     for flag, v in (("--guide-price", args.guide_price), ("--guide-key-env", args.guide_key_env)):
         if v is not None:
@@ -236,7 +162,9 @@ def _check_cascade(args, n_bases: int, exit_roles: tuple[str, ...], policy_roles
                         "or --rounds 1")
 
 
-def settings_from_args(args):
+def settings_from_options(args: CollectOptions):
+    """The collection's :class:`~ccpo_jax.collect.settings.Settings` and questions; a bad option is a
+    UserError naming its flag."""
     from ccpo_jax.collect.settings import Settings
     from ccpo_jax.llm.questions import load_questions
     from ccpo_jax.llm.wire import parse_endpoint
@@ -245,13 +173,11 @@ def settings_from_args(args):
 
     args = _with_ladder_file(args)
     proto = protocols.get(args.round_protocol, "--round-protocol")
-    if args.base_max_tokens is None:
-        args.base_max_tokens = proto.base_max_tokens
-    if args.guide_max_tokens is None:
-        args.guide_max_tokens = proto.guide_max_tokens
+    base_max = proto.base_max_tokens if args.base_max_tokens is None else args.base_max_tokens
+    guide_max = proto.guide_max_tokens if args.guide_max_tokens is None else args.guide_max_tokens
     if not 1 <= args.rounds <= 64:
         raise UserError(f"--rounds {args.rounds}: must be between 1 and 64")
-    for flag, v in (("--base-max-tokens", args.base_max_tokens), ("--guide-max-tokens", args.guide_max_tokens),
+    for flag, v in (("--base-max-tokens", base_max), ("--guide-max-tokens", guide_max),
                     ("--decision-max-tokens", args.decision_max_tokens)):
         if v < 1:
             raise UserError(f"{flag} {v}: must be >= 1")
@@ -297,7 +223,7 @@ def settings_from_args(args):
     s = Settings(
         T=args.rounds, base=bases[0], guide=guide, prices=prices, price_sources=sources, ladder=ladder,
         questions_file=Path(args.questions).name, questions_sha256=sha,
-        base_max_tokens=args.base_max_tokens, guide_max_tokens=args.guide_max_tokens,
+        base_max_tokens=base_max, guide_max_tokens=guide_max,
         decision_max_tokens=args.decision_max_tokens, base_temperature=(temps[0], temps[1]),
         guide_temperature=args.guide_temperature, seed=seed, logprobs=not args.no_logprobs,
         f1_threshold=args.f1, exit_roles=exit_roles, policy_roles=policy_roles, policy_coverage=args.policy_coverage,
@@ -306,7 +232,9 @@ def settings_from_args(args):
     return s, questions
 
 
-def execution_from_args(args):
+def execution_from_options(args: CollectOptions):
+    """How the collection runs (:class:`~ccpo_jax.collect.settings.Execution`): concurrency, retries,
+    timeouts, the cost cap; a bad option is a UserError naming its flag."""
     from ccpo_jax.collect.settings import Execution
     from ccpo_jax.llm.wire import RetryPolicy
 
@@ -346,15 +274,16 @@ def _ignore_further_interrupts() -> None:
 FLAGS = {"questions": "--questions", "out": "--out", "resume": "--resume", "ladder": "--ladder"}
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """``ccpo-jax data collect``: 0 = complete, 3 = stopped by --max-cost-usd; errors exit 2 (cli)."""
     from ccpo_jax.collect.collector import EXIT_BUDGET, collect
     from ccpo_jax.collect.settings import CollectError
     from ccpo_jax.collect.summary import summary
 
+    args = CollectOptions.from_args(args)
     try:
-        s, questions = settings_from_args(args)
-        ex = execution_from_args(args)
+        s, questions = settings_from_options(args)
+        ex = execution_from_options(args)
         o = collect(s, questions, args.out, ex)
     except UserError as e:  # the library names its arguments; say which flag that is
         raise e.for_cli(FLAGS) from None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
@@ -95,10 +95,12 @@ def _help(f: dataclasses.Field, opt: Option) -> str:
     return opt.help + (f" (default: {default})" if default else "")
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One flag per field of ``cls`` that has one; an unset flag parses to None."""
+def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
+              only: Collection[str] | None = None) -> None:
+    """One flag per field of ``cls`` that has one (of the fields named in ``only``, when given: a
+    --help section, ``parser`` being an argument group); an unset flag parses to None."""
     for f, opt in _options(cls):
-        if opt.flag is None:
+        if opt.flag is None or (only is not None and f.name not in only):
             continue
         if not opt.flag.startswith("-"):  # a positional argument: its flag is its metavar
             parser.add_argument(f.name, metavar=opt.flag, type=opt.type, help=_help(f, opt))
