@@ -14,9 +14,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ccpo_jax.gateway.access import SCOPE_KEY, AccessLog, completion_summary
-from ccpo_jax.gateway.engine import CapTooSmall
+from ccpo_jax.gateway.engine import CapTooSmall, Caps
 from ccpo_jax.gateway.journal import FeedbackError
-from ccpo_jax.gateway.service import MODEL_ID, Gateway, parse_request
+from ccpo_jax.gateway.schema import ModelList, parse_request
+from ccpo_jax.gateway.service import Gateway
 from ccpo_jax.gateway.state import StateUnavailable
 from ccpo_jax.gateway.upstream import UpstreamError
 from ccpo_jax.serving.web import ClientGone, RequestError, read_json
@@ -100,7 +101,8 @@ def build_app(gw: Gateway) -> AccessLog:
     async def completions(request: Request) -> Response:
         try:
             body = await _read_json(request, gw.cfg.max_body_bytes, gw.cfg.server.read_timeout_s)
-            question, group, caps, stream = parse_request(body, gw.router, gw.cfg.max_question_chars)
+            req, question = parse_request(body, gw.cfg.max_question_chars)
+            group, caps, stream = req.group, Caps(req.max_rounds, req.max_cost_cents), req.stream
         except RequestError as e:
             m.requests.labels("bad_request").inc()
             m.errors.labels(f"http_{e.status}").inc()
@@ -128,8 +130,7 @@ def build_app(gw: Gateway) -> AccessLog:
         return JSONResponse(gw.completion_body(cid, out))
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0,
-                                                          "owned_by": "ccpo-jax"}]})
+        return JSONResponse(ModelList().model_dump())
 
     async def feedback(request: Request) -> Response:
         try:

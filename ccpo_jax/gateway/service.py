@@ -9,9 +9,7 @@ sequential.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -21,19 +19,14 @@ from ccpo_jax.gateway.engine import ON_EMPTY, Batcher, Caps, Decider, Outcome, P
 from ccpo_jax.gateway.journal import FeedbackError, Journal, journal_manifest
 from ccpo_jax.gateway.metrics import Metrics
 from ccpo_jax.gateway.online import CoverageState
+from ccpo_jax.gateway.schema import MODEL_ID, completion_body, sse_chunks  # noqa: F401 (MODEL_ID: the service's id)
 from ccpo_jax.gateway.state import EmbeddedState, FeedbackResult, GatewayState
 from ccpo_jax.gateway.upstream import AsyncChatClient, UpstreamError
 from ccpo_jax.llm.wire import Endpoint, Reply, RetryPolicy
 from ccpo_jax.serving import Router
 from ccpo_jax.serving.server import ServerLimits
-from ccpo_jax.serving.web import RequestError
-from envs.cache.values import group_problem
 
 log = logging.getLogger("ccpo_jax.gateway")
-
-#: The model id the gateway serves (GET /v1/models); a request must name it.
-MODEL_ID = "ccpo-router"
-
 
 @dataclasses.dataclass(frozen=True)
 class GatewayConfig:
@@ -128,74 +121,6 @@ def served_models(model: dict | list | None, served: tuple[Endpoint, ...] | None
         return None
     one = lambda t: {"name": served[t].model, "price_in": prices[t][0], "price_out": prices[t][1]}  # noqa: E731
     return [one(t) for t in range(len(served))] if isinstance(model, list) else one(0)
-
-
-#: OpenAI request fields the protocol cannot honour: refused, not silently ignored.
-UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias", "audio",
-               "modalities", "prediction")
-
-
-def _text_content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for i, p in enumerate(content):
-            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
-                raise RequestError(400, f"{where}[{i}]: only text parts are supported", param=f"{where}[{i}]",
-                                   code="unsupported_content")
-            parts.append(p["text"])
-        return "\n".join(parts)
-    raise RequestError(400, f"{where}: expected a string or a list of text parts", param=where)
-
-
-def parse_request(body: Any, router: Router, max_chars: int) -> tuple[str, str | None, Caps, bool]:
-    """(question, group, caps, stream) of a chat-completions body, or RequestError (4xx)."""
-    if not isinstance(body, dict):
-        raise RequestError(400, "the body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise RequestError(400, "model: required (a string)", param="model")
-    if model != MODEL_ID:
-        raise RequestError(404, f"The model `{model}` does not exist; this gateway serves `{MODEL_ID}`",
-                           param="model", code="model_not_found")
-    for k in UNSUPPORTED:
-        if body.get(k) is not None:
-            raise RequestError(400, f"{k}: not supported by the CCPO gateway", param=k, code="unsupported_parameter")
-    n = body.get("n", 1)
-    if n != 1 or isinstance(n, bool):
-        raise RequestError(400, "n: only 1 is supported", param="n", code="unsupported_parameter")
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise RequestError(400, "messages: expected a non-empty array", param="messages")
-    question = None
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RequestError(400, f"messages[{i}]: expected an object with a role", param=f"messages[{i}]")
-        if m["role"] == "user":
-            question = _text_content(m.get("content"), f"messages[{i}].content")
-    if question is None or not question.strip():
-        raise RequestError(400, "messages: no user message with text (the question is the last user message)",
-                           param="messages")
-    if len(question) > max_chars:
-        raise RequestError(400, f"messages: the question has {len(question)} characters, more than {max_chars}",
-                           param="messages", code="question_too_long")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError(400, "stream: expected true or false", param="stream")
-    group = body.get("group")
-    if group is not None:  # the cache's own rule (a Mondrian journal keeps it), before any upstream call
-        problem = group_problem(group)
-        if problem:
-            raise RequestError(400, f"group: {problem}", param="group")
-    mr = body.get("max_rounds")
-    if mr is not None and (isinstance(mr, bool) or not isinstance(mr, int) or mr < 1):
-        raise RequestError(400, "max_rounds: expected an integer >= 1", param="max_rounds")
-    mc = body.get("max_cost_cents")
-    if mc is not None and (isinstance(mc, bool) or not isinstance(mc, (int, float)) or not math.isfinite(mc)
-                           or mc <= 0):
-        raise RequestError(400, "max_cost_cents: expected a number > 0", param="max_cost_cents")
-    return question, group, Caps(mr, None if mc is None else float(mc)), stream
 
 
 class Gateway:
@@ -421,23 +346,12 @@ class Gateway:
         return m.render()
 
     def completion_body(self, cid: str, out: Outcome) -> dict:
-        return {
-            "id": cid, "object": "chat.completion", "created": int(time.time()), "model": MODEL_ID,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.content},
-                         "logprobs": None, "finish_reason": "stop"}],
-            "usage": out.usage, "ccpo": self.ccpo_object(out),
-        }
+        """The reply to a chat completion (:class:`ccpo_jax.gateway.schema.ChatCompletion`)."""
+        return completion_body(cid, int(time.time()), out.content, out.usage, self.ccpo_object(out))
 
     def sse_chunks(self, cid: str, out: Outcome) -> list[bytes]:
-        base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL_ID}
-        deltas = [({"role": "assistant", "content": ""}, None), ({"content": out.content}, None), ({}, "stop")]
-        chunks = []
-        for i, (delta, fin) in enumerate(deltas):
-            c = dict(base, choices=[{"index": 0, "delta": delta, "logprobs": None, "finish_reason": fin}])
-            if fin is not None:
-                c["usage"], c["ccpo"] = out.usage, self.ccpo_object(out)
-            chunks.append(b"data: " + json.dumps(c).encode() + b"\n\n")
-        return chunks + [b"data: [DONE]\n\n"]
+        """The streamed reply (:class:`ccpo_jax.gateway.schema.ChatCompletionChunk` events, then ``[DONE]``)."""
+        return sse_chunks(cid, int(time.time()), out.content, out.usage, self.ccpo_object(out))
 
 
 def load_gateway(artefact: str | Path, cfg: GatewayConfig) -> Gateway:
