@@ -13,11 +13,13 @@ import dataclasses
 
 import pytest
 
+from ccpo_jax.cli.data import CacheExportOptions, CheckOptions, ImportOptions, PullOptions, SynthOptions
 from ccpo_jax.cli.main import build_parser
 from ccpo_jax.collect.options import GROUPS, CollectOptions
 
-#: data subcommand -> its options dataclass (the others still declare argparse flags directly).
-OPTION_CLASSES: dict[str, type] = {"collect": CollectOptions}
+#: data subcommand -> its options dataclass (``formats`` has no options).
+OPTION_CLASSES: dict[str, type] = {"check": CheckOptions, "synth": SynthOptions, "import": ImportOptions,
+                                   "export": CacheExportOptions, "pull": PullOptions, "collect": CollectOptions}
 
 #: refactor-base's flags: (option strings or positional dest, default, required, nargs).
 SNAPSHOT = {

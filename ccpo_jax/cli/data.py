@@ -1,9 +1,69 @@
 """``ccpo-jax data {check,synth,import,export,collect,pull}``: inspect, generate, convert, collect and pull
-response caches."""
+response caches. Each action's options are a typed dataclass (:mod:`ccpo_jax.runtime.options`; ``collect``'s:
+:class:`ccpo_jax.collect.options.CollectOptions`)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
+
+from ccpo_jax.runtime.options import add_flags, given, option
+
+_OUT = "output: a directory (fast format) or a .jsonl file (human format)"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckOptions:
+    """``data check``."""
+
+    path: str | None = option("path", help="cache: a human-format .jsonl file or a fast-format directory")
+
+
+@dataclasses.dataclass(frozen=True)
+class SynthOptions:
+    """``data synth``."""
+
+    profile: str = option("--profile", help="generator profile", default="hotpotqa-llama2")
+    questions: int = option("--questions", help="number of questions", default=1400, type=int)
+    seed: int = option("--seed", help="seed of the generator", default=0, type=int)
+    out: str | None = option("--out", help=_OUT, required=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportOptions:
+    """``data import``."""
+
+    format: str | None = option(
+        "--format", required=True,
+        help="jsonl, or the name of a public-data importer (see --help of 'data formats')")
+    src: str | None = option("src", help="source file or directory")
+    out: str | None = option("--out", help=_OUT, required=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheExportOptions:
+    """``data export``."""
+
+    path: str | None = option("path", help="cache: a human-format .jsonl file or a fast-format directory")
+    out: str | None = option("--out", help="output .jsonl file", required=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class PullOptions:
+    """``data pull``."""
+
+    url: str | None = option("redis://HOST:PORT/DB", help="the gateway's --state")
+    out: str | None = option("--out", help="output .jsonl file (replaced atomically)", metavar="FILE.jsonl",
+                             required=True)
+
+
+def _action(dsub: argparse._SubParsersAction, name: str, cls: type | None, func, **kw) -> argparse.ArgumentParser:
+    """The ``data NAME`` parser: ``cls``'s flags; ``func`` gets ``cls``'s options (the parsed flags when None)."""
+    p = dsub.add_parser(name, **kw)
+    if cls is not None:
+        add_flags(p, cls)
+    p.set_defaults(func=lambda args: func(cls(**given(cls, args)) if cls is not None else args))
+    return p
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -11,38 +71,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     dsub = p.add_subparsers(dest="data_command", metavar="ACTION")
     dsub.required = True
 
-    c = dsub.add_parser("check", help="validate a cache (JSONL file or fast-format dir) and print its statistics")
-    c.add_argument("path", help="cache: a human-format .jsonl file or a fast-format directory")
-    c.set_defaults(func=_check)
-
-    s = dsub.add_parser("synth", help="generate a SYNTHETIC cache calibrated to the paper's marginals")
-    s.add_argument("--profile", default="hotpotqa-llama2", help="generator profile (default: hotpotqa-llama2)")
-    s.add_argument("--questions", type=int, default=1400, help="number of questions (default: 1400)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--out", required=True, help="output: a directory (fast format) or a .jsonl file (human format)")
-    s.set_defaults(func=_synth)
-
-    i = dsub.add_parser("import", help="import a cache from the human JSONL format or a public dataset")
-    i.add_argument("--format", required=True, help="jsonl, or the name of a public-data importer (see --help of 'data formats')")
-    i.add_argument("src", help="source file or directory")
-    i.add_argument("--out", required=True, help="output: a directory (fast format) or a .jsonl file (human format)")
-    i.set_defaults(func=_import)
-
-    e = dsub.add_parser("export", help="write a cache (either format) as human-format JSONL")
-    e.add_argument("path")
-    e.add_argument("--out", required=True, help="output .jsonl file")
-    e.set_defaults(func=_export)
-
-    pl = dsub.add_parser("pull", help="write the journal of a gateway deployment's shared state as a cache",
-                         description="Reads the journal of record of the gateway replicas started with --state URL "
-                         "and writes it as a human-format cache (one line per request: its latest, labelled when "
-                         "feedback labelled it), which data check and reproduce --cache read (docs/gateway.md).")
-    pl.add_argument("url", metavar="redis://HOST:PORT/DB", help="the gateway's --state")
-    pl.add_argument("--out", required=True, metavar="FILE.jsonl", help="output .jsonl file (replaced atomically)")
-    pl.set_defaults(func=_pull)
-
-    f = dsub.add_parser("formats", help="list the import formats and synthetic profiles")
-    f.set_defaults(func=_formats)
+    _action(dsub, "check", CheckOptions, _check,
+            help="validate a cache (JSONL file or fast-format dir) and print its statistics")
+    _action(dsub, "synth", SynthOptions, _synth, help="generate a SYNTHETIC cache calibrated to the paper's marginals")
+    _action(dsub, "import", ImportOptions, _import,
+            help="import a cache from the human JSONL format or a public dataset")
+    _action(dsub, "export", CacheExportOptions, _export, help="write a cache (either format) as human-format JSONL")
+    _action(dsub, "pull", PullOptions, _pull,
+            help="write the journal of a gateway deployment's shared state as a cache",
+            description="Reads the journal of record of the gateway replicas started with --state URL "
+            "and writes it as a human-format cache (one line per request: its latest, labelled when "
+            "feedback labelled it), which data check and reproduce --cache read (docs/gateway.md).")
+    _action(dsub, "formats", None, _formats, help="list the import formats and synthetic profiles")
 
     from ccpo_jax.collect.options import add_arguments
 
@@ -53,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     co.set_defaults(func=_collect)
 
 
-def _check(args) -> int:
+def _check(args: CheckOptions) -> int:
     from envs.cache.formats import load_cache
     from envs.replay.report import describe
 
@@ -76,7 +116,7 @@ def _check(args) -> int:
     return 0
 
 
-def _synth(args) -> int:
+def _synth(args: SynthOptions) -> int:
     from envs.cache.formats import save_cache
     from envs.generators.synthetic import generate
 
@@ -86,7 +126,7 @@ def _synth(args) -> int:
     return 0
 
 
-def _import(args) -> int:
+def _import(args: ImportOptions) -> int:
     from envs.cache.formats import save_cache
 
     if args.format == "jsonl":
@@ -104,7 +144,7 @@ def _import(args) -> int:
     return 0
 
 
-def _export(args) -> int:
+def _export(args: CacheExportOptions) -> int:
     from envs.cache.formats import load_cache
     from envs.cache.jsonl import write_jsonl
 
@@ -113,13 +153,13 @@ def _export(args) -> int:
     return 0
 
 
-def _collect(args) -> int:
+def _collect(args: argparse.Namespace) -> int:
     from ccpo_jax.collect.command import run
 
     return run(args)
 
 
-def _pull(args) -> int:
+def _pull(args: PullOptions) -> int:
     import json
 
     from ccpo_jax.errors import UserError
@@ -140,7 +180,7 @@ def _pull(args) -> int:
     return 0
 
 
-def _formats(args) -> int:
+def _formats(args: argparse.Namespace) -> int:
     from envs.importers import IMPORTERS
     from envs.generators.synthetic import PROFILES
 
