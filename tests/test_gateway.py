@@ -469,6 +469,16 @@ def test_concurrent_decisions_are_batched_and_equal_router_decide(art):
             want = router.decide(o.rounds[: t + 1], can_continue=t + 1 < router.T)
             # screened decisions: the same set, the probabilities within 1e-5 (tests/test_router_screen.py)
             assert d["action_set"] == want["action_set"] and d["probs"] == pytest.approx(want["probs"], abs=1e-5)
+    # one Decides protocol (issue 52): a request alone (Immediate) runs the same protocol as a batched one
+    from ccpo_jax.gateway.engine import Decides, Immediate
+
+    alone = Immediate(batcher.decider)
+    assert isinstance(batcher, Decides) and isinstance(alone, Decides) and alone.router is batcher.router is router
+    for i, o in enumerate(outs[:4]):
+        again = asyncio.run(run_protocol(QS[i % len(QS)], None, Caps(), decider=alone, call=call,
+                                         cfg=ProtocolConfig(), prices={"base": (0, 0), "guide": (1, 1)}))
+        assert again.rounds == o.rounds and [d["action_set"] for d in again.decisions] == \
+            [d["action_set"] for d in o.decisions]
 
 
 def test_upstream_down_is_502_connection(art):

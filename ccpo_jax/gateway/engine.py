@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from ccpo_jax.gateway.online import CoverageState
 from ccpo_jax.llm import paper as P
@@ -151,6 +151,27 @@ class Decider:
         return self.decide_many([(rounds, can_continue, group)])[0]
 
 
+@runtime_checkable
+class Decides(Protocol):
+    """What :func:`run_protocol` decides with: the router (its T, guide and cache) and an awaitable decision
+    on the rounds so far. :class:`Batcher` is one (concurrent requests in one router call), :class:`Immediate`
+    another (a :class:`Decider`'s decision at once)."""
+
+    router: Router
+
+    async def decide(self, rounds: list[dict], can_continue: bool, group: str | None) -> dict: ...
+
+
+class Immediate:
+    """A :class:`Decider` as :class:`Decides`: each decision at once, in its own router call."""
+
+    def __init__(self, decider: Decider):
+        self.decider, self.router = decider, decider.router
+
+    async def decide(self, rounds: list[dict], can_continue: bool, group: str | None) -> dict:
+        return self.decider.decide(rounds, can_continue, group)
+
+
 class Batcher:
     """Decisions of concurrent requests in one router call: the decisions asked for while the event loop
     was busy are decided together when it next runs the batcher. The call runs on the event loop
@@ -165,6 +186,10 @@ class Batcher:
         self._pending: list = []
         self._running = False
         self.batches = 0
+
+    @property
+    def router(self) -> Router:
+        return self.decider.router
 
     async def decide(self, rounds: list[dict], can_continue: bool, group: str | None) -> dict:
         fut = asyncio.get_running_loop().create_future()
@@ -288,7 +313,7 @@ def _round_record(br: P.BaseRead, g: Reply | None, gr: P.GuideRead | None, rnd: 
     return rnd
 
 
-async def run_protocol(question: str, group: str | None, caps: Caps, *, decider: Decider | Batcher, call: Callable,
+async def run_protocol(question: str, group: str | None, caps: Caps, *, decider: Decides, call: Callable,
                        cfg: ProtocolConfig, prices: dict,
                        on_round: Callable[[str, dict], Any] = lambda role, rec: None,
                        on_empty: str = "abstain") -> Outcome:
@@ -297,8 +322,9 @@ async def run_protocol(question: str, group: str | None, caps: Caps, *, decider:
     each call's round, tokens and cost. ``prices``: per role one pair or T per-round pairs (a ladder;
     :func:`per_round`). A guide-less cascade's router (``has_guide`` False) makes no guide call, and
     its base is asked afresh every round (there is no guide reply to show it). ``on_empty``: the reply
-    when the final set is empty (:func:`fallback_answer`)."""
-    router = (decider.decider if isinstance(decider, Batcher) else decider).router
+    when the final set is empty (:func:`fallback_answer`). ``decider``: any :class:`Decides` (the
+    gateway's :class:`Batcher`; :class:`Immediate` for one request alone)."""
+    router = decider.router
     T, has_guide = router.T, router.has_guide
     if not cfg.complete:
         cfg = cfg.resolved(router.manifest["cache"]["provenance"])
@@ -356,9 +382,7 @@ async def run_protocol(question: str, group: str | None, caps: Caps, *, decider:
         elif not can_continue:
             stopped_by = "max_rounds" if limit < T else "T"
         t0 = time.perf_counter()
-        d = decider.decide(rounds, can_continue, group)
-        if asyncio.iscoroutine(d):
-            d = await d
+        d = await decider.decide(rounds, can_continue, group)
         decide_s.append(time.perf_counter() - t0)
         decisions.append(d)
         for role in roles:
