@@ -267,6 +267,28 @@ def test_alpha_has_one_home_and_the_variants_carry_it():
     assert len(variants) == 4 and {v.alpha for v in variants} == {0.2}
 
 
+def test_the_guarantee_is_looked_up_once_and_each_command_says_its_alphas(tmp_path):
+    """One lookup (``guarantee_of``, built once per configuration) and ``run_alphas`` typed per command: what
+    the calibration, the learned rows and ``prepare`` read instead of ``getattr`` / ``hasattr(cfg, "alphas")``."""
+    from ccpo_jax.ccpo.prepare import default_member_block
+    from ccpo_jax.ccpo.rows import RowsRun
+    from ccpo_jax.ccpo.run_config import SweepConfig
+    from ccpo_jax.core.guarantee import PAC, Marginal
+
+    cfg = ReproduceConfig(guarantee="pac", delta=0.2, alpha=0.5, guide_cap=0.9, split_sizes="100,60,60")
+    assert cfg.guarantee_of == PAC(0.2, 0.9) and cfg.guarantee_of is cfg.guarantee_of
+    assert cfg.run_alphas == (0.5,) and ReproduceConfig().guarantee_of == Marginal()
+    sw = SweepConfig(alphas="0.1,0.2", guarantee="pac", split_sizes="100,60,60")
+    assert sw.run_alphas == (0.1, 0.2) and sw.guarantee_of == PAC(0.1)
+    # --delta's check reads every alpha of the sweep: 0.05 needs 45 calibration questions at delta 0.1
+    with pytest.raises(UserError, match="at alpha 0.05"):
+        SweepConfig(alphas="0.05,0.2", guarantee="pac", split_sizes="100,40,60")
+    assert RowsRun(None, alpha=0.3).run_alphas == (0.3,) and RowsRun(None, alphas=(0.1, 0.2)).run_alphas == (0.1, 0.2)
+    # a sweep's member block is one reproduce run's batch under either protocol; reproduce's only under retrain
+    assert default_member_block(SweepConfig(seeds=2)) == 8 and default_member_block(ReproduceConfig(seeds=2)) is None
+    assert default_member_block(ReproduceConfig(seeds=2, protocol="retrain")) == 4 * 2  # CPO twice, CCPO 0 and 2e-4
+
+
 def test_stackelberg_and_export_flags_are_their_typed_fields():
     """``stackelberg`` and ``export`` take their flags from typed fields, as ``reproduce``: the
     parser has exactly those flags, and a bad value is refused by the field's check."""

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 from ccpo_jax.core.guarantee import GUARANTEES  # noqa: F401 - the --guarantee vocabulary, read here by run_config, export
-from ccpo_jax.core.guarantee import Guarantee, Marginal, make_guarantee, rank_table
+from ccpo_jax.core.guarantee import Guarantee, Marginal, rank_table
 from ccpo_jax.errors import UserError
 from envs.cache.schema import ResponseCache, cache_groups
 
@@ -37,7 +37,7 @@ class Calibration(enum.StrEnum):
     MONDRIAN = "mondrian"
 
     @classmethod
-    def of(cls, cfg: Any) -> "Calibration":
+    def of(cls, cfg: object) -> "Calibration":
         """The calibration of a run configuration (one without the option, e.g. a sweep's: marginal)."""
         return cls(getattr(cfg, "calibration", None) or cls.MARGINAL)
 
@@ -48,11 +48,17 @@ CALIBRATIONS = tuple(c.value for c in Calibration)
 DELTA = 0.1
 
 
-def run_guarantee(cfg: Any) -> Guarantee:
-    """A run configuration's ``--guarantee``, ``--delta``, ``--guide-cap`` and ``--cost-cap`` (a configuration
-    saved before them: marginal)."""
-    return make_guarantee(getattr(cfg, "guarantee", "marginal") or "marginal", getattr(cfg, "delta", None),
-                          getattr(cfg, "guide_cap", None), getattr(cfg, "cost_cap", None))
+class CalibratedRun(Protocol):
+    """What the calibration reads of a run configuration (``ReproduceConfig``, ``rows.RowsRun``)."""
+
+    @property
+    def calibration(self) -> str: ...
+    @property
+    def group_min(self) -> int: ...
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def guarantee_of(self) -> Guarantee: ...
 
 
 # -- Mondrian: the groups, their pooling, the exported thresholds ------------------------------
@@ -71,7 +77,7 @@ class GroupSpec(NamedTuple):
         return cls(codes.astype(np.int32), tuple(str(n) for n in names), int(group_min))
 
 
-def group_spec(cfg: Any, cache: ResponseCache) -> GroupSpec | None:
+def group_spec(cfg: CalibratedRun, cache: ResponseCache) -> GroupSpec | None:
     """The cache's groups for ``--calibration mondrian`` (None for marginal); a cache without a
     ``group`` per question is refused."""
     if Calibration.of(cfg) is not Calibration.MONDRIAN:
@@ -81,7 +87,7 @@ def group_spec(cfg: Any, cache: ResponseCache) -> GroupSpec | None:
         raise UserError(f"calibration: mondrian needs a question group ('group') for every question, and the cache "
                         f"{cache.manifest.name!r} has none; add a 'group' field beside each question's 'id' "
                         "(docs/caches.md) or use --calibration marginal", field="calibration")
-    return GroupSpec.of(g, effective_group_min(cfg.group_min, cfg.alpha, run_guarantee(cfg)))
+    return GroupSpec.of(g, effective_group_min(cfg.group_min, cfg.alpha, cfg.guarantee_of))
 
 
 def describe_pooling(spec: GroupSpec, cal_idx: Any, say: Callable[[str], Any] | None = None,

@@ -21,7 +21,7 @@ import numpy as np
 
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo.rows import RunData, row_variants, run_batch
-from ccpo_jax.ccpo.run_config import ReproduceConfig
+from ccpo_jax.ccpo.run_config import ReproduceConfig, RunConfig, SweepConfig
 from ccpo_jax.ccpo.settings import METRICS, Setting, get_setting
 from ccpo_jax.ccpo.splits import Splits, check_split_sizes, splits_for_protocol
 from ccpo_jax.errors import UserError
@@ -46,7 +46,7 @@ class Prepared:
 
     ``data.key`` is the training key; ``k_base`` the key of the non-learned rows' draws."""
 
-    cfg: Any
+    cfg: RunConfig
     out: Path
     setting: Setting
     data: RunData
@@ -99,7 +99,7 @@ def prepare(given: Mapping[str, Any], cls: type = ReproduceConfig, *, command: s
                     execution=execution, command=command)
 
 
-def default_member_block(cfg: Any) -> int | None:
+def default_member_block(cfg: RunConfig) -> int | None:
     """The member block of a run (``--member-block``; given: that one), decided here only.
 
     A ``reproduce`` run under ``recalibrate`` trains its rows x seeds in one plain vmap (None); under
@@ -108,14 +108,14 @@ def default_member_block(cfg: Any) -> int | None:
     --seeds 1`` keeps a working set that outgrows the CPU caches (blocks of 4 trained 1.3x the
     member-iterations per second on the 2-core CPU of docs/performance.md), and with ``--devices N``
     every device runs the one-device block program (``sharding.PerDevice``), so a retrain run's
-    numbers do not depend on the number of devices. A ``sweep`` (which has ``alphas``) computes its
+    numbers do not depend on the number of devices. A ``sweep`` (a ``SweepConfig``) computes its
     members in blocks of one reproduce run's batch of its setting under either protocol: XLA picks
     its kernels, and so the last rounding bit that the CPO step amplifies, by the batch size, so every
     member then runs the program of a ``reproduce`` run and a sweep point equals that run bit for bit.
     """
     if cfg.member_block is not None:
         return int(cfg.member_block)
-    sweep = hasattr(cfg, "alphas")
+    sweep = isinstance(cfg, SweepConfig)
     if not sweep and cfg.protocol != "retrain":
         return None
     lambdas = get_setting(cfg.setting).lambdas if sweep else cfg.lambdas
@@ -157,7 +157,7 @@ def resolve_mesh(devices: int | str | None):
 
 
 def _resume_config(resume: Path, given: Mapping[str, Any], cls: type = ReproduceConfig,
-                   results_file: str = report.RESULTS_FILE, command: str = "reproduce") -> tuple[Path, Any]:
+                   results_file: str = report.RESULTS_FILE, command: str = "reproduce") -> tuple[Path, RunConfig]:
     """Find the work dir of a killed run at ``resume`` (its out_dir) and read its run.json.
 
     ``given`` holds the options of this call: the saved ones must be None or equal to the
@@ -199,7 +199,7 @@ def _resume_config(resume: Path, given: Mapping[str, Any], cls: type = Reproduce
 
 
 def open_run(given: Mapping[str, Any], cls: type = ReproduceConfig, out_prefix: str = "",
-             results_file: str = report.RESULTS_FILE, command: str = "reproduce") -> tuple[Path, Any]:
+             results_file: str = report.RESULTS_FILE, command: str = "reproduce") -> tuple[Path, RunConfig]:
     """(out_dir, configuration ``cls``) of a new run, or of the killed run at ``given["resume"]``
     (``ccpo-jax reproduce`` and ``ccpo-jax sweep``, named by ``command``; a new run's default
     out_dir is ``runs/<out_prefix><setting>-<timestamp>``)."""

@@ -31,7 +31,7 @@ import numpy as np
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo import rows as learned
 from ccpo_jax.ccpo.baselines import left_out_rows, non_learned_rows
-from ccpo_jax.ccpo.calibration import describe_pooling, group_spec, run_guarantee
+from ccpo_jax.ccpo.calibration import describe_pooling, group_spec
 from ccpo_jax.ccpo.guarantee_results import check_feasible
 from ccpo_jax.ccpo.pick import export_default
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR
@@ -100,7 +100,7 @@ def _write_outputs(work: Path, run: Prepared, rows: dict, timing: dict, trains: 
         best_observable_s=seconds(best_obs) if best_obs is not None else None,
         left_out=left_out_rows(cache, run.splits.test), calibration=pooling,
         groups={k: v for k, v in group_rows.items() if k != "rows"} if group_rows else None,
-        guarantee=run_guarantee(cfg) if trains else None)
+        guarantee=cfg.guarantee_of if trains else None)
     rowset = rows_from(rows, kept_seed=kept, ltt=ltt, groups=(group_rows or {}).get("rows"),
                        reference={BEST_OBS_ROW: describe(best_obs)} if best_obs is not None else None)
     results = build_results(record, rowset)
@@ -120,7 +120,7 @@ def _learned(trainer: LearnedRowsFn | None, run: Prepared, rows: dict, timing: d
         return None, None, None
     cfg = run.cfg
     got: LearnedRows = trainer(cfg, run.data, run.execution)
-    check_feasible(getattr(got, "ltt", None), cfg.alpha, run_guarantee(cfg))
+    check_feasible(getattr(got, "ltt", None), cfg.alpha, cfg.guarantee_of)
     rows.update(as_rows(got.rows, cfg.n_splits, "the trainer"))
     for k in ("compile_s", "train_s", "eval_s"):
         timing[k] += float(got.timing.get(k, 0.0))

@@ -27,7 +27,8 @@ from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, policy_row, save_policies
 from ccpo_jax.ccpo.settings import ENSEMBLE, KEPT_SEED, lambda_row_name
 from ccpo_jax.ccpo.splits import Splits
-from ccpo_jax.ccpo.calibration import group_spec, run_guarantee
+from ccpo_jax.ccpo.calibration import group_spec
+from ccpo_jax.core.guarantee import Guarantee, Marginal
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime.execution import Execution
 from envs.cache.schema import ResponseCache
@@ -71,11 +72,39 @@ class RunData:
     key: jax.Array
 
 
+class RunSpec(Protocol):
+    """What the learned rows read of a run configuration (``ReproduceConfig``, ``SweepConfig``, :class:`RowsRun`)."""
+
+    @property
+    def lambdas(self) -> tuple[float, ...]: ...
+    @property
+    def seeds(self) -> int: ...
+    @property
+    def protocol(self) -> str: ...
+    @property
+    def run_alphas(self) -> tuple[float, ...]: ...
+    @property
+    def guarantee_of(self) -> Guarantee: ...
+    def train_config(self) -> TrainConfig: ...
+
+
+class TableSpec(RunSpec, Protocol):
+    """A run of one table (``ReproduceConfig``, :class:`RowsRun`): its alpha and calibration as well."""
+
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def calibration(self) -> str: ...
+    @property
+    def group_min(self) -> int: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class RowsRun:
     """The run configuration the learned rows read, for a caller without a command's configuration
     (experiments, tests): the trainer configuration, the table's lambdas, seeds, protocol (and, for
-    :func:`train_sweep`, the alphas). A run of ``reproduce`` passes its ``ReproduceConfig`` instead."""
+    :func:`train_sweep`, the alphas), the calibration and its guarantee. A run of ``reproduce`` passes its
+    ``ReproduceConfig`` instead."""
 
     config: TrainConfig
     lambdas: tuple[float, ...] = ()
@@ -83,16 +112,23 @@ class RowsRun:
     protocol: str = "recalibrate"
     alpha: float = 0.1
     alphas: tuple[float, ...] = ()
+    calibration: str = "marginal"
+    group_min: int = 20
+    guarantee_of: Guarantee = Marginal()
 
     def train_config(self) -> TrainConfig:
         return self.config
+
+    @property
+    def run_alphas(self) -> tuple[float, ...]:
+        return self.alphas or (self.alpha,)
 
 
 class LearnedRowsFn(Protocol):
     """The trainer the pipeline calls (:func:`learned_rows`, or a stand-in in tests): the run
     configuration (``ccpo_jax.ccpo.run_config.ReproduceConfig``), the data and the execution."""
 
-    def __call__(self, run: Any, data: RunData, execution: Execution) -> LearnedRows: ...
+    def __call__(self, run: TableSpec, data: RunData, execution: Execution) -> LearnedRows: ...
 
 
 #: Name of the CPO variant that serves the calibrated CPO rows when the margins differ.
@@ -161,7 +197,7 @@ def member_keys(key: jax.Array, names: list[str], n: int) -> jax.Array:
     return jax.numpy.stack([jax.random.split(jax.random.fold_in(key, zlib.crc32(nm.encode())), n) for nm in names])
 
 
-def kept_seeds(run: Any, data: RunData, variants: list[Variant], state, train_idx: np.ndarray
+def kept_seeds(run: RunSpec, data: RunData, variants: list[Variant], state, train_idx: np.ndarray
                ) -> list[dict[str, np.ndarray]]:
     """Of each variant's N seeds, the one a user would deploy, per training split: the seed whose calibrated
     sets cost least on the training questions it was trained on, its threshold fitted on those same
@@ -174,7 +210,7 @@ def kept_seeds(run: Any, data: RunData, variants: list[Variant], state, train_id
     training-split draws of five SYNTHETIC Table 2-5 settings, the kept seed cost less on the test splits
     than the seeds' mean on 21 (``experiments/learnable_gap_splits.py --select-train``; docs/results.md)."""
     ev = evaluate_members(run.train_config(), data.params, variants, state, train_idx, train_idx,
-                          jax.random.PRNGKey(0), retrain=True, guarantee=run_guarantee(run))
+                          jax.random.PRNGKey(0), retrain=True, guarantee=run.guarantee_of)
     out = []
     for v in range(len(variants)):
         cost = np.asarray(ev.batch["cost_cents"][v], np.float64)  # [N, S_train]
@@ -219,7 +255,7 @@ def ensemble_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict[str, dict[
             {r + ENSEMBLE: ltt[r] for r in keep if r in ltt})
 
 
-def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execution: Execution,
+def _train_and_evaluate(run: RunSpec, variants: list[Variant], data: RunData, execution: Execution,
                         key_names: list[str], groups: GroupSpec | None = None):
     """Train ``variants`` x training splits x ``run.seeds`` in one program and evaluate every member on
     every split: (state [V, S_train, N, ...], :class:`MemberEval`, curves, timing, the kept seeds of every
@@ -241,7 +277,7 @@ def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execut
     execution.status(f"evaluating {len(variants)} learned variant(s) x {N} seed(s) on {np.shape(splits.test)[0]} "
                      "splits (calibrating each threshold, then the test split) ...")
     ev = evaluate_members(config, data.params, variants, state, np.asarray(splits.cal), np.asarray(splits.test), k_eval,
-                          retrain, groups, run_guarantee(run))
+                          retrain, groups, run.guarantee_of)
     kept, ens = {}, None
     twin_v = twin_variants(variants)
     if N > 1 and twin_v:
@@ -249,14 +285,14 @@ def _train_and_evaluate(run: Any, variants: list[Variant], data: RunData, execut
         sub, sub_state = [variants[v] for v in twin_v], jax.tree.map(lambda x: x[np.asarray(twin_v)], state)
         kept = dict(zip(twin_v, kept_seeds(run, data, sub, sub_state, train_idx)))
         ens = (evaluate_members(config, data.params, sub, sub_state, np.asarray(splits.cal), np.asarray(splits.test),
-                                k_eval, retrain, None, run_guarantee(run), ensemble=True),
+                                k_eval, retrain, None, run.guarantee_of, ensemble=True),
                {v: j for j, v in enumerate(twin_v)})
     timing = dict(timing, eval_s=time.perf_counter() - t0)
     curves = {var.name: {k: v[i] for k, v in metrics.items()} for i, var in enumerate(variants)}
     return state, ev, curves, timing, kept, ens
 
 
-def train_seeds(run: Any, data: RunData, execution: Execution) -> TrainedRows:
+def train_seeds(run: TableSpec, data: RunData, execution: Execution) -> TrainedRows:
     """Train the learned rows (:func:`row_variants`) for ``run.seeds`` seeds and evaluate them on every split.
 
     ``run``: the run configuration (``ReproduceConfig``: ``train_config()``, ``lambdas``, ``seeds``,
@@ -305,7 +341,7 @@ def alpha_name(name: str, alpha: float) -> str:
     return f"{name} @ alpha={alpha:g}"
 
 
-def train_sweep(run: Any, data: RunData, execution: Execution
+def train_sweep(run: RunSpec, data: RunData, execution: Execution
                 ) -> tuple[dict[float, dict[str, dict[str, np.ndarray]]], dict[str, float]]:
     """Every learned row x alpha x seed (x training split under ``retrain``) as members of ONE
     vmapped program (alpha is traced data, ``Variant.alpha``), each member calibrated and
@@ -320,9 +356,9 @@ def train_sweep(run: Any, data: RunData, execution: Execution
     if 0.0 not in [float(x) for x in lambdas]:  # CCPO (lambda=0) only when asked for
         base = [v for v in base if not (v.conformal and v.lam == 0.0)]
     variants = [dataclasses.replace(v, name=alpha_name(v.name, a), alpha=float(a), rows=v.table_rows())
-                for a in run.alphas for v in base]
+                for a in run.run_alphas for v in base]
     state, ev, _, timing, kept, ens = _train_and_evaluate(run, variants, data, execution,
-                                                          [v.name for a in run.alphas for v in base])
+                                                          [v.name for a in run.run_alphas for v in base])
     out: dict[float, dict[str, dict[str, np.ndarray]]] = {}
     for v, var in enumerate(variants):
         rows = variant_rows(var, ev, v)[0]
@@ -334,7 +370,7 @@ def train_sweep(run: Any, data: RunData, execution: Execution
     return out, timing
 
 
-def learned_rows(run: Any, data: RunData, execution: Execution) -> LearnedRows:
+def learned_rows(run: TableSpec, data: RunData, execution: Execution) -> LearnedRows:
     """Train and evaluate the learned rows; save each row's split-0 policy of its kept seed
     (:func:`saved_seed`) beside ``execution.ckpt_dir``.
 
@@ -350,7 +386,7 @@ def learned_rows(run: Any, data: RunData, execution: Execution) -> LearnedRows:
     """
     trained = train_seeds(run, data, execution)
     config, params, splits, cache, protocol = run.train_config(), data.params, data.splits, data.cache, run.protocol
-    groups, guarantee, ckpt_dir = group_spec(run, cache), run_guarantee(run), execution.ckpt_dir
+    groups, guarantee, ckpt_dir = group_spec(run, cache), run.guarantee_of, execution.ckpt_dir
     diagnostics, seeds = {}, {}
     for v, var in enumerate(trained.variants):
         row = policy_row(var)

@@ -13,15 +13,17 @@ Every field accepts None for "the default". Nothing here imports jax at module l
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from ccpo_jax.ccpo.calibration import CALIBRATIONS, DELTA, GUARANTEES, Calibration  # the one vocabulary
 from ccpo_jax.ccpo.config import TrainConfig
 from ccpo_jax.ccpo.presets import apply_overrides, get_preset
 from ccpo_jax.ccpo.settings import DEFAULT_SETTING, PROTOCOLS, get_setting
+from ccpo_jax.core.guarantee import Guarantee, make_guarantee
 from ccpo_jax.errors import UserError
 from ccpo_jax.runtime import options
 from ccpo_jax.runtime.options import check_int, option
@@ -29,11 +31,11 @@ from ccpo_jax.runtime.options import check_int, option
 # -- the checks (each: (field name, value or None, the configuration so far) -> value) ----
 
 
-def _setting(name: str, v: Any, cfg: Any) -> str:
+def _setting(name: str, v: Any, cfg: RunOptions) -> str:
     return get_setting(DEFAULT_SETTING if v is None else v).name
 
 
-def _cache(name: str, v: Any, cfg: Any) -> Any:
+def _cache(name: str, v: Any, cfg: RunOptions) -> Any:
     """A path becomes absolute (and must exist); a ResponseCache object is kept as it is (and a
     resumed run's record of one, ``<ResponseCache NAME>``, too)."""
     if v is None or not isinstance(v, (str, os.PathLike)) or str(v).startswith("<"):
@@ -51,13 +53,13 @@ def _cache_json(v: Any) -> str | None:
     return f"<{type(v).__name__} {getattr(getattr(v, 'manifest', None), 'name', '?')}>"
 
 
-def _protocol(name: str, v: Any, cfg: Any) -> str:
+def _protocol(name: str, v: Any, cfg: RunOptions) -> str:
     if v not in PROTOCOLS:
         raise UserError(f"protocol: unknown protocol {v!r}; valid: {', '.join(PROTOCOLS)}", field="protocol")
     return v
 
 
-def _split_sizes(name: str, v: Any, cfg: Any) -> tuple[int, int, int]:
+def _split_sizes(name: str, v: Any, cfg: RunOptions) -> tuple[int, int, int]:
     from ccpo_jax.ccpo.splits import parse_split_sizes  # imports jax: not at `ccpo-jax --help`
 
     if v is None:
@@ -71,7 +73,7 @@ def _split_sizes(name: str, v: Any, cfg: Any) -> tuple[int, int, int]:
     return parse_split_sizes(",".join(str(x) for x in sizes))
 
 
-def _preset(name: str, v: Any, cfg: Any) -> str:
+def _preset(name: str, v: Any, cfg: RunOptions) -> str:
     try:
         get_preset(str(v))
     except UserError as e:
@@ -79,7 +81,7 @@ def _preset(name: str, v: Any, cfg: Any) -> str:
     return str(v)
 
 
-def _overrides(name: str, v: Any, cfg: Any) -> tuple[str, ...]:
+def _overrides(name: str, v: Any, cfg: RunOptions) -> tuple[str, ...]:
     overrides = tuple(str(o) for o in v)
     for item in overrides:
         if item.split("=", 1)[0].strip().replace("-", "_") == "alpha":
@@ -92,11 +94,11 @@ def _overrides(name: str, v: Any, cfg: Any) -> tuple[str, ...]:
     return overrides
 
 
-def _path(name: str, v: Any, cfg: Any) -> Path | None:
+def _path(name: str, v: Any, cfg: RunOptions) -> Path | None:
     return None if v is None else Path(v)
 
 
-def _alpha(name: str, v: Any, cfg: Any) -> float:
+def _alpha(name: str, v: Any, cfg: ReproduceConfig) -> float:
     if v is None:
         v = get_setting(cfg.setting).alpha
     try:
@@ -119,7 +121,7 @@ def _float32_problem(x: float, ok, rule: str) -> str | None:
     return why
 
 
-def _setting_lambdas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
+def _setting_lambdas(name: str, v: Any, cfg: ReproduceConfig) -> tuple[float, ...]:
     return tuple(get_setting(cfg.setting).lambdas) if v is None else tuple(float(x) for x in v)
 
 
@@ -128,7 +130,7 @@ def _setting_lambdas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
 GROUP_MIN = 20
 
 
-def _calibration(name: str, v: Any, cfg: Any) -> Calibration:
+def _calibration(name: str, v: Any, cfg: ReproduceConfig) -> Calibration:
     if v not in CALIBRATIONS:
         raise UserError(f"calibration: unknown calibration {v!r}; valid: {', '.join(CALIBRATIONS)}", field=name)
     return Calibration(v)
@@ -136,13 +138,13 @@ def _calibration(name: str, v: Any, cfg: Any) -> Calibration:
 
 
 
-def _guarantee(name: str, v: Any, cfg: Any) -> str:
+def _guarantee(name: str, v: Any, cfg: RunConfig) -> str:
     if v not in GUARANTEES:
         raise UserError(f"guarantee: unknown guarantee {v!r}; valid: {', '.join(GUARANTEES)}", field=name)
     return v
 
 
-def _delta(name: str, v: Any, cfg: Any) -> float | None:
+def _delta(name: str, v: Any, cfg: RunConfig) -> float | None:
     """None under ``marginal`` (a --delta there is refused); under ``pac`` a number in (0, 1) for which
     the calibration split has a PAC threshold at every alpha of the run (else the size it needs)."""
     from ccpo_jax.core.guarantee import pac_min_n
@@ -159,7 +161,7 @@ def _delta(name: str, v: Any, cfg: Any) -> float | None:
         raise UserError(f"delta: must be in (0, 1) (the guarantee holds with probability 1 - delta), got {v!r}",
                         field=name)
     n_cal = cfg.split_sizes[1]
-    for a in getattr(cfg, "alphas", None) or (cfg.alpha,):
+    for a in cfg.run_alphas:
         n_min = pac_min_n(a, d)
         if n_cal < n_min:
             raise UserError(f"delta: {n_cal} calibration questions are too few for a PAC threshold at alpha {a:g}, "
@@ -180,7 +182,7 @@ def _delta_option() -> Any:
                   type=float, default_doc=f"{DELTA:g} with --guarantee pac", check=_delta, if_missing=None)
 
 
-def _cap_context(name: str, what: str, cfg: Any) -> None:
+def _cap_context(name: str, what: str, cfg: ReproduceConfig) -> None:
     """A cap on a second risk needs --guarantee pac and one threshold per row (marginal calibration)."""
     if not GUARANTEES[cfg.guarantee].takes_caps:
         raise UserError(f"{what}: a cap on a second risk needs --guarantee pac (Learn then Test holds all the "
@@ -193,11 +195,9 @@ def _cap_context(name: str, what: str, cfg: Any) -> None:
                         "for per-group (Mondrian PAC) thresholds", field=name)
 
 
-def _guide_cap(name: str, v: Any, cfg: Any) -> float | None:
+def _guide_cap(name: str, v: Any, cfg: ReproduceConfig) -> float | None:
     """A cap in (0, 1) on the share of questions that call the guide, with --guarantee pac and one
     threshold (marginal calibration); refused when no calibration outcome could pass the tests."""
-    from ccpo_jax.core.guarantee import make_guarantee
-
     if v is None:
         return None
     try:
@@ -209,8 +209,8 @@ def _guide_cap(name: str, v: Any, cfg: Any) -> float | None:
                         f"got {v!r}", field=name)
     _cap_context(name, "guide_cap", cfg)
     n_cal = cfg.split_sizes[1]
-    cost = 1.0 if getattr(cfg, "cost_cap", None) is not None else None  # a third risk: delta split three ways
-    for a in getattr(cfg, "alphas", None) or (cfg.alpha,):
+    cost = 1.0 if cfg.cost_cap is not None else None  # a third risk: delta split three ways
+    for a in cfg.run_alphas:
         g = make_guarantee(cfg.guarantee, cfg.delta, r, cost)
         c_cov, c_guide = g.ltt_counts(n_cal, a)
         for c, what in ((c_cov, f"coverage >= {1 - a:g}"), (c_guide, f"guide-call rate <= {r:g}")):
@@ -222,7 +222,7 @@ def _guide_cap(name: str, v: Any, cfg: Any) -> float | None:
     return r
 
 
-def _cost_cap(name: str, v: Any, cfg: Any) -> float | None:
+def _cost_cap(name: str, v: Any, cfg: ReproduceConfig) -> float | None:
     """A budget > 0 on the mean cost per question (cents), with --guarantee pac and one threshold; whether
     the cache can meet it is checked against its prices when the run starts (:func:`check_cost_cap`)."""
     if v is None:
@@ -238,20 +238,18 @@ def _cost_cap(name: str, v: Any, cfg: Any) -> float | None:
     return c
 
 
-def check_cost_cap(cfg: Any, cost_max: float, where: str) -> None:
+def check_cost_cap(cfg: ReproduceConfig, cost_max: float, where: str) -> None:
     """Refuse, before anything is written, a ``--cost-cap`` that caps nothing (at least ``cost_max``, the most
     a question of the cache can cost) or that no calibration outcome could pass (even a mean cost of 0
     fails the Hoeffding-Bentkus test at delta / the number of risks)."""
-    from ccpo_jax.core.guarantee import make_guarantee
-
-    cap = getattr(cfg, "cost_cap", None)
+    cap = cfg.cost_cap
     if cap is None:
         return
     if cap >= cost_max:
         raise UserError(f"cost_cap: {cap:g} cents is at least the most a question of {where} can cost "
                         f"({cost_max:.6g} cents, every round reached), so it caps nothing; give a smaller budget "
                         "or drop --cost-cap", field="cost_cap")
-    g = make_guarantee(cfg.guarantee, cfg.delta, getattr(cfg, "guide_cap", None), cap)
+    g = make_guarantee(cfg.guarantee, cfg.delta, cfg.guide_cap, cap)
     if g.cost_critical(cfg.split_sizes[1], cost_max) < 0:
         raise UserError(f"cost_cap: infeasible request (mean cost <= {cap:g} cents a question, delta {cfg.delta:g}): "
                         f"with {cfg.split_sizes[1]} calibration questions and a question costing up to "
@@ -260,7 +258,7 @@ def check_cost_cap(cfg: Any, cost_max: float, where: str) -> None:
                         field="cost_cap")
 
 
-def _preset_iterations(cfg: Any) -> int:
+def _preset_iterations(cfg: RunOptions) -> int:
     return get_preset(cfg.preset).iterations
 
 
@@ -330,6 +328,11 @@ class RunOptions:
         cfg = apply_overrides(get_preset(self.preset), self.overrides)
         return cfg if self.iterations is None else cfg.replace(iterations=int(self.iterations))
 
+    @property
+    def run_alphas(self) -> tuple[float, ...]:
+        """The alphas this run calibrates at: reproduce's one, a sweep's grid (each command says)."""
+        raise NotImplementedError(type(self).__name__)
+
 
 @dataclasses.dataclass(frozen=True)
 class ReproduceConfig(RunOptions):
@@ -357,6 +360,17 @@ class ReproduceConfig(RunOptions):
                                     "at CENTS (Hoeffding-Bentkus test of a bounded loss); with --guide-cap too, "
                                     "delta is split over three risks", metavar="CENTS", type=float, check=_cost_cap,
                                     if_missing=None)
+
+    @property
+    def run_alphas(self) -> tuple[float, ...]:
+        return (self.alpha,)
+
+    @functools.cached_property
+    def guarantee_of(self) -> Guarantee:
+        """The run's guarantee object (``--guarantee``, ``--delta``, the caps), built once: the one lookup every
+        calibrated threshold, results.json and the saved policies read. (The field checks, which run while
+        the configuration is built, call :func:`make_guarantee` themselves: this caches the finished one.)"""
+        return make_guarantee(self.guarantee, self.delta, self.guide_cap, self.cost_cap)
 
 
 #: reproduce's fields -> its flags (error messages name the flag).
@@ -394,7 +408,7 @@ def _grid(name: str, v: Any, what: str, ok, rule: str) -> tuple[float, ...]:
     return grid
 
 
-def _alphas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
+def _alphas(name: str, v: Any, cfg: SweepConfig) -> tuple[float, ...]:
     """The alpha grid; an alpha whose calibration split is too small for a threshold (the conformal
     rank exceeds n_cal, so kappa-hat = 0 and every set holds everything) is refused with the size needed."""
     from ccpo_jax.core.conformal import calibration_size_warning, conformal_rank_f64
@@ -407,7 +421,7 @@ def _alphas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
     return grid
 
 
-def _lambdas(name: str, v: Any, cfg: Any) -> tuple[float, ...]:
+def _lambdas(name: str, v: Any, cfg: RunOptions) -> tuple[float, ...]:
     return _grid(name, v, "0,1e-4,2e-4", lambda x: 0.0 <= x < float("inf"), "a finite lambda >= 0")
 
 
@@ -425,19 +439,31 @@ class SweepConfig(RunOptions):
     guarantee: str = _guarantee_option()
     delta: float | None = _delta_option()
 
+    @property
+    def run_alphas(self) -> tuple[float, ...]:
+        return self.alphas
+
+    @functools.cached_property
+    def guarantee_of(self) -> Guarantee:
+        """The sweep's guarantee object, built once (as :attr:`ReproduceConfig.guarantee_of`; no caps in a sweep)."""
+        return make_guarantee(self.guarantee, self.delta)
+
+
+#: A run command's configuration: what the learned rows, the calibration and ``prepare`` read.
+RunConfig = Union[ReproduceConfig, SweepConfig]
 
 SWEEP_FLAGS = options.flag_names(SweepConfig)
 
 
 # -- ccpo-jax export ------------------------------------------------------------------------
 
-def _required_path(name: str, v: Any, cfg: Any) -> Path:
+def _required_path(name: str, v: Any, cfg: ExportConfig) -> Path:
     if v is None:
         raise UserError(f"{name}: required", field=name)
     return Path(v)
 
 
-def _export_guarantee(name: str, v: Any, cfg: Any) -> str | None:
+def _export_guarantee(name: str, v: Any, cfg: ExportConfig) -> str | None:
     if v is not None and v not in GUARANTEES:
         raise UserError(f"guarantee: unknown guarantee {v!r}; valid: {', '.join(GUARANTEES)}", field=name)
     return v

@@ -28,7 +28,6 @@ from ccpo_jax.runtime.progress import status
 from ccpo_jax.ccpo import frontier as fr
 from ccpo_jax.ccpo import report
 from ccpo_jax.ccpo.baselines import non_learned_rows
-from ccpo_jax.ccpo.calibration import run_guarantee
 from ccpo_jax.ccpo.guarantee_results import add_frontier_guarantees
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, best_observable_row, describe, fit_scores
 from ccpo_jax.ccpo.prepare import (CKPT_DIR, RUN_FILE, TB_DIR, Prepared, as_rows, bound_row, check_options,
@@ -122,7 +121,7 @@ def sweep(*, echo: Callable[[str], Any] | None = print, train: bool = True, **gi
                                      preset=cfg.preset, train_config=dataclasses.asdict(tc) if train else None,
                                      timing=timing, learned=learned)
         frontier["rows"][BEST_OBS_ROW].update(describe(fit))  # its form: fitted on this cache
-        add_frontier_guarantees(frontier, grid, run_guarantee(cfg))
+        add_frontier_guarantees(frontier, grid, cfg.guarantee_of)
         status("writing frontier.json, frontier.md and frontier.png ...", show)
         md = fr.write_frontier(work, frontier)
     out = run.out
