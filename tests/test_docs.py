@@ -130,6 +130,27 @@ def test_relative_links_resolve():
     assert not bad, bad
 
 
+RECORD = re.compile(r"`((?:benchmarks|experiments)/results/[^`*{}<\s]+)`( at commits? )?")
+
+
+def test_cited_records_exist_and_experiment_records_are_indexed():
+    """A record a page quotes (```benchmarks/results/F``` or ```experiments/results/S/F```) is in the tree,
+    unless the page names the commit that holds it (``... at commit H``); every experiment record is a row
+    of experiments/results/INDEX.md (file | script | command | commit | date)."""
+    bad = []
+    for p in [*PAGES, REPO / "CHANGELOG.md"]:
+        for m in RECORD.finditer(p.read_text(encoding="utf-8")):
+            if not m.group(2) and not (REPO / m.group(1)).exists():
+                bad.append(f"{p.relative_to(REPO)}: {m.group(1)} (not in the tree and no commit named)")
+    root = REPO / "experiments" / "results"
+    index = (root / "INDEX.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([^`]+)`", index, re.M))
+    bad += [f"experiments/results/{f} not in INDEX.md" for f in
+            sorted(str(q.relative_to(root)) for q in root.rglob("*") if q.is_file() and q.name != "INDEX.md")
+            if f not in listed]
+    assert not bad, bad
+
+
 def _run_page(page: Path, full: bool, tmp_path: Path) -> None:
     script = _runnable(page, full)
     clone = tmp_path / "clone"
