@@ -16,6 +16,7 @@ from ccpo_jax.ccpo.splits import (
     parse_split_sizes,
     splits_for_protocol,
 )
+from ccpo_jax.ccpo.rowid import RowId
 from ccpo_jax.ccpo.settings import (
     DEFAULT_SETTING,
     METRICS,
@@ -23,7 +24,6 @@ from ccpo_jax.ccpo.settings import (
     format_lambda,
     get_setting,
     lambda_row_name,
-    row_order_key,
 )
 
 # The paper's tables (arXiv 2511.11828, Tables 2-9), written out independently of settings.py.
@@ -98,7 +98,7 @@ def test_lambda_formatting_is_stable():
 
 def test_row_order_follows_the_paper():
     paper = list(get_setting("hotpotqa-llama2-a0.1").paper)
-    assert sorted(reversed(paper), key=row_order_key) == paper
+    assert sorted(reversed(paper), key=lambda n: RowId.parse(n).sort_key()) == paper
 
 
 # -- splits -----------------------------------------------------------------------

@@ -27,7 +27,8 @@ from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, POLICY_PARAMS,
 from ccpo_jax.ccpo.presets import DEFAULT
 from ccpo_jax.ccpo.reproduce import reproduce
 from ccpo_jax.ccpo.rows import RowsRun, RunData, learned_rows, train_seeds
-from ccpo_jax.ccpo.settings import ENSEMBLE, KEPT_SEED, twin_base
+from ccpo_jax.ccpo.rowid import RowId
+from ccpo_jax.ccpo.settings import ENSEMBLE, KEPT_SEED
 from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.runtime.execution import QUIET
 from envs.generators.synthetic import generate
@@ -124,7 +125,7 @@ def test_the_twin_row_is_the_kept_seeds_figures_on_every_split(trained):
             for m, x in tr.rows[row].items():
                 assert twin[m].shape == (1, S)
                 assert twin[m][0, split] == x[seed, split], (row, m, split)
-    assert not any(r.endswith(KEPT_SEED) for r in tr.rows if twin_base(r) in ("CPO", "CPO online"))
+    assert not any(r.endswith(KEPT_SEED) for r in tr.rows if RowId.parse(r).base.name in ("CPO", "CPO online"))
 
 
 def test_the_saved_policy_is_the_kept_seeds(saved, tmp_path):

@@ -41,7 +41,7 @@ from ccpo_jax.ccpo.blocked import block_probs, in_blocks
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, load_policy, policy_slug
 from ccpo_jax.ccpo.pick import (DEFAULT_ROW, _describe, _n_test, _policy_metas, _usable,  # noqa: F401 - moved
                                  _why_degenerate, choose_default_row, export_default)
-from ccpo_jax.ccpo.settings import KEPT_SEED
+from ccpo_jax.ccpo.rowid import RowId, Twin
 from ccpo_jax.core.conformal import conformal_set
 from ccpo_jax.ccpo.calibration import CALIBRATIONS, GUARANTEES, Calibration, guarantee_manifest, mondrian_manifest
 from ccpo_jax.errors import UserError
@@ -110,8 +110,9 @@ def find_policy(run_dir: Path, row: str | None, calibration: str = "marginal") -
                         "(a run that trained CPO/CCPO rows)")
     if row is None:
         return choose_default_row(pdir, calibration)[0]
-    if row.endswith(KEPT_SEED):  # policies/ROW holds ROW's kept seed
-        row = row[: -len(KEPT_SEED)]
+    rid = RowId.parse(row)  # --row: a name given on the command line
+    if rid.twin is Twin.KEPT_SEED:  # policies/ROW holds ROW's kept seed
+        row = rid.base.name
     for cand in (policy_slug(row), row):
         if (pdir / cand / POLICY_META).is_file():
             return pdir / cand

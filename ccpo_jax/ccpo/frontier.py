@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ccpo_jax.ccpo.report import environment_info
-from ccpo_jax.ccpo.settings import ENSEMBLE, KEPT_SEED, MONDRIAN_TWIN, twin_base
+from ccpo_jax.ccpo.rowid import RowId, Twin
 from envs.cache.atomic import atomic_path, atomic_write_json, atomic_write_text
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW
 from envs.replay.bound import BOUND_ROW
@@ -57,10 +57,7 @@ def point_stats(v: Any) -> dict[str, float | None]:
 
 def row_lambda(row: str) -> float:
     """The set-size penalty of a row: a CCPO row's (or its twin's) lambda (``CCPO (lambda=2e-4)``), 0 otherwise."""
-    row = twin_base(row)
-    if row.startswith("CCPO (lambda=") and row.endswith(")"):
-        return float(row[len("CCPO (lambda="):-1])
-    return 0.0
+    return RowId.parse(row).lam
 
 
 def build_frontier(grid: Mapping[float, Mapping[str, Mapping[str, Any]]], *, setting: str, cache: dict,
@@ -195,7 +192,7 @@ def plotted_rows(fr: Mapping[str, Any], scale: float = 3.0) -> tuple[list[str], 
 
 
 #: A family's rows share its colour; the twins of a learned row differ by line and marker.
-TWIN_STYLES = {"": ("-", "o"), KEPT_SEED: ("--", "s"), ENSEMBLE: ("-.", "^"), MONDRIAN_TWIN: (":", "D")}
+TWIN_STYLES = {None: ("-", "o"), Twin.KEPT_SEED: ("--", "s"), Twin.ENSEMBLE: ("-.", "^"), Twin.MONDRIAN: (":", "D")}
 #: Colours of the learned families (tab10 without its red and grey, which the bound and the diagonal use),
 #: then of the non-learned rows (drawn dotted, with a down triangle).
 LEARNED_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
@@ -207,13 +204,14 @@ def row_styles(rows: list[str], learned: set[str]) -> dict[str, dict[str, Any]]:
     """Per drawn row: colour, line style, marker. A learned row and its twins (``ROW [kept seed]``,
     ``ROW [ensemble]``, ``ROW [Mondrian]``) share a colour no other family has; non-learned rows are
     dotted with their own colours."""
-    families = list(dict.fromkeys(twin_base(r) for r in rows if r in learned or twin_base(r) in learned))
+    ids = {r: RowId.parse(r) for r in rows}  # the names frontier.json holds, read once
+    families = list(dict.fromkeys(ids[r].base.name for r in rows if r in learned or ids[r].base.name in learned))
     out = {}
-    others = [r for r in rows if r not in learned and twin_base(r) not in learned]
+    others = [r for r in rows if r not in learned and ids[r].base.name not in learned]
     for r in rows:
-        fam = twin_base(r)
+        fam = ids[r].base.name
         if fam in families:
-            ls, mk = TWIN_STYLES[r[len(fam):]] if r[len(fam):] in TWIN_STYLES else ("-", "o")
+            ls, mk = TWIN_STYLES.get(ids[r].twin, ("-", "o"))
             out[r] = {"color": LEARNED_COLOURS[families.index(fam) % len(LEARNED_COLOURS)], "ls": ls, "marker": mk}
         else:
             out[r] = {"color": OTHER_COLOURS[others.index(r) % len(OTHER_COLOURS)], "ls": ":", "marker": "v"}

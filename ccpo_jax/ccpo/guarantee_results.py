@@ -13,16 +13,15 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ccpo_jax.ccpo.settings import twin_base
+from ccpo_jax.ccpo.rowid import RowId
 from ccpo_jax.core.guarantee import Guarantee, below_target
 from ccpo_jax.errors import UserError
 
 
 def is_calibrated_row(row: str) -> bool:
     """A row whose sets are batch-calibrated: CPO batch, the CCPO rows, and their twins (kept seed, ensemble,
-    Mondrian)."""
-    base = twin_base(row)
-    return base == "CPO batch" or base.startswith("CCPO (")
+    Mondrian): ``RowId.calibrated`` of a name read from results.json / frontier.json."""
+    return RowId.parse(row).calibrated
 
 
 def add_group_guarantees(results: dict, group_rows: Mapping[str, Any] | None, alpha: float,
@@ -84,7 +83,7 @@ def check_feasible(ltt: Mapping[str, Mapping[str, Any]] | None, alpha: float, gu
     at = ", ".join(f"{row}: " + "/".join(
         ([f"guide rate {float(np.mean(x['cal_guide_rate'])):.3f}"] if guarantee.guide_cap is not None else [])
         + ([f"mean cost {float(np.mean(x['cal_cost'])):.4g} cents"] if guarantee.cost_cap is not None else []))
-        for row, x in ltt.items() if twin_base(row) == row)
+        for row, x in ltt.items() if RowId.parse(row).twin is None)
     raise UserError(f"{cap_field(guarantee)}: infeasible request ({caps_text(alpha, guarantee)}): on no split did a "
                     f"threshold of any calibrated row pass all {guarantee.families} tests; at the thresholds where "
                     f"coverage holds the calibration questions show (mean over splits): {at}; loosen "

@@ -39,11 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ccpo_jax.ccpo.registry import Baseline
-from ccpo_jax.ccpo.rowid import Family
+from ccpo_jax.ccpo.rowid import CASCADE, Family, rung_row
 from envs.cache.schema import A_BASE, A_NEXT, ResponseCache
 from envs.replay.env import EnvParams, evaluate_sets, summarise
 
-CASCADE_ROW = "Threshold cascade"
+CASCADE_ROW = CASCADE.name
 #: Quantile levels of the candidate thresholds per rung (plus +inf).
 QUANTILES = np.linspace(0.0, 1.0, 41)
 #: Largest number of tau combinations searched exhaustively.
@@ -54,7 +54,7 @@ COVERAGE_EPS = 1e-6
 
 def rung_row_name(k: int, model: str) -> str:
     """Row of "always use base rung k" (1-based)."""
-    return f"Always rung {k} ({model})"
+    return rung_row(k, model).name
 
 
 def has_confidence(cache: ResponseCache) -> bool:

@@ -44,10 +44,11 @@ from typing import Any
 
 import numpy as np
 
+from ccpo_jax.ccpo.rowid import BEST_OBSERVABLE
 from envs.replay.bound import required_covered
 
 #: Row name in results.json and table.md (not a policy: its thresholds see the test labels).
-BEST_OBS_ROW = "Best observable"
+BEST_OBS_ROW = BEST_OBSERVABLE.name
 #: Cross-fitting folds: each question's score comes from a model fitted on the other folds.
 FOLDS = 3
 _LAMBDA_STEPS = 20  # bisection steps on the Lagrange multiplier (log scale)

@@ -18,7 +18,8 @@ import numpy as np
 from flax import serialization
 
 from ccpo_jax.ccpo.config import TrainConfig, Variant
-from ccpo_jax.ccpo.settings import ENSEMBLE, ENSEMBLE_RULE, KEPT_RULE
+from ccpo_jax.ccpo.rowid import RowId, Twin
+from ccpo_jax.ccpo.settings import ENSEMBLE_RULE, KEPT_RULE
 from ccpo_jax.core.guarantee import Guarantee
 from ccpo_jax.core.networks import policy_net
 from envs.cache.atomic import atomic_write_bytes, atomic_write_text
@@ -70,15 +71,16 @@ def save_policies(out: Path, cfg: TrainConfig, variants: list[Variant], state, k
                      float(np.asarray(state.kappa[v, 0, seed])))
         meta.update(seed=seed, seed_rule=f"the kept seed: {KEPT_RULE}" if seeds and row in seeds else "seed 0")
         _write(out, row, pol, meta, diagnostics, mondrian, guarantee, var)
-        if ensembles and row + ENSEMBLE in kappas:
+        ens = RowId.parse(row).twin_of(Twin.ENSEMBLE).name  # row: a name of the trainer's kappas
+        if ensembles and ens in kappas:
             members = jax.tree.map(lambda x: np.asarray(x[v, 0]), state.policy)  # split 0, every seed [N, ...]
             n = int(np.asarray(state.kappa).shape[2])
-            meta = _meta(row + ENSEMBLE, var, cfg, cache, protocol, float(np.asarray(kappas[row + ENSEMBLE])[0, 0]),
+            meta = _meta(ens, var, cfg, cache, protocol, float(np.asarray(kappas[ens])[0, 0]),
                          float(np.mean(np.asarray(state.kappa[v, 0]))))
             meta.update(seed=None, ensemble=n, seed_rule=f"all {n} seeds as one policy: {ENSEMBLE_RULE}",
                         kappa_note="kappa is the batch-calibrated threshold of the ensemble on split 0; kappa_online "
                                    "the mean of its members' online thresholds")
-            _write(out, row + ENSEMBLE, members, meta, diagnostics, mondrian, guarantee, var)
+            _write(out, ens, members, meta, diagnostics, mondrian, guarantee, var)
 
 
 def _meta(row: str, var: Variant, cfg: TrainConfig, cache, protocol: str, kappa: float, kappa_online: float) -> dict:

@@ -31,7 +31,8 @@ import jax
 import numpy as np
 
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW, add_cost_over_best_observable
-from ccpo_jax.ccpo.settings import METRICS, Setting, row_order_key
+from ccpo_jax.ccpo.rowid import Family, RowId, Twin
+from ccpo_jax.ccpo.settings import METRICS, Setting
 from ccpo_jax.ccpo.summary import (COUNT_METRICS, _nanmean, exact_totals, policy_entry,  # noqa: F401 (report.X
                                    seed_stats, summary_stats)  # is where callers found them)
 from ccpo_jax.ccpo.table import (MISS_SE, METRIC_TITLES, _fmt, format_table, is_synthetic,  # noqa: F401 - table.md's
@@ -105,7 +106,7 @@ def build_results(
     """The results.json dict (module docstring; docs/reproduce.md). ``rows``: row -> metric -> array [S], in paper
     order; ``n_test``: the test questions of a split (the exact per-split values of :func:`policy_entry`)."""
     policies = {
-        name: policy_entry(rows[name], n_splits, name, n_test) for name in sorted(rows, key=row_order_key)
+        name: policy_entry(rows[name], n_splits, name, n_test) for name in sorted(rows, key=lambda n: RowId.parse(n).sort_key())
     }
     add_cost_vs_bound(policies)
     add_cost_over_best_observable(policies, BOUND_ROW)
@@ -147,7 +148,8 @@ def write_table(
 # -- box plots ------------------------------------------------------------------
 
 def _is_exit_row(row: str) -> bool:
-    return row.endswith(" EXIT")
+    rid = RowId.parse(row)
+    return rid.family is Family.EXIT and rid.twin is None
 
 
 def cost_panels(rows: list[str]) -> list[tuple[list[str], bool]]:
@@ -322,7 +324,8 @@ def add_groups(results: dict, group_rows: Mapping[str, Any], alpha: float) -> No
             np.asarray(d["coverage"]), np.asarray(d["cost_cents"]), n_cal, n_test, np.asarray(d["own"]),
             np.asarray(d["kappa"]), names, alpha)
     for row in list(pol):
-        base = row[: -len(" [Mondrian]")] if row.endswith(" [Mondrian]") else None
+        rid = RowId.parse(row)
+        base = rid.base.name if rid.twin is Twin.MONDRIAN else None
         if base in pol:
             a = np.asarray([x for x in pol[row]["per_seed"]["cost_cents"]], np.float64)
             b = np.asarray([x for x in pol[base]["per_seed"]["cost_cents"]], np.float64)
@@ -374,7 +377,8 @@ def write_group_plot(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> 
     from matplotlib.figure import Figure
 
     pol = results["policies"]
-    bases = [r for r in pol if "groups" in pol[r] and not r.endswith(" [Mondrian]") and r + " [Mondrian]" in pol]
+    twin = {r: RowId.parse(r).twin_of(Twin.MONDRIAN).name for r in pol}
+    bases = [r for r in pol if "groups" in pol[r] and RowId.parse(r).twin is not Twin.MONDRIAN and twin[r] in pol]
     n = max(len(bases), 1)
     G = results["calibration"]["n_groups"]
     fig = Figure(figsize=(max(6.0, 0.14 * G + 3), 2.6 * n + 0.8))
@@ -384,8 +388,8 @@ def write_group_plot(out_dir: str | os.PathLike, results: Mapping[str, Any]) -> 
         names = list(pol[row]["groups"])
         marg = np.asarray([np.nan if pol[row]["groups"][g]["coverage"]["mean"] is None
                            else pol[row]["groups"][g]["coverage"]["mean"] for g in names])
-        mond = np.asarray([np.nan if pol[row + " [Mondrian]"]["groups"][g]["coverage"]["mean"] is None
-                           else pol[row + " [Mondrian]"]["groups"][g]["coverage"]["mean"] for g in names])
+        mond = np.asarray([np.nan if pol[twin[row]]["groups"][g]["coverage"]["mean"] is None
+                           else pol[twin[row]]["groups"][g]["coverage"]["mean"] for g in names])
         order = np.argsort(np.where(np.isfinite(marg), marg, np.inf), kind="stable")
         x = np.arange(len(names))
         ax.plot(x, marg[order], "o", color="tab:orange", ms=4, label="marginal threshold")

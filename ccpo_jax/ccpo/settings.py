@@ -28,12 +28,12 @@ paper row                        project row
 from __future__ import annotations
 
 import dataclasses
-import re
 from types import MappingProxyType
 from typing import Mapping
 
 
-from ccpo_jax.ccpo.rowid import GUIDE_MODEL, Twin, format_lambda, row_key
+from ccpo_jax.ccpo.rowid import (GUIDE_MODEL, RowId, Twin, exit_row, format_lambda, lambda_row, llm_policy_row,
+                                 row_key)
 from ccpo_jax.errors import UserError
 from envs import published
 from envs.cache.values import md_code
@@ -50,17 +50,17 @@ BASE_MODELS = {"llama2": "LLaMA-2-7B", "llama3": "LLaMA-3.2-3B"}
 
 def lambda_row_name(lam: float) -> str:
     """Row name of CCPO with set-size penalty ``lam`` (docs/reproduce.md): ``CCPO (lambda=2e-4)``."""
-    return f"CCPO (lambda={format_lambda(lam)})"
+    return lambda_row(lam).name
 
 
 def llm_policy_row_name(model: str) -> str:
     """Row of the prompted-LLM policy baseline (arXiv 2511.11828 §5, App. 8.3): ``LLM policy (GPT-4o)``."""
-    return f"LLM policy ({model})"
+    return llm_policy_row(model).name
 
 
 def exit_row_name(model: str) -> str:
     """Row of the LLM-EXIT baseline of ``model`` (arXiv 2511.11828 §5, App. 8.2): ``GPT-4o EXIT``."""
-    return f"{model} EXIT"
+    return exit_row(model).name
 
 
 #: Suffix of a calibrated row's kept-seed twin, e.g. ``CCPO (lambda=0) [kept seed]``: of the row's
@@ -78,63 +78,29 @@ ENSEMBLE_RULE = ("pi(a|o) is the mean of the seeds' probabilities (each softmax 
                  "the set {a : pi(a|o) >= kappa} is calibrated on it like any policy's")
 #: Suffix of a calibrated row's group-conditional (Mondrian) twin, e.g. ``CPO batch [Mondrian]``.
 MONDRIAN_TWIN = Twin.MONDRIAN.value
-#: The twins' suffixes, in the order they follow their row in a table.
-TWINS = tuple(t.value for t in Twin)
 
 
 def served_row(row: str, seed_rule: str | None) -> str:
     """The table's name of a saved policy (``policies/ROW``, an exported router): ``ROW [kept seed]`` when it
     is ROW's kept seed (its ``seed_rule``), else ``row`` (an ensemble row, a one-seed run, an older run).
     One name for one policy in table.md, ``export``, ``serve``, the gateway and ``live-eval``."""
-    return row + KEPT_SEED if str(seed_rule or "").startswith("the kept seed") and not row.endswith(KEPT_SEED) else row
-
-
-def twin_base(name: str) -> str:
-    """The row a twin row (``ROW [kept seed]``, ``ROW [ensemble]``, ``ROW [Mondrian]``) is a twin of; ``name``
-    itself otherwise."""
-    for suffix in TWINS:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+    rid = RowId.parse(row)  # a boundary: the name an artefact's manifest or policy.json holds
+    kept = str(seed_rule or "").startswith("the kept seed") and rid.twin is not Twin.KEPT_SEED
+    return rid.twin_of(Twin.KEPT_SEED).name if kept else row
 
 
 def twin_notes(rows) -> list[str]:
     """table.md's header lines saying what the seed twins among ``rows`` are (none without them)."""
-    out = []
-    if any(r.endswith(KEPT_SEED) for r in rows):
+    out, twins = [], {RowId.parse(r).twin for r in rows}  # names read back from results.json
+    if Twin.KEPT_SEED in twins:
         out.append(f"- ROW{KEPT_SEED}: one seed of ROW, the one whose calibrated sets cost least on its own training "
                    "questions (threshold fitted there; no calibration or test question looked at); `policies/ROW` "
                    f"holds it and `export --row 'ROW{KEPT_SEED}'` serves it; cells over splits")
-    if any(r.endswith(ENSEMBLE) for r in rows):
+    if Twin.ENSEMBLE in twins:
         out.append(f"- ROW{ENSEMBLE}: ROW's seeds as one policy, pi the mean of their probabilities, calibrated on "
                    f"each split like any row; `policies/ROW-ensemble` holds it and `export --row 'ROW{ENSEMBLE}'` "
                    "serves it; cells over splits")
     return out
-
-
-#: Rows in the paper's table order; rows not listed here sort after them.
-def row_order_key(name: str) -> tuple[int, str]:
-    """Sort key putting rows in the paper's order: EXIT rows, Random, LLM policies, UALA, CPO..., CCPO;
-    a row's twins right after it (``ROW [kept seed]``, ``ROW [ensemble]``, then ``ROW [Mondrian]``)."""
-    if twin_base(name) != name:
-        k = row_order_key(twin_base(name))
-        return (k[0], k[1] + chr(0x7d + [name.endswith(s) for s in TWINS].index(True)))
-    fixed = {"Random": 1, "UALA": 3, "CPO": 4, "CPO batch": 5, "CPO online": 6}
-    guide = row_key(GUIDE_MODEL)
-    if name.endswith(" EXIT"):
-        # the guide's EXIT row first, as in the paper
-        return (0, "" if row_key(name).startswith(guide) else name)
-    if name in fixed:
-        return (fixed[name], "")
-    if name.startswith("LLM policy ("):
-        return (2, "" if guide in row_key(name) else name)
-    m = re.fullmatch(r"CCPO \(lambda=(.*)\)", name)
-    if m:
-        try:
-            return (7, f"{float(m.group(1)):030.15f}")
-        except ValueError:
-            return (7, m.group(1))
-    return (8, name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,8 @@ import numpy as np
 
 from ccpo_jax.ccpo.observable import BEST_OBS_ROW
 from ccpo_jax.ccpo.presets import PAPER, PRESETS_LINK, deviations_from_dict, deviations_in_words
-from ccpo_jax.ccpo.settings import METRICS, Setting, row_key, twin_base, twin_notes
+from ccpo_jax.ccpo.rowid import Family, RowId, row_key
+from ccpo_jax.ccpo.settings import METRICS, Setting, twin_notes
 from envs.cache.values import md_cell, md_code, printable
 from envs.replay.bound import BOUND_ROW
 
@@ -29,8 +30,6 @@ METRIC_TITLES = {
 EXPORT_MARK = "(export's default)"
 #: One definition of coverage, said the same way by table.md, route, serve, the gateway and live-eval.
 COVERAGE_RULE = "the share of questions whose answer set holds a correct answer"
-#: The learned rows (their twins too): the ones a trainer can make cheaper.
-LEARNED = ("CPO", "CPO batch", "CPO online")
 
 
 #: A row misses its coverage target when its mean coverage is below 1 - alpha by more than this many
@@ -89,8 +88,8 @@ def n_test(results: Mapping[str, Any], split_sizes: tuple[int, int, int] | None 
 
 
 def _is_learned(row: str) -> bool:
-    base = twin_base(row)
-    return base in LEARNED or base.startswith("CCPO (")
+    """A learned row (CPO, CPO batch, CPO online, the CCPO rows, their twins): one a trainer can make cheaper."""
+    return RowId.parse(row).family in (Family.CPO, Family.CCPO)
 
 
 def _header(results: Mapping[str, Any], setting: Setting | None, split_sizes, compare_paper: bool) -> list[str]:
