@@ -151,6 +151,31 @@ def test_cited_records_exist_and_experiment_records_are_indexed():
     assert not bad, bad
 
 
+CODE_LINK = re.compile(r"docs/([\w-]+\.md)#([\w-]+)")
+TIMING = re.compile(r"\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? ?(?:ms|us|µs)\b|\b\d+(?:\.\d+)?x (?:faster|slower|longer)\b")
+
+
+def test_code_names_doc_anchors_that_exist_and_carries_no_timings():
+    """``docs/PAGE.md#anchor`` in the library's source names a heading that exists; a comment or docstring
+    says why a choice was made and points to docs/performance.md for the timing instead of carrying it
+    (``N ms``, ``N us``, ``Nx faster``), which goes stale unseen."""
+    import io
+    import tokenize
+
+    bad = []
+    for src in sorted([*(REPO / "ccpo_jax").rglob("*.py"), *(REPO / "envs").rglob("*.py")]):
+        text = src.read_text(encoding="utf-8")
+        for m in CODE_LINK.finditer(text):
+            page = REPO / "docs" / m.group(1)
+            if not page.exists() or m.group(2) not in _anchors(page):
+                bad.append(f"{src.relative_to(REPO)}: docs/{m.group(1)}#{m.group(2)} (no such heading)")
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            prose = tok.type == tokenize.COMMENT or (tok.type == tokenize.STRING and tok.string.lstrip("rbuRBU").startswith(('"""', "'''")))
+            if prose and TIMING.search(tok.string):
+                bad.append(f"{src.relative_to(REPO)}:{tok.start[0]}: {TIMING.search(tok.string).group(0)!r} in a comment")
+    assert not bad, bad
+
+
 def _run_page(page: Path, full: bool, tmp_path: Path) -> None:
     script = _runnable(page, full)
     clone = tmp_path / "clone"

@@ -45,7 +45,8 @@ class TrainConfig:
     silent): ``fisher`` = as the Fisher matrix J' diag(w p) J of the target policy's
     log-probabilities, one forward tangent and its transpose per product
     (``ccpo_jax.core.trust_region.fisher_vector_product``), the same matrix at theta_k;
-    ``kl-hessian`` = by differentiating the KL twice (jachiam/cpo's way; 1.5-1.6x slower on CPU).
+    ``kl-hessian`` = by differentiating the KL twice (jachiam/cpo's way; slower on CPU:
+    docs/performance.md#figures-behind-code-comments).
     The two agree to float rounding."""
     damping: float = 1e-3
     """Fisher damping (our choice: the Fisher of 10 episodes x 4 rounds is rank-deficient,

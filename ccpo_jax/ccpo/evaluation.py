@@ -341,7 +341,8 @@ def calibration_diagnostics(policy, params: EnvParams, kappa_hat: float, cal_idx
 def _diagnostic_arrays(policy, params: EnvParams, kappa_hat, cal, hidden, ensemble: bool):
     """(full-set share, coverage, set size [n]) of :func:`calibration_diagnostics`, in one compiled program per
     network and kind (run eagerly, the forward pass and the set evaluation were ~180 operations compiled one by
-    one, and the scan over row blocks compiled again for every policy: 13.8 s of a default reproduce's 139 s)."""
+    one, and the scan over row blocks compiled again for every policy;
+    docs/performance.md#figures-behind-code-comments)."""
     probs = blocked_policy_probs(policy, params.obs, params.available, hidden, ensemble)
     avail = params.available[cal]
     in_set = conformal.conformal_set(probs[cal], kappa_hat, avail)

@@ -85,9 +85,9 @@ def _log_loss(y: np.ndarray, p: np.ndarray) -> float:
 
 def fit_scores(params, folds: int = FOLDS, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
     """:func:`_fit_scores` on one thread: scikit-learn's OpenMP threads fight the trainer's and
-    other processes' on a shared machine (a fit took 20x longer there), and one thread gives the
-    same numbers on any machine."""
-    t0 = time.perf_counter()  # fit_s counts importing scikit-learn (about 1 s): the row's whole price
+    other processes' on a shared machine (a fit took many times longer there;
+    docs/performance.md#figures-behind-code-comments), and one thread gives the same numbers on any machine."""
+    t0 = time.perf_counter()  # fit_s counts importing scikit-learn: the row's whole price
     from threadpoolctl import threadpool_limits  # a scikit-learn dependency
 
     models = _models()  # imports scikit-learn first: the limit applies only to libraries loaded

@@ -45,7 +45,7 @@ class Settings:
     name: str = "collected"
     task: str = "unknown"
     license: str = "unknown"
-    #: A base ladder (docs/collect.md#model-ladders): round t's base model is ``ladder[t]`` (T entries,
+    #: A base ladder (docs/collect.md#a-ladder-of-base-models): round t's base model is ``ladder[t]`` (T entries,
     #: ``ladder[0]`` is ``base``), priced as role ``base@<t+1>``; empty: ``base`` every round.
     ladder: tuple[Endpoint, ...] = ()
     #: The round protocol (:mod:`ccpo_jax.llm.protocols`): ``json`` (structured replies, the default)

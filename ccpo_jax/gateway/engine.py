@@ -175,8 +175,8 @@ class Immediate:
 class Batcher:
     """Decisions of concurrent requests in one router call: the decisions asked for while the event loop
     was busy are decided together when it next runs the batcher. The call runs on the event loop
-    itself: a screened decision costs about 0.2 ms a request, less than handing it to a thread (which
-    then waits for the GIL behind the loop: 5-7 ms a decision at 16 concurrent requests, measured).
+    itself: a screened decision costs less than handing it to a thread, which then waits for the GIL
+    behind the loop (measured: docs/performance.md#figures-behind-code-comments).
     A batch that fails is decided one by one, so one request's error stays its own."""
 
     def __init__(self, decider: Decider, max_batch: int = 256, refresh=None):

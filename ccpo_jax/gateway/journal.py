@@ -286,8 +286,9 @@ class Journal:
 
     def _check(self, rec: dict) -> None:
         """A feedback line passes the cache reader's rules before it is written (``check_question``, the
-        code path of ``data check``): an outcome can never make the journal unreadable. About 1.3 ms a
-        line here, so request lines rely on their fields' checks (the client's before any upstream call)."""
+        code path of ``data check``): an outcome can never make the journal unreadable. The check is too dear
+        for every request line (docs/performance.md#figures-behind-code-comments), so request lines rely
+        on their fields' checks (the client's before any upstream call)."""
         check_feedback_line(self.manifest, rec, str(self.path))
 
     def _keep(self, qid: str, line: str) -> None:

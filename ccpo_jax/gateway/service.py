@@ -51,7 +51,7 @@ class GatewayConfig:
     #: (ccpo_jax.serving.server; docs/gateway.md, "Server limits").
     server: ServerLimits = ServerLimits()
     #: Most decisions in one router call; the decision path is compiled for every power of two up to it
-    #: at start-up (1 ... 64: 7 batch sizes, about 11 s here).
+    #: at start-up (7 batch sizes for 64; the time: docs/performance.md#figures-behind-code-comments).
     max_batch: int = 64
     #: A line per request on the ``ccpo_jax.gateway.access`` logger (``gateway --no-access-log``: off).
     access_log: bool = True
@@ -205,7 +205,8 @@ class Gateway:
 
     def warm_up(self) -> None:
         """Compile the decision path for every batch size the batcher can send (powers of two up to
-        ``warm_batch``), so that no request waits for a compilation (about 1.5 s each here)."""
+        ``warm_batch``), so that no request waits for a compilation
+        (docs/performance.md#figures-behind-code-comments)."""
         rnd = [{"base": {"answer": "a", "tokens_in": 1, "tokens_out": 1},
                 "guide": {"verdict": True, "answer": "a", "tokens_in": 1, "tokens_out": 1}}]
         if "guide" not in self.roles:  # a cascade's rounds have no guide object

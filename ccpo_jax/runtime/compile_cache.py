@@ -2,8 +2,8 @@
 
 A second ``ccpo-jax reproduce`` of the same shapes compiles nothing: every XLA program (the trainer's
 chunk, the evaluations, the eager operations) is read back from disk, the same executable, so the
-results are the same bits (docs/performance.md: the default reproduce's CPU time 58.6 s -> 30.5 s on
-the second run). Tracing and lowering still run; only XLA's compilation is skipped.
+results are the same bits (docs/performance.md#the-persistent-compilation-cache: the default reproduce's
+CPU time, first and second run). Tracing and lowering still run; only XLA's compilation is skipped.
 
 Where it lives: ``$XDG_CACHE_HOME/ccpo-jax/xla/<host>`` (default ``~/.cache/ccpo-jax/xla/<host>``), one
 folder per CPU model and instruction set (:func:`host_key`), so a home directory shared by machines of
@@ -55,8 +55,8 @@ def configure(environ: MutableMapping[str, str] | None = None) -> str | None:
     """Turn the cache on for this process (and its children) through JAX's environment variables,
     before JAX is imported; returns the folder, or None when off. ``CCPO_JAX_COMPILATION_CACHE``: unset
     = :func:`default_dir`, ``off`` = no cache, else a folder. A ``JAX_COMPILATION_CACHE_DIR`` already set
-    is kept. Programs of any compile time are cached (small eager operations too: a default reproduce
-    compiles 184 of them, 3.6 s of its 7 s of compilation on a second run are what is left).
+    is kept. Programs of any compile time are cached (small eager operations too: on a second default
+    reproduce they are most of the compilation left; docs/performance.md#figures-behind-code-comments).
     ``environ``: another mapping to fill instead (then JAX's configuration is not touched)."""
     env, environ = environ, os.environ if environ is None else environ
     choice = (environ.get(ENV) or "").strip()

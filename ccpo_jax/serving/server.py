@@ -7,8 +7,8 @@ does not have are added here, in a subclass of its httptools protocol (the C par
 uses): uvicorn arms no timer before a connection's first request and resets its keep-alive timer on
 every byte (a client that connects and sends nothing, or one byte at a time, is never closed), it
 bounds a request's head only with the h11 parser (``h11_max_incomplete_event_size``; httptools
-buffers a header of any size: a 160 MiB one was read whole, in 153 s, and the gateway's peak resident
-memory went from 331 to 658 MB), and it accepts connections
+buffers a header of any size: a huge one was read whole, slowly, doubling the gateway's resident memory;
+docs/gateway.md, "Server limits"), and it accepts connections
 until the process runs out of file descriptors (300 idle sockets under ``ulimit -n 256`` stopped
 every new client). So:
 

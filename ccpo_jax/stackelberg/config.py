@@ -84,8 +84,9 @@ class GAILConfig:
     grad_penalty: float = 0.1
     """Gradient penalty on the discriminator input gradient (stabilises GAIL; 0 disables)."""
     policy: str = "squashed"
-    """Action distribution on [0,1]^3: 'squashed' (sigmoid-squashed Gaussian, default: compiles ~5x faster
-    under vmap than the Beta's gamma rejection sampler) or 'beta' (distrax.Beta)."""
+    """Action distribution on [0,1]^3: 'squashed' (sigmoid-squashed Gaussian, default: compiles faster
+    under vmap than the Beta's gamma rejection sampler; docs/performance.md#figures-behind-code-comments)
+    or 'beta' (distrax.Beta)."""
     bc_init: bool = True
     """Start GAIL from the behaviour-cloning follower: a deviation from the paper's GAIL from scratch, which
     imitated 2-3x worse than BC here (docs/stackelberg.md, "Follower: BC-initialised GAIL")."""
