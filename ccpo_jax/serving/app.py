@@ -189,9 +189,12 @@ def server(router: Router, *, max_bytes: int = MAX_BYTES, max_batch: int = MAX_B
     if warm_up:
         router.warm_up(max_batch)
     app = build_app(router, max_bytes, max_batch, limits.read_timeout_s, log)
-    return uvicorn.Server(uvicorn_config(app, limits, log=log, backlog=backlog, lifespan="off",
-                                         log_level="info" if verbose else "warning", access_log=verbose,
-                                         timeout_graceful_shutdown=2))
+    # uvicorn's own logging setup (handlers bound to the sys.stderr of the moment) only when its access log is
+    # wanted: otherwise its few warnings go through Python's default handler, and a server started under
+    # pytest's capture does not keep a captured stream that is closed afterwards
+    more = {"log_level": "info"} if verbose else {"log_config": None}
+    return uvicorn.Server(uvicorn_config(app, limits, log=log, backlog=backlog, lifespan="off", access_log=verbose,
+                                         timeout_graceful_shutdown=2, **more))
 
 
 class ServerThread:

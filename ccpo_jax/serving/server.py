@@ -138,11 +138,11 @@ def bounded_protocol(limits: ServerLimits, log: Callable[[str], None] | None = N
             later: its ``limit_concurrency`` would still count it against the client it made room for)."""
             self._disarm()
             if not self.transport.is_closing():
+                if said is not None:  # (logged first: a client that has read the answer finds the line written)
+                    said(status, message, self.client)
                 if not self.busy():
                     self.transport.write(_refusal(status, reason, code, message))
                 self.transport.close()
-                if said is not None:
-                    said(status, message, self.client)
             self.connections.discard(self)
 
         def send_400_response(self, msg: str) -> None:  # the parser refused it: OpenAI's shape, not plain text
