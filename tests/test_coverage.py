@@ -45,7 +45,7 @@ def test_default_synthetic_cache(tmp_path):
     results = _run(tmp_path, "hotpotqa-llama2-a0.1", generate("hotpotqa-llama2", 1400, 0), None)
     pol = _check(results, 0.1)
     # Vanilla CPO (pointwise) satisfies its own constraint on this cache with the default
-    # preset (the old sampled trainer left it at 0.848, below its target; docs/results.md).
+    # preset (the old sampled trainer left it at 0.848, below its target; CHANGELOG.md, 2026-12-01).
     assert np.mean(pol["CPO"]["per_split"]["coverage"]) >= 0.9 - 0.02
 
 

@@ -15,7 +15,7 @@ round T = 4, the single-round cascade included). Each is evaluated on 10 redraws
 held-out questions into 150 calibration + 150 test. Measured (docs/results.md): CPO batch and CCPO
 cost / optimum 1.00 on every seed of the builtin caches and 0.99-1.08 on every seed of the partial
 ones (one of them trained on 60 questions). The previous default (a 3-standard-error margin on
-every row) reached 1.42 on a seed of partial-uncertainty.
+every row) reached 1.42 on a seed of partial-uncertainty (CHANGELOG.md, 2026-12-02).
 
 CPO must satisfy its constraint. Its pointwise success is measured on 150 test questions, so
 one seed's figure has a standard error of sqrt(alpha (1 - alpha) / 150) = 0.024 around the

@@ -6,7 +6,7 @@ Measured with the default preset, 5 seeds x 100 splits (docs/results.md, 2026-12
 synthetic Table 2 cache CCPO (lambda=0) costs 1.21x the bound and CPO batch 1.23x; on the UALA
 HotpotQA cache CCPO (lambda=0) and CPO batch cost 1.00x (the full 500 questions, 300/100/100, and
 the shipped 200-question subset, 120/40/40). The previous default (a 3-standard-error margin on
-every row) cost 1.64x / 1.63x (CPO batch / CCPO) on the synthetic cache.
+every row) cost 1.64x / 1.63x (CPO batch / CCPO) on the synthetic cache (CHANGELOG.md, 2026-12-02).
 """
 from __future__ import annotations
 
