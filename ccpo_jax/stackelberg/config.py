@@ -69,7 +69,7 @@ class GAILConfig:
     absolute action error on seed 0)."""
     anneal_lr: bool = False
     """Anneal the policy step linearly from ``policy_lr`` to 0 over ``iterations`` (as LeaderPPOConfig.anneal_lr;
-    off: measured 3 of 6 followers within 1.3x of BC against 2 of 6, worse on one; docs/stackelberg.md)."""
+    off: measured 3 of 6 followers within 1.3x of BC against 2 of 6, worse on one; CHANGELOG.md, 2026-12-04)."""
     disc_lr: float = 1e-3
     disc_steps: int = 5
     """Discriminator Adam steps per iteration. At 1 (the default until 2026-12-04) the discriminator's batch
