@@ -129,3 +129,22 @@ def test_a_registered_toy_guarantee_runs_reproduce_end_to_end(conservative, tmp_
     assert meta["guarantee"] == g
     k = math.ceil(61 * 0.9) + 1  # marginal's 55th largest of 60 calibration scores, plus one
     assert meta["kappa"] == pytest.approx(float(np.clip(np.sort(scores)[::-1][k - 1], 0.0, 1.0)), abs=0)
+
+
+def test_calibration_inputs_are_the_guarantees_host_side():
+    """evaluate_members' host side (issue 52 G3): per variant the guarantee's rank table (or none when the program
+    computes marginal's rank), Learn then Test's critical counts and the cost cap's critical sum."""
+    from ccpo_jax.ccpo.evaluation import CalibrationInputs
+
+    m = CalibrationInputs.of(G.Marginal(), [0.1, 0.2], 60, None)
+    assert m.ranks.shape == (2, 1) and not m.ranks.any() and not m.counts.any() and np.isinf(m.crit_sums).all()
+    p = CalibrationInputs.of(G.PAC(0.1), [0.1, 0.2], 60, None)
+    assert [int(p.ranks[v, 60]) for v in range(2)] == [G.pac_rank(60, 0.1, 0.1), G.pac_rank(60, 0.2, 0.1)] == [58, 53]
+    assert not p.counts.any() and np.isinf(p.crit_sums).all()  # no cap: no Learn then Test
+    c = CalibrationInputs.of(G.PAC(0.2, 0.9, 0.05), [0.5], 60, 1.0)
+    # delta split over three risks: each test at 0.2 / 3; the critical counts are the largest c with
+    # P(Binomial(60, cap) <= c) <= 0.2 / 3, by a scan
+    crit = lambda cap: max(x for x in range(61) if stats.binom.cdf(x, 60, cap) <= 0.2 / 3)  # noqa: E731
+    assert c.counts.tolist() == [[crit(0.5), crit(0.9)]]
+    assert c.crit_sums[0] == np.float32(G.PAC(0.2, 0.9, 0.05).cost_critical(60, 1.0) * 60 * (1 - 1e-5))
+    assert int(c.ranks[0, 60]) == G.pac_rank(60, 0.5, 0.2)

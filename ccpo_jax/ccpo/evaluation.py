@@ -132,6 +132,126 @@ def cost_critical_sum(guarantee: Guarantee, n: int, cost_max: float) -> float:
     return r if not np.isfinite(r) or r < 0 else r * n * (1.0 - 1e-5)
 
 
+class CalibrationInputs(NamedTuple):
+    """The host side of a calibration, one row per variant (each at its own alpha): ``ranks``
+    [V, n_cal + 1] the guarantee's rank of every calibration count (zeros [V, 1] when the program
+    computes the marginal rank itself, :attr:`Guarantee.jit_ranks`), ``counts`` [V, 2] Learn then
+    Test's critical counts of miscoverage and guide calls, ``crit_sums`` [V] the cost cap's critical
+    summed cost (+inf without one). The rank tables and critical values are float64 scipy, chosen
+    before the jitted program (:mod:`ccpo_jax.core.guarantee`)."""
+
+    ranks: np.ndarray
+    counts: np.ndarray
+    crit_sums: np.ndarray
+
+    @classmethod
+    def of(cls, guarantee: Guarantee | None, alphas: list[float], n_cal: int,
+           cost_max: float | None) -> "CalibrationInputs":
+        """``cost_max``: :func:`question_cost_max` of the cache (read only under a cap)."""
+        traced = guarantee is not None and guarantee.jit_ranks
+        ltt = traced and guarantee.capped
+        ranks = variant_ranks(guarantee, alphas, n_cal) if traced else np.zeros((len(alphas), 1), np.int32)
+        counts = np.asarray([guarantee.ltt_counts(n_cal, a) if ltt else (0, 0) for a in alphas], np.int32)
+        crit = cost_critical_sum(guarantee, n_cal, cost_max) if ltt else np.inf
+        return cls(ranks, counts, np.full(len(alphas), crit, np.float32))
+
+
+class MondrianOut(NamedTuple):
+    """One member on one split, calibrated per group (:class:`GroupEval`'s fields, before the axes)."""
+
+    metrics: dict
+    kappa: jax.Array
+    own: jax.Array
+    n_cal: jax.Array
+    n_test: jax.Array
+    marginal_groups: dict
+    mondrian_groups: dict
+
+
+class SplitOut(NamedTuple):
+    """One member on one split, named (:class:`MemberEval`'s fields, before the axes): the summarised
+    batch-calibrated, online and pointwise metrics, kappa-hat, Learn then Test's extras ({} without a
+    cap) and the Mondrian calibration (None without groups). The leaves flatten in this order, the
+    order of the program's outputs."""
+
+    batch: dict
+    online: dict
+    pointwise: dict
+    kappa_hat: jax.Array
+    ltt: dict
+    mondrian: MondrianOut | None = None
+
+
+def ltt_split(params: EnvParams, probs, kappa_i, cal, test, counts, crit_sum, rank, grid):
+    """Learn then Test over ``grid`` (coverage, the guide-call rate and/or the mean cost): kappa-hat and
+    its extras, with the test cost of the coverage-only PAC threshold (``rank``) beside it: what the caps
+    cost. At the coverage-only grid choice kcov: which cap fails there (the one that made a split
+    infeasible) and the calibration guide rate and mean cost (what the caps are up against)."""
+    g_i = jax.vmap(conformal.largest_guide_kappa)(probs, params.available, params.round_mask)
+    reach = jax.vmap(conformal.round_reach_kappa)(probs[cal], params.available[cal])
+    cost_grid = conformal.cost_on_grid(reach, params.cost[cal], grid)
+    khat, feasible, kcov = conformal.ltt_threshold(kappa_i[cal], g_i[cal], counts[0], counts[1], grid,
+                                                   cost_grid, crit_sum)
+    pac_m, _ = eval_batch_calibrated(probs, kappa_i, params, cal, test, None, rank)
+    cal_cost = conformal.cost_on_grid(reach, params.cost[cal], kcov[None])[0]
+    return khat, {"feasible": feasible, "guide_rate": jnp.mean((khat <= g_i[test]).astype(jnp.float32)),
+                  "cal_guide_rate": jnp.mean((kcov <= g_i[cal]).astype(jnp.float32)),
+                  "cal_cost": cal_cost / cal.shape[0],
+                  "coverage_ok": jnp.sum(kappa_i[cal] < grid[0]) <= counts[0],
+                  "guide_ok": jnp.sum(kcov <= g_i[cal]) <= counts[1], "cost_ok": cal_cost <= crit_sum,
+                  "cost_coverage_only": jnp.sum(pac_m.cost_cents)}
+
+
+def calibrate_split(params: EnvParams, probs, kappa_i, cal, test, alpha, rank, ltt=None):
+    """The batch-calibrated sets of one member on one split (traced): (test metrics, kappa-hat, Learn
+    then Test's extras). ``rank``: the guarantee's rank at the calibration count (None: the marginal
+    float32 rank in the program); ``ltt``: ``(counts, crit_sum, grid)`` under a cap, else None."""
+    if ltt is not None:
+        counts, crit_sum, grid = ltt
+        khat, extra = ltt_split(params, probs, kappa_i, cal, test, counts, crit_sum, rank, grid)
+        return eval_conformal(probs, khat, params, test), khat, extra
+    batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha, rank)
+    return batch_m, khat, {}
+
+
+def mondrian_split(params: EnvParams, probs, kappa_i, batch_m, cal, test, alpha, groups: GroupSpec, codes,
+                   ranks) -> MondrianOut:
+    """One member on one split calibrated per group (traced), and the per-group outcome of its batch
+    (``batch_m``) and Mondrian sets on the test split."""
+    G = len(groups.names)
+    mond_m, kap, own, n_cal = eval_mondrian(probs, kappa_i, params, cal, test, alpha, codes, G, groups.group_min,
+                                            ranks)
+    g_test = codes[test]
+    n_test = jax.ops.segment_sum(jnp.ones(g_test.shape, jnp.int32), g_test, num_segments=G)
+    return MondrianOut(summarise(mond_m), kap, own, n_cal, n_test, per_group(batch_m, g_test, G),
+                       per_group(mond_m, g_test, G))
+
+
+def over_members(one, retrain: bool):
+    """``one`` (a member on a split) over splits, seeds and variants, in ONE jit: the policy and its online
+    kappa carry a split axis under ``retrain``; every variant has its own alpha and calibration inputs."""
+    split_axes = 0 if retrain else None
+    per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0, None, None, None, None))
+    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0, None, None, None, None))
+    return jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None, 0, 0, 0, 0)))
+
+
+def member_axes(state, retrain: bool, ensemble: bool):
+    """The trained policies and online kappas in the axes :func:`over_members` maps: [V, N, S_t, ...]
+    (retrain) or [V, N, ...] (recalibrate), from ``state`` leaves [V, S_t, N, ...]; ``ensemble``: the N
+    seeds as one member, [V, 1, S_t, N, ...] or [V, 1, N, ...], its online kappa the seeds' mean."""
+    if ensemble:
+        pol = jax.tree.map(lambda x: x[:, None] if retrain else x, state.policy)
+        kap = jnp.mean(state.kappa, axis=-1)[:, None] if retrain else jnp.mean(state.kappa[:, 0], axis=-1)[:, None]
+    elif retrain:
+        pol = jax.tree.map(lambda x: jnp.swapaxes(x, 1, 2), state.policy)
+        kap = jnp.swapaxes(state.kappa, 1, 2)
+    else:
+        pol = jax.tree.map(lambda x: x[:, 0], state.policy)
+        kap = state.kappa[:, 0]
+    return pol, kap
+
+
 def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Variant], state, cal_idx, test_idx, key,
                      retrain: bool, groups: GroupSpec | None = None, guarantee: Guarantee | None = None,
                      ensemble: bool = False) -> MemberEval:
@@ -142,88 +262,48 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
     alpha (:func:`ccpo_jax.ccpo.calibration.variant_ranks`); a capped one is chosen by Learn then Test.
     ``ensemble``: each variant's N seeds (of a training split) are one policy, the mean of their
     probabilities (:func:`ccpo_jax.ccpo.blocked.block_probs`), calibrated as any: leaves [V, 1, S]; its
-    online kappa is the seeds' mean (its CPO online figures are not a row)."""
+    online kappa is the seeds' mean (its CPO online figures are not a row).
+
+    What varies with what: the host prepares the per-variant calibration inputs
+    (:class:`CalibrationInputs`) and the member axes (:func:`member_axes`); :func:`over_members` maps
+    ``one`` member on one split (:class:`SplitOut`: :func:`calibrate_split`, the online and pointwise sets,
+    then :func:`mondrian_split`) over splits, seeds and variants in one program, in this order."""
     S = cal_idx.shape[0]
-    pac = guarantee is not None and guarantee.jit_ranks  # the guarantee's own ranks go into the program
-    ltt = pac and guarantee.capped
+    traced_ranks = guarantee is not None and guarantee.jit_ranks  # the guarantee's own ranks go into the program
+    ltt = traced_ranks and guarantee.capped
     n_cal_all = int(np.shape(cal_idx)[1])
     grid = jnp.asarray(LTT_GRID)
-
-    def two_risks(probs, kappa_i, cal, test, counts, crit_sum, rank):
-        """Learn then Test over the grid (coverage, the guide-call rate and/or the mean cost): kappa-hat and
-        its extras, with the test cost of the coverage-only PAC threshold (``rank``) beside it: what the caps
-        cost. At the coverage-only grid choice kcov: which cap fails there (the one that made a split
-        infeasible) and the calibration guide rate and mean cost (what the caps are up against)."""
-        g_i = jax.vmap(conformal.largest_guide_kappa)(probs, params.available, params.round_mask)
-        reach = jax.vmap(conformal.round_reach_kappa)(probs[cal], params.available[cal])
-        cost_grid = conformal.cost_on_grid(reach, params.cost[cal], grid)
-        khat, feasible, kcov = conformal.ltt_threshold(kappa_i[cal], g_i[cal], counts[0], counts[1], grid,
-                                                       cost_grid, crit_sum)
-        pac_m, _ = eval_batch_calibrated(probs, kappa_i, params, cal, test, None, rank)
-        cal_cost = conformal.cost_on_grid(reach, params.cost[cal], kcov[None])[0]
-        return khat, {"feasible": feasible, "guide_rate": jnp.mean((khat <= g_i[test]).astype(jnp.float32)),
-                      "cal_guide_rate": jnp.mean((kcov <= g_i[cal]).astype(jnp.float32)),
-                      "cal_cost": cal_cost / cal.shape[0],
-                      "coverage_ok": jnp.sum(kappa_i[cal] < grid[0]) <= counts[0],
-                      "guide_ok": jnp.sum(kcov <= g_i[cal]) <= counts[1], "cost_ok": cal_cost <= crit_sum,
-                      "cost_coverage_only": jnp.sum(pac_m.cost_cents)}
     codes = None if groups is None else jnp.asarray(groups.codes, jnp.int32)
-    G = 0 if groups is None else len(groups.names)
 
     def one(policy, kappa_online, cal, test, k, alpha, ranks, counts, crit_sum):
-        ranks = ranks if pac else None  # marginal: the float32 rank of conformal_rank, as always
+        ranks = ranks if traced_ranks else None  # marginal: the float32 rank of conformal_rank, as always
         probs, kappa_i = policy_tables(policy, params, config.hidden, ensemble)
-        extra = {}
-        if ltt:
-            khat, extra = two_risks(probs, kappa_i, cal, test, counts, crit_sum, ranks[n_cal_all])
-            batch_m = eval_conformal(probs, khat, params, test)
-        else:
-            batch_m, khat = eval_batch_calibrated(probs, kappa_i, params, cal, test, alpha,
-                                                  None if ranks is None else ranks[n_cal_all])
+        batch_m, khat, extra = calibrate_split(params, probs, kappa_i, cal, test, alpha,
+                                               None if ranks is None else ranks[n_cal_all],
+                                               (counts, crit_sum, grid) if ltt else None)
         online_m = eval_conformal(probs, kappa_online, params, test)
         point_m = eval_pointwise(k, probs, params, test)
-        out = (summarise(batch_m), summarise(online_m), summarise(point_m), khat, extra)
+        out = SplitOut(summarise(batch_m), summarise(online_m), summarise(point_m), khat, extra)
         if groups is None:
             return out
-        mond_m, kap, own, n_cal = eval_mondrian(probs, kappa_i, params, cal, test, alpha, codes, G, groups.group_min,
-                                                ranks)
-        g_test = codes[test]
-        n_test = jax.ops.segment_sum(jnp.ones(g_test.shape, jnp.int32), g_test, num_segments=G)
-        return out + (summarise(mond_m), kap, own, n_cal, n_test, per_group(batch_m, g_test, G),
-                      per_group(mond_m, g_test, G))
+        return out._replace(mondrian=mondrian_split(params, probs, kappa_i, batch_m, cal, test, alpha, groups, codes,
+                                                    ranks))
 
-    split_axes = 0 if retrain else None
-    per_split = jax.vmap(one, in_axes=(split_axes, split_axes, 0, 0, 0, None, None, None, None))
-    per_seed = jax.vmap(per_split, in_axes=(0, 0, None, None, 0, None, None, None, None))
-    per_variant = jax.jit(jax.vmap(per_seed, in_axes=(0, 0, None, None, None, 0, 0, 0, 0)))
-    # [V, S_t, N, ...] -> [V, N, S_t, ...] (retrain) or [V, N, ...] (recalibrate)
-    if ensemble:  # the seeds as one member: [V, 1, S_t, N, ...] (retrain) or [V, 1, N, ...]
-        pol = jax.tree.map(lambda x: x[:, None] if retrain else x, state.policy)
-        kap = jnp.mean(state.kappa, axis=-1)[:, None] if retrain else jnp.mean(state.kappa[:, 0], axis=-1)[:, None]
-    elif retrain:
-        pol = jax.tree.map(lambda x: jnp.swapaxes(x, 1, 2), state.policy)
-        kap = jnp.swapaxes(state.kappa, 1, 2)
-    else:
-        pol = jax.tree.map(lambda x: x[:, 0], state.policy)
-        kap = state.kappa[:, 0]
+    pol, kap = member_axes(state, retrain, ensemble)
     N = kap.shape[1]
     keys = jax.random.split(key, N * S).reshape(N, S, -1)
     alpha_list = [float(var.alpha) for var in variants]
     alphas = jnp.asarray(alpha_list, jnp.float32)  # each at its own alpha
-    ranks = variant_ranks(guarantee, alpha_list, n_cal_all) if pac else np.zeros((len(variants), 1), np.int32)
-    counts = np.asarray([guarantee.ltt_counts(n_cal_all, a) if ltt else (0, 0) for a in alpha_list], np.int32)
-    crit = cost_critical_sum(guarantee, n_cal_all, question_cost_max(params)) if ltt else np.inf
-    crit_sums = np.full(len(variants), crit, np.float32)
-    got = jax.device_get(per_variant(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys, alphas,
-                                     jnp.asarray(ranks), jnp.asarray(counts), jnp.asarray(crit_sums)))
-    batch_m, online_m, point_m, khat, ltt_out = got[:5]
+    host = CalibrationInputs.of(guarantee, alpha_list, n_cal_all, question_cost_max(params) if ltt else None)
+    got = jax.device_get(over_members(one, retrain)(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys,
+                                                    alphas, *map(jnp.asarray, host)))
     group_ev = None
-    if groups is not None:
-        mond_m, gkap, own, n_cal, n_test, marg_g, mond_g = got[5:]
-        group_ev = GroupEval(mond_m, np.asarray(gkap), np.asarray(own), np.asarray(n_cal)[0, 0],
-                             np.asarray(n_test)[0, 0], marg_g, mond_g)
-    return MemberEval(batch_m, online_m, point_m, np.asarray(khat), np.asarray(jax.device_get(kap)), group_ev,
-                      {k: np.asarray(x) for k, x in ltt_out.items()} if ltt else None)
+    if got.mondrian is not None:
+        m = got.mondrian
+        group_ev = GroupEval(m.metrics, np.asarray(m.kappa), np.asarray(m.own), np.asarray(m.n_cal)[0, 0],
+                             np.asarray(m.n_test)[0, 0], m.marginal_groups, m.mondrian_groups)
+    return MemberEval(got.batch, got.online, got.pointwise, np.asarray(got.kappa_hat), np.asarray(jax.device_get(kap)),
+                      group_ev, {k: np.asarray(x) for k, x in got.ltt.items()} if ltt else None)
 
 
 #: Suffix of a calibrated row's group-conditional (Mondrian) twin, e.g. ``CPO batch [Mondrian]``.
