@@ -8,7 +8,7 @@ export of an UNTRAINED policy on a SYNTHETIC cache (latency does not depend on t
     (default 1..1,024), then after a second such sweep (flat memory: the second adds ~nothing);
   * ``connect_s_max`` / ``connect_s_total``: ``socket.create_connection`` times for ``--connections``
     (default 200) connections opened one after another and held open, against this server
-    (backlog 128) and against a second one started with ``--backlog 5`` (the stdlib default);
+    (backlog 1024) and against a second one started with ``--backlog 5`` (the stdlib default);
   * ``p50_ms`` / ``p99_ms``: one-decision ``POST /v1/route`` latency of 16 concurrent clients
     (each on its own keep-alive connection, ``--requests`` requests each), alone and while a slow
     client trickles one byte every ``--trickle-s`` seconds (it gets its 408 after the server's
@@ -237,8 +237,8 @@ def main() -> None:
     for i, a in enumerate(m["after"], start=1):
         rec(f"server_rss_mb_after_sweep_{i}", a, "MB", sweep_s=round(m["sweep_s"], 2))
     rec("server_rss_mb_peak_sweep", m["peak"], "MB")
-    rec("connect_s_max", max(times), "s", backlog=128, slow_connects=sum(t > 0.5 for t in times))
-    rec("connect_s_total", m["connect_total"], "s", backlog=128)
+    rec("connect_s_max", max(times), "s", backlog=1024, slow_connects=sum(t > 0.5 for t in times))
+    rec("connect_s_total", m["connect_total"], "s", backlog=1024)
     rec("connect_s_max_backlog5", max(times5), "s", backlog=5, slow_connects=sum(t > 0.5 for t in times5))
     rec("connect_s_total_backlog5", m["total5"], "s", backlog=5)
     rec("p50_ms_16_clients", np.percentile(alone, 50), "ms")
