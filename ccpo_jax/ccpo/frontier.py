@@ -88,7 +88,7 @@ def build_frontier(grid: Mapping[float, Mapping[str, Mapping[str, Any]]], *, set
                 pt["meets_target"] = bool(float(np.nanmean(cov)) >= 1.0 - a - MISS_SE * se - 1e-9)
             points.append(pt)
         mean_cost = float(np.mean([p["cost_cents"]["mean"] for p in points]))
-        entry: dict[str, Any] = {"is_policy": name not in (BOUND_ROW, BEST_OBS_ROW), "learned": name in learned,
+        entry: dict[str, Any] = {"is_policy": RowId.parse(name).is_policy, "learned": name in learned,
                                  "points": points,
                                  "summary": {"mean_cost_cents": mean_cost}}
         if name != BOUND_ROW:

@@ -161,9 +161,7 @@ def add_guarantees(results: dict, rows: Mapping[str, Mapping[str, Any]], alpha: 
     for row, entry in results["policies"].items():
         if not is_calibrated_row(row) or row not in rows:
             continue
-        bt = below_target(np.asarray(rows[row]["coverage"]), alpha)
-        if guarantee.kind == "pac" and bt["fraction"] is not None:
-            bt["within_delta"] = bool(bt["fraction"] <= guarantee.delta)
+        bt = guarantee.below_target(np.asarray(rows[row]["coverage"]), alpha)  # PAC: within_delta too
         entry["guarantee"] = dict(desc)
         entry["below_target"] = bt
         if ltt and row in ltt:
