@@ -16,6 +16,8 @@ GAIL iterations it reads, per GAIL seed,
 
 ``--set FIELD=VALUE`` overrides a :class:`ccpo_jax.stackelberg.config.GAILConfig` field. SYNTHETIC grid.
 Prints one block per (seed, controller) and writes ``--out``/gail_drift.json.
+The record quoted in docs/: experiments/results/gail_drift/defaults.json
+(its command: experiments/results/INDEX.md).
 """
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ seed), then N of ``--then`` in which a share ``--hard-share`` of the questions a
 (:func:`ccpo_jax.gateway.drift.replay`) with ``gold`` feedback after each: once at the
 artefact's fixed kappa, once with ``--online-kappa ETA``. Prints and writes long-run coverage,
 coverage per half, mean cost and rounds, the alarm's first question; plots the curves.
+The record quoted in docs/: experiments/results/gateway_drift/gateway_drift.json
+(its command: experiments/results/INDEX.md).
 """
 from __future__ import annotations
 

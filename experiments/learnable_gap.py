@@ -18,6 +18,8 @@ coverage CCPO reached. ``ref_at_ccpo_cov / ref`` is then the share of the ratio 
 CCPO buys above the target; ``ccpo / ref_at_ccpo_cov`` is what remains at equal coverage (the
 learner and the out-of-sample threshold; the reference picks its thresholds on each test
 split's own labels). Writes DIR/learnable_gap.json and DIR/learnable_gap.md, prints the table.
+The record quoted in docs/: experiments/results/learnable_gap/learnable_gap.json
+(its command: experiments/results/INDEX.md).
 """
 from __future__ import annotations
 

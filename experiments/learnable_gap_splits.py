@@ -16,6 +16,8 @@ the training split (the ``recalibrate`` protocol of ``reproduce``). On the same 
 Prints and writes DIR/learnable_gap_splits.json: per draw, each seed's cost over the reference, and the
 seeds' ensemble's (``ensemble``: the 5 seeds as one policy, pi the mean of their probabilities, kappa
 calibrated on each split: reproduce's ``CCPO (lambda=0) [ensemble]`` row).
+The record quoted in docs/: experiments/results/learnable_gap_splits/select_train.json (``--select-train``)
+(its command: experiments/results/INDEX.md).
 
 ``--select N``: hold N of the training questions out of training, and report also the seed a user would
 pick by its cost on them (kappa fitted on those N questions, in-sample; the test splits are not looked

@@ -21,6 +21,8 @@ Per case (``table2``: the built-in SYNTHETIC Table 2 cache, 1000/200/200 at alph
    reported too.
 
 Writes DIR/ppo_lagrangian.json and DIR/ppo_lagrangian.md and prints the table.
+The record quoted in docs/: experiments/results/ppo_lagrangian/ppo_lagrangian.json
+(its command: experiments/results/INDEX.md).
 """
 from __future__ import annotations
 

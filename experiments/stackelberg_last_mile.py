@@ -17,6 +17,8 @@ reads from its results.json, per controller (scalar, task):
   (``training.<kind>.imitation_error``).
 
 Prints a markdown table and writes ``--out``/last_mile.json.
+The record quoted in docs/: experiments/results/stackelberg_last_mile/defaults.json
+(its command: experiments/results/INDEX.md).
 """
 from __future__ import annotations
 

@@ -134,14 +134,19 @@ RECORD = re.compile(r"`((?:benchmarks|experiments)/results/[^`*{}<\s]+)`( at com
 
 
 def test_cited_records_exist_and_experiment_records_are_indexed():
-    """A record a page quotes (```benchmarks/results/F``` or ```experiments/results/S/F```) is in the tree,
-    unless the page names the commit that holds it (``... at commit H``); every experiment record is a row
-    of experiments/results/INDEX.md (file | script | command | commit | date)."""
+    """A record that a page, or a script of experiments/ or benchmarks/, quotes (``benchmarks/results/F``,
+    ``experiments/results/S/F``) is in the tree unless the page names the commit that holds it (``... at
+    commit H``); every experiment record is a row of experiments/results/INDEX.md (file | script | command |
+    commit | date)."""
     bad = []
     for p in [*PAGES, REPO / "CHANGELOG.md"]:
         for m in RECORD.finditer(p.read_text(encoding="utf-8")):
             if not m.group(2) and not (REPO / m.group(1)).exists():
                 bad.append(f"{p.relative_to(REPO)}: {m.group(1)} (not in the tree and no commit named)")
+    for src in sorted([*(REPO / "experiments").glob("*.py"), *(REPO / "benchmarks").glob("*.py")]):
+        for m in re.finditer(r"(?:benchmarks|experiments)/results/[\w./-]+\.jsonl?", src.read_text(encoding="utf-8")):
+            if not (REPO / m.group(0)).exists():
+                bad.append(f"{src.relative_to(REPO)}: {m.group(0)} (not in the tree)")
     root = REPO / "experiments" / "results"
     index = (root / "INDEX.md").read_text(encoding="utf-8")
     listed = set(re.findall(r"^\| `([^`]+)`", index, re.M))
