@@ -197,6 +197,34 @@ def test_a_registered_baseline_is_a_row_of_non_learned_rows(toy_registered):
     assert "Always guide" not in left_out_rows(cache, test)
 
 
+def test_registered_baselines_are_traced_once_in_one_program():
+    """Risk 1 of the plan: a registered baseline joins the ONE jitted program of every traced baseline (one
+    new program for a new set of rows, its function traced once), and a second call recompiles nothing."""
+    from ccpo_jax.ccpo import baselines
+
+    traces = []
+
+    def counted(params, data, key, cal, test, alpha, static):
+        traces.append(static)
+        return always_guide(params, data, key, cal, test, alpha, None)
+
+    b = register_baseline(Baseline(Family.OTHER, left_out=lambda cache, used: {},
+                                   rows=lambda cache, used: [(custom_row("Always guide (counted)"), "static")],
+                                   metrics=counted))
+    try:
+        cache, params = _synthetic()
+        rng = np.random.default_rng(1)
+        before = baselines._rows_program.cache_info().misses
+        for k in range(2):  # other splits and key, same shapes
+            idx = np.stack([rng.permutation(120) for _ in range(2)])
+            rows = non_learned_rows(cache, params, jax.random.PRNGKey(k), idx[:, :60], idx[:, 60:], 0.1)
+            assert "Always guide (counted)" in rows and "Random" in rows
+        assert traces == ["static"]
+        assert baselines._rows_program.cache_info().misses == before + 1
+    finally:
+        BASELINES.remove(b)
+
+
 def test_a_registered_baseline_runs_end_to_end(toy_registered, tmp_path):
     """``reproduce`` writes the toy row into results.json (in the table order) and table.md."""
     from ccpo_jax.ccpo.reproduce import reproduce
