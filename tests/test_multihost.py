@@ -2,7 +2,7 @@
 
 Two OS processes with two forced CPU devices each join through
 ``CCPO_JAX_DISTRIBUTED=1`` and a coordinator on 127.0.0.1 (the cross-process
-collectives are JAX's CPU gloo backend) and run ``experiments.multihost``:
+collectives are JAX's CPU gloo backend) and run ``ccpo-jax multihost``:
 CCPO training over one global 4-device mesh, state gathered to every host,
 every split evaluated. The oracle is the same script in one process: with
 ``--member-block 1`` the trained state (SHA-256), every per-split metric and
@@ -53,7 +53,7 @@ def _two_hosts(tmp: Path, name: str, extra: list[str]) -> list[str]:
     port = _free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "experiments.multihost", "--out", str(tmp / f"{name}.json"), *ARGS, *extra],
+            [sys.executable, "-m", "ccpo_jax.cli", "multihost", "--out", str(tmp / f"{name}.json"), *ARGS, *extra],
             env=_env(2, CCPO_JAX_DISTRIBUTED="1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                      JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)),
             cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -74,7 +74,7 @@ def _two_hosts(tmp: Path, name: str, extra: list[str]) -> list[str]:
 
 
 def _one_host(tmp: Path, name: str, n_devices: int, extra: list[str]) -> None:
-    r = subprocess.run([sys.executable, "-m", "experiments.multihost", "--out", str(tmp / f"{name}.json"), *ARGS, *extra],
+    r = subprocess.run([sys.executable, "-m", "ccpo_jax.cli", "multihost", "--out", str(tmp / f"{name}.json"), *ARGS, *extra],
                        env=_env(n_devices), cwd=tmp, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -153,4 +153,18 @@ def test_reproduce_refuses_multi_host_with_a_clear_error(tmp_path):
         assert p.returncode == 2, err[-2000:]
         assert f"error: reproduce runs on one host (this is process {i} of 2)" in err
         assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_multihost_bad_options_are_one_error_line(tmp_path):
+    """``ccpo-jax multihost``'s options are typed and checked before JAX starts: one line naming the flag, exit 2."""
+    from conftest import run_cli
+
+    for args, want in ((["--member-block", "1,0"], "error: --out: with several --member-block values it must contain "
+                                                    "'{block}', got"),
+                       (["--split-sizes", "1,2"], "error: --split-sizes: expected TRAIN,CAL,TEST, got '1,2'"),
+                       (["--member-block", "-1"], "error: --member-block: expected integers >= 0"),
+                       (["--alpha", "1.5"], "error: --alpha: must be in (0, 1)")):
+        r = run_cli(["multihost", "--out", str(tmp_path / "r.json"), *args])
+        assert r.returncode == 2 and want in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []

@@ -82,7 +82,7 @@ def prepare(given: Mapping[str, Any], cls: type = ReproduceConfig, *, command: s
     if jax.process_count() > 1:
         raise UserError(
             f"{command} runs on one host (this is process {jax.process_index()} of {jax.process_count()}); "
-            "for multi-host training run `python -m experiments.multihost` on every host (docs/performance.md)"
+            "for multi-host training run `ccpo-jax multihost` on every host (docs/performance.md)"
         )
     mesh = resolve_mesh(cfg.devices)
     cache = load_run_cache(st, cfg.cache)

@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "ccpo_jax.cli.data",
     "ccpo_jax.cli.export",
     "ccpo_jax.cli.gateway",
+    "ccpo_jax.cli.multihost",
     "ccpo_jax.cli.reproduce",
     "ccpo_jax.cli.serve",
     "ccpo_jax.cli.stackelberg",
