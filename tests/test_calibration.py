@@ -192,3 +192,25 @@ def test_a_tiny_alpha_gets_its_size_at_once():
         assert w.endswith(f"use at least {exact} (the middle number of --split-sizes)") and "= 201 exceeds n = 200" in w
         assert cf.min_calibration_size(alpha, 2) == exact
     assert 1.99e9 < cf.min_calibration_size(1e-9, 2) < 2e9  # not 33554433
+
+
+def test_learned_rows_name_their_twins_by_the_row_identities():
+    """rows.py names the learned rows and their twins by ccpo.rowid (issue 52 G4): every calibrated row's kept-seed,
+    ensemble and Mondrian twin is RowId's name of that twin (RowId.parse, the boundary reader, as the oracle)."""
+    from ccpo_jax.ccpo import rows
+    from ccpo_jax.ccpo.evaluation import MONDRIAN, calibrated_rows
+    from ccpo_jax.ccpo.presets import get_preset
+    from ccpo_jax.ccpo.rowid import RowId, Twin
+
+    variants = rows.row_variants((1e-4, 2e-4), get_preset("default"))
+    names = [r for v in variants for r in v.table_rows()]
+    assert names == ["CPO", "CPO batch", "CPO online", "CCPO (lambda=0)", "CCPO (lambda=1e-4)", "CCPO (lambda=2e-4)"]
+    cal = [r for v in variants for r in calibrated_rows(v)]
+    assert cal == ["CPO batch", "CCPO (lambda=0)", "CCPO (lambda=1e-4)", "CCPO (lambda=2e-4)"]
+    for row in cal:
+        rid = RowId.parse(row)
+        assert rid.calibrated
+        for kind in Twin:
+            assert rows.twin_name(row, kind) == rid.twin_of(kind).name
+    assert MONDRIAN == RowId.parse("CPO batch").twin_of(Twin.MONDRIAN).name[len("CPO batch"):]
+    assert not hasattr(rows, "LEARNED_ROWS")  # unreferenced, deleted (item 9)

@@ -19,6 +19,7 @@ import numpy as np
 from ccpo_jax.ccpo.blocked import blocked_policy_probs
 from ccpo_jax.ccpo.calibration import GroupSpec, variant_ranks  # GroupSpec: also importable from here
 from ccpo_jax.ccpo.config import TrainConfig, Variant
+from ccpo_jax.ccpo.rowid import CPO_BATCH, Twin
 from ccpo_jax.core import conformal
 from ccpo_jax.core.guarantee import LTT_GRID, Guarantee
 from envs.replay.env import EnvParams, evaluate_actions, evaluate_sets, reached_rounds, summarise
@@ -307,12 +308,12 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
 
 
 #: Suffix of a calibrated row's group-conditional (Mondrian) twin, e.g. ``CPO batch [Mondrian]``.
-MONDRIAN = " [Mondrian]"
+MONDRIAN = Twin.MONDRIAN.value
 
 
 def calibrated_rows(var: Variant) -> list[str]:
     """The rows of ``var`` whose sets are batch-calibrated (CPO batch, the CCPO rows)."""
-    return [row for row in var.table_rows() if var.conformal or row == "CPO batch"]
+    return [row for row in var.table_rows() if var.conformal or row == CPO_BATCH.name]
 
 
 def variant_group_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict, dict]:

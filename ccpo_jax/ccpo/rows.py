@@ -25,7 +25,7 @@ from ccpo_jax.ccpo.evaluation import (GroupSpec, MemberEval, calibrated_rows, ca
                                       evaluate_members, variant_group_rows, variant_ltt, variant_rows)
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.policy_store import POLICIES_DIR, policy_row, save_policies
-from ccpo_jax.ccpo.settings import ENSEMBLE, KEPT_SEED, lambda_row_name
+from ccpo_jax.ccpo.rowid import CPO, CPO_BATCH, CPO_ONLINE, Twin, lambda_row
 from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.ccpo.calibration import group_spec
 from ccpo_jax.core.guarantee import Guarantee, Marginal
@@ -33,10 +33,6 @@ from ccpo_jax.errors import UserError
 from ccpo_jax.runtime.execution import Execution
 from envs.cache.schema import ResponseCache
 from envs.replay.env import EnvParams
-
-#: The rows a run of :func:`learned_rows` adds to the table (plus one CCPO row per nonzero lambda).
-LEARNED_ROWS = ("CPO", "CPO batch", "CPO online", lambda_row_name(0.0))
-
 
 @dataclasses.dataclass
 class LearnedRows:
@@ -131,6 +127,12 @@ class LearnedRowsFn(Protocol):
     def __call__(self, run: TableSpec, data: RunData, execution: Execution) -> LearnedRows: ...
 
 
+def twin_name(row: str, kind: Twin) -> str:
+    """The name of ``row``'s ``kind`` twin (:attr:`ccpo_jax.ccpo.rowid.RowId.name`'s rule, for a row this module
+    knows by its variant's row name): ``CCPO (lambda=0) [kept seed]``."""
+    return row + kind.value
+
+
 #: Name of the CPO variant that serves the calibrated CPO rows when the margins differ.
 CPO_CALIBRATED = "CPO (calibrated)"
 
@@ -144,13 +146,14 @@ def row_variants(lambdas: tuple[float, ...], config: TrainConfig | None = None, 
     calibrated rows' margin serves CPO batch and CPO online."""
     a = float(alpha)
     if config is None or config.pointwise_z == config.constraint_z:
-        out = [Variant("CPO", conformal=False, lam=0.0, alpha=a)]
+        out = [Variant(CPO.name, conformal=False, lam=0.0, alpha=a)]
     else:
-        out = [Variant("CPO", conformal=False, lam=0.0, rows=("CPO",), alpha=a),
-               Variant(CPO_CALIBRATED, conformal=False, lam=0.0, z=config.constraint_z, rows=("CPO batch", "CPO online"),
+        out = [Variant(CPO.name, conformal=False, lam=0.0, rows=(CPO.name,), alpha=a),
+               Variant(CPO_CALIBRATED, conformal=False, lam=0.0, z=config.constraint_z,
+                       rows=(CPO_BATCH.name, CPO_ONLINE.name),
                        alpha=a)]
-    out += [Variant(lambda_row_name(0.0), conformal=True, lam=0.0, alpha=a)]
-    out += [Variant(lambda_row_name(lam), conformal=True, lam=float(lam), alpha=a) for lam in lambdas if lam != 0.0]
+    out += [Variant(lambda_row(0.0).name, conformal=True, lam=0.0, alpha=a)]
+    out += [Variant(lambda_row(lam).name, conformal=True, lam=float(lam), alpha=a) for lam in lambdas if lam != 0.0]
     return out
 
 
@@ -227,7 +230,7 @@ def kept_seed_rows(var: Variant, rows: dict[str, dict[str, np.ndarray]], kept: d
     ``kept``: its entry of :func:`kept_seeds`): ``{row [kept seed]: {metric: [1, S]}}``, on split s the kept seed
     of the policy evaluated there (its own training split's under ``retrain``; the one under
     ``recalibrate``)."""
-    return {row + KEPT_SEED: {m: kept_seed_values(x, kept, retrain) for m, x in rows[row].items()}
+    return {twin_name(row, Twin.KEPT_SEED): {m: kept_seed_values(x, kept, retrain) for m, x in rows[row].items()}
             for row in calibrated_rows(var) if row in rows}
 
 
@@ -251,8 +254,9 @@ def ensemble_rows(var: Variant, ev: MemberEval, v: int) -> tuple[dict[str, dict[
     rows, kappas = variant_rows(var, ev, v)
     ltt = variant_ltt(var, ev, v)
     keep = calibrated_rows(var)
-    return ({r + ENSEMBLE: rows[r] for r in keep}, {r + ENSEMBLE: kappas[r] for r in keep},
-            {r + ENSEMBLE: ltt[r] for r in keep if r in ltt})
+    ens = {r: twin_name(r, Twin.ENSEMBLE) for r in keep}
+    return ({ens[r]: rows[r] for r in keep}, {ens[r]: kappas[r] for r in keep},
+            {ens[r]: ltt[r] for r in keep if r in ltt})
 
 
 def _train_and_evaluate(run: RunSpec, variants: list[Variant], data: RunData, execution: Execution,
@@ -322,7 +326,8 @@ def train_seeds(run: TableSpec, data: RunData, execution: Execution) -> TrainedR
             retrain = run.protocol == "retrain"
             rows.update(kept_seed_rows(var, r, kept[v], retrain))
             chosen.update({row: kept[v] for row in calibrated_rows(var)})
-            ltt.update({row + KEPT_SEED: {k: kept_seed_values(x, kept[v], retrain) for k, x in ltt[row].items()}
+            ltt.update({twin_name(row, Twin.KEPT_SEED): {k: kept_seed_values(x, kept[v], retrain)
+                                                         for k, x in ltt[row].items()}
                         for row in calibrated_rows(var) if row in ltt})
         if ens is not None and v in ens[1]:
             r_e, k_e, l_e = ensemble_rows(var, ens[0], ens[1][v])
@@ -395,7 +400,8 @@ def learned_rows(run: TableSpec, data: RunData, execution: Execution) -> Learned
         seed = saved_seed(trained, row)
         if row in trained.kept:
             seeds[row] = seed
-        served = row + KEPT_SEED if row + KEPT_SEED in trained.rows else row  # the saved seed's own figures
+        kept_row, ens_row = twin_name(row, Twin.KEPT_SEED), twin_name(row, Twin.ENSEMBLE)
+        served = kept_row if kept_row in trained.rows else row  # the saved seed's own figures
         pol = jax.tree.map(lambda x: x[v, 0, seed], trained.state.policy)
         d = calibration_diagnostics(pol, params, float(np.asarray(trained.kappas[row])[seed, 0]),
                                     np.asarray(splits.cal)[0], var.alpha, config.hidden)
@@ -404,15 +410,15 @@ def learned_rows(run: TableSpec, data: RunData, execution: Execution) -> Learned
         if row in trained.ltt:  # the saved threshold (split 0) passed both tests, or not
             d["ltt_feasible"] = bool(trained.ltt[row]["feasible"][seed, 0])
         diagnostics[row] = d
-        if row + ENSEMBLE in trained.rows:  # every seed of split 0 as one policy
+        if ens_row in trained.rows:  # every seed of split 0 as one policy
             members = jax.tree.map(lambda x: x[v, 0], trained.state.policy)
-            d = calibration_diagnostics(members, params, float(np.asarray(trained.kappas[row + ENSEMBLE])[0, 0]),
+            d = calibration_diagnostics(members, params, float(np.asarray(trained.kappas[ens_row])[0, 0]),
                                         np.asarray(splits.cal)[0], var.alpha, config.hidden, ensemble=True)
-            d["test_cost_cents_mean"] = _finite_mean(trained.rows[row + ENSEMBLE]["cost_cents"])
-            d["test_coverage_mean"] = _finite_mean(trained.rows[row + ENSEMBLE]["coverage"])
-            if row + ENSEMBLE in trained.ltt:
-                d["ltt_feasible"] = bool(trained.ltt[row + ENSEMBLE]["feasible"][0, 0])
-            diagnostics[row + ENSEMBLE] = d
+            d["test_cost_cents_mean"] = _finite_mean(trained.rows[ens_row]["cost_cents"])
+            d["test_coverage_mean"] = _finite_mean(trained.rows[ens_row]["coverage"])
+            if ens_row in trained.ltt:
+                d["ltt_feasible"] = bool(trained.ltt[ens_row]["feasible"][0, 0])
+            diagnostics[ens_row] = d
     mondrian = None if groups is None else mondrian_thresholds(trained, groups)
     save_policies(Path(ckpt_dir).parent / POLICIES_DIR, config, trained.variants, trained.state, trained.kappas,
                   cache, protocol, diagnostics, mondrian, guarantee, seeds, ensembles=True)
@@ -427,7 +433,7 @@ def learned_rows(run: TableSpec, data: RunData, execution: Execution) -> Learned
 def kept_json(kept: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, list]]:
     """results.json's ``kept_seed`` of every twin: ``{row [kept seed]: {"seed": [S_train], "train_cost_cents":
     [S_train][N]}}``, plain numbers; a seed without a feasible threshold under a cap (cost inf) is null."""
-    return {row + KEPT_SEED: {"seed": [int(s) for s in k["seed"]],
+    return {twin_name(row, Twin.KEPT_SEED): {"seed": [int(s) for s in k["seed"]],
                               "train_cost_cents": [[float(c) if np.isfinite(c) else None for c in per]
                                                    for per in np.asarray(k["train_cost_cents"]).T]}
             for row, k in kept.items()}
