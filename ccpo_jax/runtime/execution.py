@@ -3,7 +3,7 @@
 :class:`Execution` holds everything that decides where and how the members of a run are
 computed, and nothing that changes what they compute: the device mesh, the member block,
 the checkpoint and TensorBoard directories and the progress bar. The run commands build it
-once (``ccpo_jax.ccpo.prepare.execution``, where the member block's default is decided) and
+once (``ccpo_jax.ccpo.prepare.prepare``, where the member block's default is decided) and
 every step below takes it as it is: ``learned_rows`` -> ``train_seeds`` / ``train_sweep`` ->
 ``train_many`` -> :func:`ccpo_jax.runtime.loop.run_chunks`.
 """
