@@ -73,6 +73,70 @@ def _eager(name: str) -> bool:
 _PRIMS = set()
 
 
+def _record_phases(w0: float, c0: float) -> list:
+    """(phase line, wall s, CPU s since start) at every phase line of the run, shown or not: the pipeline's
+    ``status`` calls mark where one phase ends and the next begins."""
+    from ccpo_jax.ccpo import reproduce
+    from ccpo_jax.runtime import progress
+
+    marks, real = [], progress.status
+
+    def status(text, enabled=True):
+        marks.append((text, time.perf_counter() - w0, time.process_time() - c0))
+        real(text, enabled)
+
+    progress.status = reproduce.status = status
+    return marks
+
+
+#: Functions of the run outside its compiled programs whose seconds ``--time-fn`` counts by default.
+_TIMED = ("ccpo_jax.ccpo.observable:fit_scores", "ccpo_jax.ccpo.observable:best_observable_row",
+          "ccpo_jax.ccpo.report:write_boxplots", "ccpo_jax.ccpo.report:write_results",
+          "ccpo_jax.ccpo.report:write_table", "ccpo_jax.ccpo.prepare:prepare",
+          "ccpo_jax.ccpo.baselines:non_learned_rows", "ccpo_jax.ccpo.members:train_many",
+          "ccpo_jax.ccpo.evaluation:evaluate_members", "ccpo_jax.ccpo.rows:kept_seeds",
+          "ccpo_jax.ccpo.policy_store:save_policies", "ccpo_jax.ccpo.prepare:load_run_cache",
+          "ccpo_jax.ccpo.prepare:bound_row", "ccpo_jax.ccpo.evaluation:calibration_diagnostics")
+
+
+def _time_functions(specs) -> dict:
+    """Wrap each ``module:function`` (and every loaded module's name bound to the same object, so
+    ``from m import f`` callers are counted too) to add its calls, wall and CPU seconds (the
+    process's: all threads) to the returned dict. A name that does not exist is skipped with a note."""
+    import importlib
+
+    acc = {}
+    for spec in specs:
+        mod_name, fn_name = spec.split(":")
+        try:
+            fn = getattr(importlib.import_module(mod_name), fn_name)
+        except (ImportError, AttributeError) as e:
+            print(f"profile_reproduce: --time-fn {spec}: {e}; skipped", file=sys.stderr)
+            continue
+        acc[spec] = [0, 0.0, 0.0]
+
+        def wrapped(*a, _fn=fn, _k=spec, **k):
+            w, c = time.perf_counter(), time.process_time()
+            try:
+                return _fn(*a, **k)
+            finally:
+                e = acc[_k]
+                e[0], e[1], e[2] = e[0] + 1, e[1] + time.perf_counter() - w, e[2] + time.process_time() - c
+
+        for m in list(sys.modules.values()):
+            for name, obj in list(getattr(m, "__dict__", {}).items()):
+                if obj is fn:
+                    setattr(m, name, wrapped)
+    return acc
+
+
+def _phase_table(marks: list, wall: float, cpu: float) -> list[dict]:
+    """Each phase's wall and CPU seconds, from one mark to the next (the last one to the end)."""
+    ends = marks[1:] + [("end", wall, cpu)]
+    return [{"phase": t[:90], "wall_s": round(e[1] - w, 3), "cpu_s": round(e[2] - c, 3)}
+            for (t, w, c), e in zip(marks, ends)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="reproduce's --out (default: a fresh temp dir)")
@@ -80,6 +144,13 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--pstats", type=Path, default=None, help="also save the cProfile here (pstats format)")
     ap.add_argument("--cache-dir", default=None, help="JAX persistent compilation cache directory (default: off)")
+    ap.add_argument("--timer", choices=("wall", "cpu", "none"), default="wall",
+                    help="the cProfile's clock: wall, the process's CPU time (all threads; it costs a system call "
+                         "per Python call, so it inflates the run), or none (no cProfile: the phases' and --time-fn "
+                         "CPU seconds as they are)")
+    ap.add_argument("--time-fn", action="append", default=None, metavar="MODULE:FUNCTION",
+                    help=f"also count each call's wall and CPU seconds of this function (repeatable; default: "
+                         f"{', '.join(_TIMED)})")
     ap.add_argument("rest", nargs="*", help="extra reproduce flags after --")
     args = ap.parse_args(argv)
     load0 = os.getloadavg()
@@ -105,8 +176,11 @@ def main(argv=None):
     from ccpo_jax.cli.main import main as cli_main  # noqa: E402
     w_imp, c_imp = time.perf_counter() - w0, time.process_time() - c0
     out = args.out or Path(os.environ.get("TMPDIR", "/tmp")) / f"profile-reproduce-{os.getpid()}"
-    prof = cProfile.Profile()
-    prof.enable()
+    prof = cProfile.Profile(time.process_time) if args.timer == "cpu" else cProfile.Profile()
+    phases = _record_phases(w0, c0)
+    timed = _time_functions(args.time_fn or _TIMED)
+    if args.timer != "none":
+        prof.enable()
     first_line = {}
     real_print = print
 
@@ -126,20 +200,24 @@ def main(argv=None):
         prof.disable()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     results = json.loads((out / "results.json").read_text())
-    if args.pstats:
-        prof.dump_stats(str(args.pstats))
     s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(args.top)
+    if args.timer != "none":
+        if args.pstats:
+            prof.dump_stats(str(args.pstats))
+        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(args.top)
     profile = {
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load0, "loadavg_after": os.getloadavg(),
                     "backend": jax.default_backend(), "jax": jax.__version__},
         "args": args.rest, "cache_dir": args.cache_dir, "out": str(out),
         "wall_s": wall, "cpu_s": cpu, "first_line_s": first_line.get("s"),
         "import_jax": {"wall_s": w_jax, "cpu_s": c_jax}, "import_cli": {"wall_s": w_imp, "cpu_s": c_imp},
-        "results_timing": results["timing"], "compile_log": log.summary(),
+        "results_timing": results["timing"], "compile_log": log.summary(), "timer": args.timer,
+        "phases": _phase_table(phases, wall, cpu),
+        "functions": {k: {"calls": v[0], "wall_s": round(v[1], 3), "cpu_s": round(v[2], 3)} for k, v in timed.items()},
     }
     real_print(s.getvalue()[:12000], file=sys.stderr)
-    summary = {k: profile[k] for k in ("wall_s", "cpu_s", "first_line_s", "import_jax", "import_cli", "results_timing")}
+    summary = {k: profile[k] for k in ("wall_s", "cpu_s", "first_line_s", "import_jax", "import_cli", "results_timing",
+                                       "phases", "functions")}
     summary["compile"] = {p: {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items() if k != "programs"}
                           for p, d in profile["compile_log"].items()}
     real_print(json.dumps(summary, indent=1), file=sys.stderr)
