@@ -276,7 +276,10 @@ def _train_and_evaluate(run: RunSpec, variants: list[Variant], data: RunData, ex
     k_train, k_eval = jax.random.split(data.key)
     state, metrics, timing = train_many(config, data.params, variants, np.repeat(train_idx, N, axis=0),
                                         member_keys(k_train, key_names, S_t * N), execution)
-    state = jax.tree.map(lambda x: x.reshape((x.shape[0], S_t, N) + x.shape[2:]), state)
+    # the trained state on the host from here: its reshapes and the twins' and diagnostics' slices are exact
+    # copies either way, and as NumPy operations they compile nothing (on jax arrays each was an eager XLA
+    # program, about 60 per default reproduce; docs/performance.md)
+    state = jax.tree.map(lambda x: np.asarray(x).reshape((x.shape[0], S_t, N) + x.shape[2:]), jax.device_get(state))
     t0 = time.perf_counter()
     execution.status(f"evaluating {len(variants)} learned variant(s) x {N} seed(s) on {np.shape(splits.test)[0]} "
                      "splits (calibrating each threshold, then the test split) ...")
