@@ -99,13 +99,39 @@ _TIMED = ("ccpo_jax.ccpo.observable:fit_scores", "ccpo_jax.ccpo.observable:best_
           "ccpo_jax.ccpo.prepare:bound_row", "ccpo_jax.ccpo.evaluation:calibration_diagnostics")
 
 
-def _time_functions(specs) -> dict:
+#: The functions that run the default reproduce's compiled programs (training chunks, evaluations).
+_PROGRAMS = ("ccpo_jax.ccpo.members:train_many", "ccpo_jax.ccpo.evaluation:evaluate_members",
+             "ccpo_jax.ccpo.baselines:non_learned_rows", "ccpo_jax.ccpo.evaluation:calibration_diagnostics")
+
+
+def _again(a: tuple, k: dict) -> tuple[tuple, dict]:
+    """The arguments of a repeated call: any ``Execution`` without checkpoints (which a second
+    ``train_many`` would resume from, training nothing), curves or progress."""
+    import dataclasses
+
+    from ccpo_jax.runtime.execution import Execution
+
+    quiet = lambda x: (dataclasses.replace(x, ckpt_dir=None, tb_dir=None, progress=False)
+                       if isinstance(x, Execution) else x)
+    return tuple(map(quiet, a)), {n: quiet(v) for n, v in k.items()}
+
+
+def _ready(out):
+    """Wait for every jax array in ``out`` (dispatch is asynchronous)."""
+    import jax
+
+    jax.tree.map(lambda x: x.block_until_ready() if hasattr(x, "block_until_ready") else x, out)
+
+
+def _time_functions(specs, repeat=()) -> dict:
     """Wrap each ``module:function`` (and every loaded module's name bound to the same object, so
     ``from m import f`` callers are counted too) to add its calls, wall and CPU seconds (the
-    process's: all threads) to the returned dict. A name that does not exist is skipped with a note."""
+    process's: all threads) to the returned dict; those in ``repeat`` are called once more after each
+    call (result discarded), its seconds added apart. A name that does not exist is skipped with a note."""
     import importlib
 
     acc = {}
+    specs = list(dict.fromkeys([*specs, *repeat]))
     for spec in specs:
         mod_name, fn_name = spec.split(":")
         try:
@@ -113,15 +139,21 @@ def _time_functions(specs) -> dict:
         except (ImportError, AttributeError) as e:
             print(f"profile_reproduce: --time-fn {spec}: {e}; skipped", file=sys.stderr)
             continue
-        acc[spec] = [0, 0.0, 0.0]
+        acc[spec] = [0, 0.0, 0.0] + ([0.0, 0.0] if spec in repeat else [])
 
         def wrapped(*a, _fn=fn, _k=spec, **k):
             w, c = time.perf_counter(), time.process_time()
             try:
-                return _fn(*a, **k)
+                out = _fn(*a, **k)
             finally:
                 e = acc[_k]
                 e[0], e[1], e[2] = e[0] + 1, e[1] + time.perf_counter() - w, e[2] + time.process_time() - c
+            if len(acc[_k]) > 3:
+                w, c = time.perf_counter(), time.process_time()
+                a2, k2 = _again(a, k)
+                _ready(_fn(*a2, **k2))
+                e[3], e[4] = e[3] + time.perf_counter() - w, e[4] + time.process_time() - c
+            return out
 
         for m in list(sys.modules.values()):
             for name, obj in list(getattr(m, "__dict__", {}).items()):
@@ -151,6 +183,10 @@ def main(argv=None):
     ap.add_argument("--time-fn", action="append", default=None, metavar="MODULE:FUNCTION",
                     help=f"also count each call's wall and CPU seconds of this function (repeatable; default: "
                          f"{', '.join(_TIMED)})")
+    ap.add_argument("--repeat", action="store_true",
+                    help=f"call {', '.join(_PROGRAMS)} a second time, right after the first (its result discarded; "
+                         "no checkpoints or curves): that call traces, lowers and compiles nothing, so its CPU "
+                         "seconds are the programs' execution, the bound no cache can remove")
     ap.add_argument("rest", nargs="*", help="extra reproduce flags after --")
     args = ap.parse_args(argv)
     load0 = os.getloadavg()
@@ -178,7 +214,7 @@ def main(argv=None):
     out = args.out or Path(os.environ.get("TMPDIR", "/tmp")) / f"profile-reproduce-{os.getpid()}"
     prof = cProfile.Profile(time.process_time) if args.timer == "cpu" else cProfile.Profile()
     phases = _record_phases(w0, c0)
-    timed = _time_functions(args.time_fn or _TIMED)
+    timed = _time_functions(args.time_fn or _TIMED, _PROGRAMS if args.repeat else ())
     if args.timer != "none":
         prof.enable()
     first_line = {}
@@ -213,7 +249,9 @@ def main(argv=None):
         "import_jax": {"wall_s": w_jax, "cpu_s": c_jax}, "import_cli": {"wall_s": w_imp, "cpu_s": c_imp},
         "results_timing": results["timing"], "compile_log": log.summary(), "timer": args.timer,
         "phases": _phase_table(phases, wall, cpu),
-        "functions": {k: {"calls": v[0], "wall_s": round(v[1], 3), "cpu_s": round(v[2], 3)} for k, v in timed.items()},
+        "functions": {k: {"calls": v[0], "wall_s": round(v[1], 3), "cpu_s": round(v[2], 3),
+                          **({"repeat_wall_s": round(v[3], 3), "repeat_cpu_s": round(v[4], 3)} if len(v) > 3 else {})}
+                      for k, v in timed.items()},
     }
     real_print(s.getvalue()[:12000], file=sys.stderr)
     summary = {k: profile[k] for k in ("wall_s", "cpu_s", "first_line_s", "import_jax", "import_cli", "results_timing",
