@@ -148,3 +148,23 @@ def test_calibration_inputs_are_the_guarantees_host_side():
     assert c.counts.tolist() == [[crit(0.5), crit(0.9)]]
     assert c.crit_sums[0] == np.float32(G.PAC(0.2, 0.9, 0.05).cost_critical(60, 1.0) * 60 * (1 - 1e-5))
     assert int(c.ranks[0, 60]) == G.pac_rank(60, 0.5, 0.2)
+
+
+def test_results_ask_the_object_not_its_kind():
+    """A registered guarantee with a delta gets ``within_delta`` in results.json (row and per-group summary)
+    because it has a delta, not because it is called ``pac``."""
+    from ccpo_jax.ccpo.guarantee_results import add_group_guarantees, add_guarantees
+
+    @dataclasses.dataclass(frozen=True)
+    class Strict(G.PAC):
+        kind = "strict"
+
+    cov = np.array([[0.95, 0.85, 0.91, 0.7]])  # [N, S]: 2 of 4 splits below 0.9
+    for g, has in ((Strict(0.6), True), (G.Marginal(), False)):
+        res = {"policies": {"CPO batch": {"groups": {"a": {}, "b": {}}}}}
+        add_guarantees(res, {"CPO batch": {"coverage": cov}}, 0.1, g)
+        assert ("within_delta" in res["policies"]["CPO batch"]["below_target"]) == has
+        per = {"names": ["a", "b"], "rows": {"CPO batch": {"coverage": np.stack([cov, cov], axis=-1)}}}
+        add_group_guarantees(res, per, 0.1, g)
+        summ = res["policies"]["CPO batch"]["group_below_target"]
+        assert summ.get("within_delta") == (2 if has else None)  # both groups' 0.5 <= 0.6

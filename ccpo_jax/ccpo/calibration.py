@@ -19,12 +19,13 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from ccpo_jax.core.guarantee import GUARANTEES  # noqa: F401 - the --guarantee vocabulary, read here by run_config, export
+from ccpo_jax.ccpo.rowid import Twin
 from ccpo_jax.core.guarantee import Guarantee, Marginal, rank_table
 from ccpo_jax.errors import UserError
 from envs.cache.schema import ResponseCache, cache_groups
 
-#: Suffix of a calibrated row's group-conditional (Mondrian) twin (as ``evaluation.MONDRIAN``).
-MONDRIAN = " [Mondrian]"
+#: Suffix of a calibrated row's group-conditional (Mondrian) twin (``rowid.Twin.MONDRIAN``).
+MONDRIAN = Twin.MONDRIAN.value
 
 
 # -- the vocabulary of reproduce, sweep, export and serving ----------------------------------

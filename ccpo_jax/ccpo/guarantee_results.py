@@ -47,7 +47,7 @@ def add_group_guarantees(results: dict, group_rows: Mapping[str, Any] | None, al
         if fr:
             worst = max(fr, key=fr.get)
             summ = {"max": fr[worst], "max_group": worst, "median": float(np.median(list(fr.values())))}
-            if guarantee.kind == "pac":
+            if guarantee.uses_delta:  # PAC: how many groups' fractions are within delta
                 summ["within_delta"] = int(sum(f <= guarantee.delta for f in fr.values()))
             summ["n_groups"] = len(fr)
             entry["group_below_target"] = summ
