@@ -168,3 +168,24 @@ def test_results_ask_the_object_not_its_kind():
         add_group_guarantees(res, per, 0.1, g)
         summ = res["policies"]["CPO batch"]["group_below_target"]
         assert summ.get("within_delta") == (2 if has else None)  # both groups' 0.5 <= 0.6
+
+
+def test_table_section_follows_the_guarantee_not_its_name():
+    """table.md's guarantee section: the delta column for any guarantee with a delta, marginal's paragraph only
+    under marginal (a registered kind states itself in its statement)."""
+    from ccpo_jax.ccpo.guarantee_results import add_guarantees, format_guarantees
+
+    @dataclasses.dataclass(frozen=True)
+    class Strict(G.PAC):
+        kind = "strict"
+
+    cov = np.array([[0.95, 0.85, 0.91, 0.7]])
+    text = {}
+    for g in (Strict(0.6), G.PAC(0.6), G.Marginal(), Conservative()):
+        res = {"policies": {"CPO batch": {}}}
+        add_guarantees(res, {"CPO batch": {"coverage": cov}}, 0.1, g)
+        text[g.kind] = format_guarantees(res)
+    assert "## Guarantee: strict (delta 0.6)" in text["strict"] and "| CPO batch | 2 of 4 |" in text["strict"]
+    assert text["strict"].replace("strict", "pac") == text["pac"]
+    assert "what a marginal guarantee gives" in text["marginal"]
+    assert "marginal" not in text["conservative"] and "one rank to spare" in text["conservative"]

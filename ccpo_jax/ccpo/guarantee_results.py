@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ccpo_jax.ccpo.rowid import RowId
-from ccpo_jax.core.guarantee import Guarantee, below_target
+from ccpo_jax.core.guarantee import Guarantee, Marginal, below_target
 from ccpo_jax.errors import UserError
 
 
@@ -190,10 +190,11 @@ def format_guarantees(results: Mapping[str, Any]) -> str:
     if not g:
         return ""
     target = 1.0 - g["alpha"]
-    lines = ["", f"## Guarantee: {g['kind']}" + (f" (delta {g['delta']:g})" if g["kind"] == "pac" else ""), "",
+    delta = g.get("delta") is not None  # a guarantee with a failure probability (pac, or a registered kind)
+    lines = ["", f"## Guarantee: {g['kind']}" + (f" (delta {g['delta']:g})" if delta else ""), "",
              g["statement"] + ".", "",
-             f"| row | splits below {target:g} | fraction (95% CI) |" + (" <= delta |" if g["kind"] == "pac" else ""),
-             "|---|---|---|" + ("---|" if g["kind"] == "pac" else "")]
+             f"| row | splits below {target:g} | fraction (95% CI) |" + (" <= delta |" if delta else ""),
+             "|---|---|---|" + ("---|" if delta else "")]
     for row, entry in results["policies"].items():
         bt = entry.get("below_target")
         if not bt or bt["fraction"] is None:
@@ -204,10 +205,10 @@ def format_guarantees(results: Mapping[str, Any]) -> str:
     ltt_rows = [(row, e["ltt"]) for row, e in results["policies"].items() if "ltt" in e]
     if ltt_rows:
         lines += _format_ltt(g, ltt_rows)
-    if g["kind"] == "pac":
+    if delta:
         lines += ["", "A split's test coverage is a finite-sample estimate of its threshold's coverage, so the "
                       "fraction below target also counts test-sampling noise (docs/calibration.md)."]
-    else:
+    elif g["kind"] == Marginal.kind:  # what marginal promises, in words (another kind states itself above)
         lines += ["", f"This is what a marginal guarantee gives: coverage >= {target:g} on average over "
                       "calibration draws, not for each one, so one deployed threshold falls short of the target in "
                       "a large share of draws (the fraction above; its coverage is random around the target). "
