@@ -37,10 +37,12 @@ from ccpo_jax.ccpo.evaluation import evaluate_members, evaluate_trained
 from ccpo_jax.ccpo.members import train_many
 from ccpo_jax.ccpo.presets import DEFAULT
 from ccpo_jax.ccpo.rows import ensemble_rows, row_variants, twin_variants
-from ccpo_jax.ccpo.settings import ENSEMBLE
+from ccpo_jax.ccpo.rowid import Twin
 from envs.generators import oracle
 from envs.cache.schema import ResponseCache
 from envs.replay.env import evaluate_sets, make_env_params
+
+ENSEMBLE = Twin.ENSEMBLE.value
 
 ALPHA = 0.1
 SEEDS = 10

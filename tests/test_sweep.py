@@ -16,7 +16,7 @@ from ccpo_jax.ccpo import rows as rows_mod
 from ccpo_jax.ccpo.presets import DEFAULT
 from ccpo_jax.ccpo.reproduce import reproduce
 from ccpo_jax.ccpo.rows import RowsRun, RunData, train_sweep
-from ccpo_jax.ccpo.settings import KEPT_SEED
+from ccpo_jax.ccpo.rowid import Twin
 from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.ccpo.sweep import sweep
 from ccpo_jax.errors import UserError
@@ -24,6 +24,8 @@ from ccpo_jax.runtime.execution import QUIET
 from envs.generators import oracle
 from envs.replay.bound import BOUND_ROW
 from envs.replay.env import make_env_params
+
+KEPT_SEED = Twin.KEPT_SEED.value
 
 from conftest import run_cli
 

@@ -27,14 +27,14 @@ from ccpo_jax.ccpo.policy_store import POLICIES_DIR, POLICY_META, POLICY_PARAMS,
 from ccpo_jax.ccpo.presets import DEFAULT
 from ccpo_jax.ccpo.reproduce import reproduce
 from ccpo_jax.ccpo.rows import RowsRun, RunData, learned_rows, train_seeds
-from ccpo_jax.ccpo.rowid import RowId
-from ccpo_jax.ccpo.settings import ENSEMBLE, KEPT_SEED
+from ccpo_jax.ccpo.rowid import RowId, Twin
 from ccpo_jax.ccpo.splits import Splits
 from ccpo_jax.runtime.execution import QUIET
 from envs.generators.synthetic import generate
 from envs.replay.env import evaluate_sets, make_env_params
 
 SEEDS = 4
+KEPT_SEED, ENSEMBLE = Twin.KEPT_SEED.value, Twin.ENSEMBLE.value  # the twins' name suffixes
 
 
 def _data(n_splits: int, retrain: bool) -> RunData:

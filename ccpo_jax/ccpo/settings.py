@@ -63,21 +63,14 @@ def exit_row_name(model: str) -> str:
     return exit_row(model).name
 
 
-#: Suffix of a calibrated row's kept-seed twin, e.g. ``CCPO (lambda=0) [kept seed]``: of the row's
-#: training seeds, the one whose calibrated sets cost least on its own training questions
-#: (``ccpo_jax.ccpo.rows.kept_seeds``), the policy ``ccpo-jax export`` serves.
-KEPT_SEED = Twin.KEPT_SEED.value
-#: How a kept-seed twin chose its seed (results.json ``kept_seed.rule``, the exported router's ``seed_rule``).
+#: How a kept-seed twin (``rowid.Twin.KEPT_SEED``) chose its seed (results.json ``kept_seed.rule``, the exported
+#: router's ``seed_rule``).
 KEPT_RULE = ("of the row's training seeds, the one whose calibrated sets cost least on the training questions it was "
              "trained on (threshold fitted there, in-sample); no calibration or test question is looked at")
-#: Suffix of a calibrated row's ensemble twin, e.g. ``CCPO (lambda=0) [ensemble]``: the row's training seeds
-#: as one policy, pi(a|o) the mean of theirs, calibrated like any row (``ccpo_jax.ccpo.rows.ensemble_rows``).
-ENSEMBLE = Twin.ENSEMBLE.value
-#: How an ensemble twin's policy is made (results.json, the exported router's ``seed_rule``).
+#: How an ensemble twin's (``rowid.Twin.ENSEMBLE``) policy is made (results.json, the exported router's
+#: ``seed_rule``).
 ENSEMBLE_RULE = ("pi(a|o) is the mean of the seeds' probabilities (each softmax over the available actions), and "
                  "the set {a : pi(a|o) >= kappa} is calibrated on it like any policy's")
-#: Suffix of a calibrated row's group-conditional (Mondrian) twin, e.g. ``CPO batch [Mondrian]``.
-MONDRIAN_TWIN = Twin.MONDRIAN.value
 
 
 def served_row(row: str, seed_rule: str | None) -> str:
@@ -92,13 +85,14 @@ def served_row(row: str, seed_rule: str | None) -> str:
 def twin_notes(rows) -> list[str]:
     """table.md's header lines saying what the seed twins among ``rows`` are (none without them)."""
     out, twins = [], {RowId.parse(r).twin for r in rows}  # names read back from results.json
+    kept, ens = Twin.KEPT_SEED.value, Twin.ENSEMBLE.value
     if Twin.KEPT_SEED in twins:
-        out.append(f"- ROW{KEPT_SEED}: one seed of ROW, the one whose calibrated sets cost least on its own training "
+        out.append(f"- ROW{kept}: one seed of ROW, the one whose calibrated sets cost least on its own training "
                    "questions (threshold fitted there; no calibration or test question looked at); `policies/ROW` "
-                   f"holds it and `export --row 'ROW{KEPT_SEED}'` serves it; cells over splits")
+                   f"holds it and `export --row 'ROW{kept}'` serves it; cells over splits")
     if Twin.ENSEMBLE in twins:
-        out.append(f"- ROW{ENSEMBLE}: ROW's seeds as one policy, pi the mean of their probabilities, calibrated on "
-                   f"each split like any row; `policies/ROW-ensemble` holds it and `export --row 'ROW{ENSEMBLE}'` "
+        out.append(f"- ROW{ens}: ROW's seeds as one policy, pi the mean of their probabilities, calibrated on "
+                   f"each split like any row; `policies/ROW-ensemble` holds it and `export --row 'ROW{ens}'` "
                    "serves it; cells over splits")
     return out
 
