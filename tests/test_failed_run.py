@@ -88,10 +88,16 @@ def test_a_failure_after_training_keeps_the_checkpoints_and_prints_resume(tmp_pa
 
 def test_discard_failed_removes_the_work_directory(tmp_path, cache100, monkeypatch):
     import ccpo_jax.ccpo.rows as rows_module
-    from ccpo_jax.ccpo import report
+    from ccpo_jax.ccpo import report, results
 
+    def table_full(path, *a, **k):  # the disk fills while table.md is written (results.write_outputs)
+        if Path(path).name == report.TABLE_FILE:
+            raise OSError(errno.ENOSPC, "full")
+        return real_write(path, *a, **k)
+
+    real_write = results.atomic_write_text
     monkeypatch.setattr(rows_module, "learned_rows", Trainer())
-    monkeypatch.setattr(report, "write_table", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    monkeypatch.setattr(results, "atomic_write_text", table_full)
     out = tmp_path / "run"
     line = _one_error_line(run_cli(["reproduce", "--cache", str(cache100), *ARGS, "--discard-failed", "--out", str(out)]))
     assert "no space left on device" in line and "--resume" not in line
