@@ -1,6 +1,6 @@
 """Calls per second of ``ccpo-jax data collect`` against a local scripted server.
 
-The server is the tests' chat-completions fake (``tests/chat_server.py``: stdlib
+The server is the tests' chat-completions fake (``ccpo_jax/testing/chat_server.py``: stdlib
 http.server on 127.0.0.1, deterministic replies with usage and logprobs), run
 in its own process, so the figure is the collector's own overhead (HTTP
 client, parsing, call log fsync, cache appends) plus the fake server's, at the
@@ -24,16 +24,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-SERVER = Path(__file__).resolve().parents[1] / "tests" / "chat_server.py"  # the scripted server lives with the tests
-sys.path.insert(0, str(SERVER.parent))
+from ccpo_jax.testing.chat_server import BASE_MODEL, GUIDE_MODEL, write_questions
 
-from chat_server import BASE_MODEL, GUIDE_MODEL, write_questions  # noqa: E402
-
-from ccpo_jax.collect.collector import collect  # noqa: E402
-from ccpo_jax.collect.settings import Execution, Settings  # noqa: E402
-from ccpo_jax.llm.questions import load_questions  # noqa: E402
-from ccpo_jax.llm.wire import Endpoint, RetryPolicy  # noqa: E402
-from envs.cache.atomic import atomic_write_json  # noqa: E402
+from ccpo_jax.collect.collector import collect
+from ccpo_jax.collect.settings import Execution, Settings
+from ccpo_jax.llm.questions import load_questions
+from ccpo_jax.llm.wire import Endpoint, RetryPolicy
+from envs.cache.atomic import atomic_write_json
 
 
 def run_once(n: int, concurrency: int, delay_ms: float, work: Path) -> dict:
@@ -42,7 +39,7 @@ def run_once(n: int, concurrency: int, delay_ms: float, work: Path) -> dict:
     questions, sha = load_questions(qf)
     out = work / f"c{concurrency}-d{delay_ms:g}.jsonl"
     # the server in its own process, as a real one would be (in-process it would share the GIL)
-    srv = subprocess.Popen([sys.executable, str(SERVER), str(n), "--delay-ms", str(delay_ms)],
+    srv = subprocess.Popen([sys.executable, "-m", "ccpo_jax.testing.chat_server", str(n), "--delay-ms", str(delay_ms)],
                            stdout=subprocess.PIPE, text=True)
     try:
         url = srv.stdout.readline().strip()

@@ -32,9 +32,6 @@ from pathlib import Path
 
 if __name__ == "__main__":  # one XLA thread, set before jax starts (not when a test imports the counter)
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

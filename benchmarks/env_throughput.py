@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -26,11 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from envs.cache.atomic import atomic_write_json  # noqa: E402
-from envs.replay.env import OrchestrationEnv, evaluate_sets, make_env_params, summarise  # noqa: E402
-from envs.replay.reference import ReferenceEnv, random_cache, reference_evaluate_set  # noqa: E402
+from envs.cache.atomic import atomic_write_json
+from envs.replay.env import OrchestrationEnv, evaluate_sets, make_env_params, summarise
+from envs.replay.reference import ReferenceEnv, random_cache, reference_evaluate_set
 
 
 def load_cache():

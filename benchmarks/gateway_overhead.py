@@ -3,7 +3,7 @@
     python benchmarks/gateway_overhead.py ARTIFACT [--delay-ms 20] [--requests 200]
         [--concurrency 1,16,64] [--json OUT.json]
 
-Three processes: the scripted upstream (tests/chat_server.py, a fixed latency per call),
+Three processes: the scripted upstream (ccpo_jax/testing/chat_server.py, a fixed latency per call),
 ``ccpo-jax gateway`` in front of it, and this load generator (asyncio + httpx). At each
 concurrency C, C clients send requests back to back (aiohttp: the load generator shares the cores
 with the gateway and the upstream, so it is kept light, 0.3 ms of CPU a call against httpx's 2 ms):
@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 
 def _start(cmd: list[str], ready: str, env=None) -> tuple[subprocess.Popen, str]:
@@ -58,7 +57,7 @@ async def _direct(client, url, question, rounds):
     from ccpo_jax.gateway.engine import ProtocolConfig
     from ccpo_jax.llm import paper as P
     from ccpo_jax.llm.calls import request_body
-    from chat_server import BASE_MODEL, GUIDE_MODEL
+    from ccpo_jax.testing.chat_server import BASE_MODEL, GUIDE_MODEL
 
     cfg, history = ProtocolConfig().resolved({}), []  # (the paper's protocol: the scripted server's)
     for t in range(rounds):
@@ -143,12 +142,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
 
-    from chat_server import make_scripts
+    from ccpo_jax.testing.chat_server import make_scripts
 
     questions = list(make_scripts(50))
     from ccpo_jax.llm import calls, paper  # noqa: F401 - imported before timing (the direct path uses them)
     from ccpo_jax.gateway import engine  # noqa: F401
-    up_p, up = _start([sys.executable, "tests/chat_server.py", "50", "--delay-ms", str(a.delay_ms)], "http://")
+    up_p, up = _start([sys.executable, "-m", "ccpo_jax.testing.chat_server", "50", "--delay-ms", str(a.delay_ms)], "http://")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     gw_p, _ = _start([sys.executable, "-m", "ccpo_jax.cli", "gateway", a.artifact, "--port", str(a.port), "--base",
                       f"{up},tiny-base", "--guide", f"{up},big-guide"], "gateway:", env)

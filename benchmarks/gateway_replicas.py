@@ -4,7 +4,7 @@ state's added latency per request, and the feedback race across two replicas (do
     python benchmarks/gateway_replicas.py ARTIFACT [--requests 400] [--workers 1,2,4] [--delay-ms 20]
         [--out benchmarks/results/gateway-replicas-cpu-2core.json]
 
-Processes: the scripted upstream (tests/chat_server.py, a fixed latency per call), ``redis-server``
+Processes: the scripted upstream (ccpo_jax/testing/chat_server.py, a fixed latency per call), ``redis-server``
 (Debian's, no persistence), ``ccpo-jax gateway`` and this load generator (aiohttp, as
 benchmarks/gateway_overhead.py). Measured:
 
@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
 
 from gateway_overhead import _cpu_s, _load, _start  # noqa: E402
 
@@ -160,7 +159,7 @@ def main(argv=None) -> int:  # noqa: C901 - one measurement script, read top to 
     if a.logs:
         LOGS.append(Path(a.logs))
         LOGS[0].mkdir(parents=True, exist_ok=True)
-    from chat_server import make_scripts
+    from ccpo_jax.testing.chat_server import make_scripts
 
     questions = list(make_scripts(50))
     from ccpo_jax.llm import calls, paper  # noqa: F401 - imported before timing (the direct path uses them)
@@ -183,7 +182,7 @@ def main(argv=None) -> int:  # noqa: C901 - one measurement script, read top to 
         return rate
 
     tmp = Path(tempfile.mkdtemp(prefix="ccpo-replicas-"))
-    up_p, up = _start([sys.executable, "tests/chat_server.py", "50", "--delay-ms", str(a.delay_ms)], "http://")
+    up_p, up = _start([sys.executable, "-m", "ccpo_jax.testing.chat_server", "50", "--delay-ms", str(a.delay_ms)], "http://")
     rd_p, url = _redis(tmp)
     procs = [up_p, rd_p]
     rounds: dict = {}

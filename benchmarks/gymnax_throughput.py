@@ -30,16 +30,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gymnax
 
-import gymnax  # noqa: E402
-
-from envs.cache.atomic import atomic_write_json  # noqa: E402
-from envs.generators.synthetic import generate  # noqa: E402
-from envs.replay.env import OrchestrationEnv  # noqa: E402
-from envs.replay.gymnax import make  # noqa: E402
-from timing import Recorder, device_desc, n_steps_for  # noqa: E402
+from envs.cache.atomic import atomic_write_json
+from envs.generators.synthetic import generate
+from envs.replay.env import OrchestrationEnv
+from envs.replay.gymnax import make
+from timing import Recorder, device_desc, n_steps_for
 
 
 def gymnax_rollout(env, params, n_envs: int, n_steps: int, action_fn=None):

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 from timing import Recorder, device_desc  # noqa: E402
 

@@ -27,8 +27,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 _PHASES = {"tracing": re.compile(r"Finished tracing (.+?) for (\w+) in ([0-9.e-]+) sec"),
            "lowering": re.compile(r"Finished jaxpr to MLIR module conversion (.+?) in ([0-9.e-]+) sec"),

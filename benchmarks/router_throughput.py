@@ -31,8 +31,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 def make_artifact(root: Path, members: int = 1) -> Path:
     """Export an untrained policy trained-format run dir (SYNTHETIC cache); ``members`` > 1: the ensemble row of

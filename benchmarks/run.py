@@ -49,8 +49,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from device_sections import device_worker, section_devices  # noqa: E402
 from env_sections import section_env, section_eval  # noqa: E402

@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def make_artifact(root: Path) -> tuple[Path, list[dict]]:

@@ -148,7 +148,7 @@ def run_case(case: str, a: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     ref = reproduce(case, work / "reproduce", a.seeds, a.splits, path)
     t_ref = time.perf_counter() - t0
-    env, params = make(cache, seed=0)  # reproduce --seed 0's training questions (tests/test_gym_api.py)
+    env, params = make(cache, seed=0)  # reproduce --seed 0's training questions (tests/envs/test_gym_api.py)
     assert int(params.questions.shape[0]) == sizes[0]
     cfg = agent_config(params, alpha, a.timesteps, parse_sets(a.set))
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, REPO, SHARED_DATA
+from tests.helpers import IN_CI, REPO, SHARED_DATA
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 MARK = re.compile(r"^<!-- (runnable(?:: full data| by \.ci/run)?|not runnable: .+) -->$")
@@ -93,8 +93,9 @@ def test_ci_runs_every_tier_the_default_command_leaves_out():
     for marker in left_out:
         assert re.search(rf"python -m pytest -q tests\S* -m {marker}\b", ci), marker
     slow_mark = re.compile(r"(@|= |marks=|\[)pytest\.mark\.slow\b")
-    marked = {p.name for p in (REPO / "tests").glob("test_*.py") if slow_mark.search(p.read_text())}
-    table = set(re.findall(r"^\| `(test_\w+\.py)` \| \d+ \|", (REPO / "docs" / "testing.md").read_text(), re.M))
+    marked = {p.relative_to(REPO / "tests").as_posix() for p in (REPO / "tests").rglob("test_*.py")
+              if slow_mark.search(p.read_text())}
+    table = set(re.findall(r"^\| `((?:\w+/)?test_\w+\.py)` \| \d+ \|", (REPO / "docs" / "testing.md").read_text(), re.M))
     assert table == marked
 
 

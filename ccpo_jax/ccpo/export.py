@@ -21,7 +21,7 @@ change can move an action across the threshold. The module therefore pads the
 batch to whole blocks of 2,048 rows and maps over them: every row is computed
 by one kernel whatever the batch size, the same one the trainer's evaluation
 uses on a large cache (rows >= 2,048) and that a reference forward pass over
-10,000 observations uses (tests/test_export.py checks this bit for bit).
+10,000 observations uses (tests/serving/test_export.py checks this bit for bit).
 """
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def clear_program_cache() -> None:
 
 def _signature(tree) -> tuple:
     """Structure, shapes, dtypes and, of arrays committed to devices, shardings: what lowering
-    reads (host arrays and uncommitted device arrays lower alike; tests/test_loop.py)."""
+    reads (host arrays and uncommitted device arrays lower alike; tests/ccpo/test_loop.py)."""
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x))),
                            x.sharding if getattr(x, "committed", False) else None) for x in leaves)

@@ -23,7 +23,7 @@ one-device program (``ccpo_jax.runtime.sharding.PerDevice``) and the output is b
 ONE device with the same block (2 hosts x 2 devices = 1 host x 1 device); ``--member-block 0`` runs one
 SPMD program (one compilation), equal across layouts with the same number of devices (2 hosts x 2 = 1
 host x 4). ``--member-block 1,0 --out result-{block}.json`` runs both layouts in turn in the same
-processes (one start-up and one cache for both). ``tests/test_multihost.py`` checks both.
+processes (one start-up and one cache for both). ``tests/end_to_end/test_multihost.py`` checks both.
 
 Defaults are small (a 600-question SYNTHETIC cache, 4 splits, 20 iterations) so that a smoke run takes
 seconds; ``ccpo-jax reproduce`` is the single-host front door for full tables.

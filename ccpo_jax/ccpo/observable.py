@@ -19,7 +19,7 @@ order; where the score is flat over observations that differ, ties are broken by
 observation itself (:func:`order_keys`), as the oracle's thresholds on a raw signal do, and
 identical observations are never split. Equal to the brute-force best observable policy of
 every oracle cache (``envs.generators.oracle.best_observable``) within 0.7 % at n = 4000
-(tests/test_best_observable.py asserts 2 %).
+(tests/ccpo/test_best_observable.py asserts 2 %).
 
 **The scores.** No closed form is used, for any cache. The synthetic generator's latent
 per-question probabilities (``envs.generators.synthetic``: a continuous difficulty d_q, whether the guide
@@ -35,7 +35,7 @@ for every split); per round the model with the lower held-out log loss is used.
 coverage >= 1 - alpha (``envs.replay.bound.required_covered``), in-sample: a Lagrangian coordinate
 search over every cut of the split's own scores, then constrained coordinate passes from two
 starts in both round orders (:func:`choose_thresholds`; equal to the brute force over every cut
-on random problems, tests/test_best_observable.py). Row metrics as ``evaluate_sets`` gives them.
+on random problems, tests/ccpo/test_best_observable.py). Row metrics as ``evaluate_sets`` gives them.
 """
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ def min_calibration_size(alpha: float, below: int = 1) -> int:
     Closed form, in float64 (not a search: alpha 1e-9 needs about 2e9 questions): k - n =
     ceil(1 - alpha (n + 1) - 1e-4), so k <= n + 1 - b iff alpha (n + 1) >= b - 1e-4, i.e.
     n >= (b - 1e-4) / alpha - 1. The float32 rank of the calibration agrees with it wherever
-    float32 is exact enough (tests/test_calibration.py checks it against a search with
+    float32 is exact enough (tests/core/test_calibration.py checks it against a search with
     :func:`conformal_rank_host` for alphas down to 0.005)."""
     a = float(alpha)
     if not 0.0 < a < 1.0:

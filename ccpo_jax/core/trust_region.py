@@ -82,7 +82,7 @@ def fisher_vector_product(logp_fn: Callable[[Array], Array], weights: Array, the
     F = sum_i w_i J_i' diag(p_i) J_i with J_i = d log p_i / d theta. It equals the Hessian of
     ``sum_i w_i KL(p_i(theta) || p_i(theta'))`` in theta' at theta' = theta, because there
     -sum_a p_a d2 log p_a = sum_a p_a (d log p_a)(d log p_a)' - d2 (sum_a p_a) and sum_a p_a = 1
-    (tests/test_trust_region.py checks it against ``jax.hessian``). Applied as one linear forward
+    (tests/core/test_trust_region.py checks it against ``jax.hessian``). Applied as one linear forward
     tangent and its transpose, with the forward pass done once: cheaper than a forward-over-reverse
     product of the KL's gradient.
     """

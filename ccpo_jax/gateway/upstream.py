@@ -10,7 +10,7 @@ of an attempt (:func:`~ccpo_jax.llm.wire.judge_attempt`: retries on malformed bo
 up) cancels its upstream call at once.
 
 Why aiohttp and not ``httpx.AsyncClient`` (which the gateway used first, and ``data collect`` keeps for
-its threads): measured against ``tests/chat_server.py`` at 16 concurrent calls on the 2-core machine,
+its threads): measured against ``ccpo_jax/testing/chat_server.py`` at 16 concurrent calls on the 2-core machine,
 ``httpx.AsyncClient`` spent several times aiohttp's CPU per call (its connection pool polls every
 pooled socket on each request, and HTTP/1.1 is parsed in pure Python by h11; aiohttp has a C
 parser); two calls a round made httpx most of the gateway's CPU per request and the gateway, not

@@ -33,7 +33,7 @@ def bucket_sizes(max_rows: int = BLOCK_ROWS) -> tuple[int, ...]:
 #: probability of some available action lies within this distance of its threshold is decided by
 #: the exported module; every other row's set is decided by the float64 forward pass. The float32
 #: module and the float64 pass differ by at most 7e-7 on the test networks, sharp ones included
-#: (tests/test_router_screen.py bounds it at 1e-5 over extreme inputs), so outside the margin both
+#: (tests/serving/test_router_screen.py bounds it at 1e-5 over extreme inputs), so outside the margin both
 #: give the same set.
 SCREEN_MARGIN = 1e-4
 

@@ -16,7 +16,7 @@ prices grow with the round (the guide's prompt carries the earlier rounds), so
 going on costs more each round.
 
 :func:`builtin` holds the caches of the learner tests (docs/results.md and
-``tests/test_oracle.py``): a signal in the guide's uncertainty, a signal in the
+``tests/ccpo/test_oracle.py``): a signal in the guide's uncertainty, a signal in the
 base's confidence with no uncertainty given, an answer that needs two extra
 rounds, unsolvable questions in every cache, and a single-round cascade (T = 1).
 """
@@ -417,7 +417,7 @@ _G = (False, True)  # guide right
 
 def builtin() -> dict[str, OracleSpec]:
     """The learner-check caches (module docstring). Each optimum is derived by hand in
-    ``tests/test_oracle.py`` and by :func:`optimum`."""
+    ``tests/ccpo/test_oracle.py`` and by :func:`optimum`."""
     uncertainty = OracleSpec(
         name="uncertainty", T=4,
         description="guide uncertainty tells easy (base right), guide-fixable and one-more-round questions apart",
@@ -479,7 +479,7 @@ def partial() -> dict[str, OracleSpec]:
     an unsolvable look-alike only by a continuous, overlapping signal (guide uncertainty, base
     confidence), over one or two extra rounds, and with a noisy guide verdict. Covering
     everything costs 1.23-1.91x their optimum. Each best observable policy is derived by hand in
-    ``tests/test_oracle.py`` and by :func:`best_observable`."""
+    ``tests/ccpo/test_oracle.py`` and by :func:`best_observable`."""
     hard = (Obs(False, 0.5), Obs(True, 0.1))  # round 1's uncertainty is drawn per question
     unc = OracleSpec(
         name="partial-uncertainty", T=2, signal="uncertainty",
@@ -542,7 +542,7 @@ def ladder() -> dict[str, OracleSpec]:
     $0.1 / $0.4, rung 2 $1 / $4, rung 3 $10 / $40 per million tokens (200 in, 30 out), plus the
     guide's call: J = (0.0272, 0.076, 0.384) cents.
 
-    Best observable policy at alpha = 0.1 (by hand; ``tests/test_ladder_oracle.py``): go on at
+    Best observable policy at alpha = 0.1 (by hand; ``tests/ccpo/test_ladder_oracle.py``): go on at
     rung 1 iff confidence <= 0.6 and at rung 2 iff confidence <= 0.7 / 3. Unsolvable is covered
     free, so 0.10 of the 0.15 hard may go uncovered. Coverage bought at rung 2 costs
     J3 x (hard + unsolvable) / hard = 0.512 cents a unit; at rung 1's margin (confidence near 0.6,

@@ -87,7 +87,7 @@ def training_questions(n_questions: int, n_train: int | None = None, seed: int =
     """The training ids of ``reproduce --seed SEED``'s split rule (recalibrate protocol): the first
     ``n_train`` of ``permutation(split(split(PRNGKey(seed), 3)[0])[0], Q)``. Default n_train: Q minus
     a calibration and a test set of 200 questions each from Q = 600 up, else of Q // 5 each
-    (1400 -> 1000, 960 -> 560, 500 -> 300: the paper's splits and UALA's). tests/test_gym_api.py checks it against ccpo_jax's splits."""
+    (1400 -> 1000, 960 -> 560, 500 -> 300: the paper's splits and UALA's). tests/envs/test_gym_api.py checks it against ccpo_jax's splits."""
     if n_train is None:
         n_train = n_questions - 2 * (200 if n_questions >= 600 else n_questions // 5)
     if not 1 <= n_train <= n_questions:

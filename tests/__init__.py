@@ -1,0 +1,1 @@
+"""The tests, by room (docs/testing.md#rooms); shared helpers in tests/helpers.py."""

@@ -1,0 +1,1 @@
+"""Tests of the method: training, rows, presets, reports, sweeps, the learning proof."""

@@ -1,0 +1,1 @@
+"""Tests of data collect and the LLM round protocol."""

@@ -1,0 +1,1 @@
+"""Tests of whole runs of the CLI, several processes and devices, CI."""

@@ -1,0 +1,1 @@
+"""Tests of the exported router and the server."""

@@ -1,0 +1,1 @@
+"""Tests of the Stackelberg governance game and its learners."""
