@@ -16,6 +16,10 @@ import threading
 import time
 from pathlib import Path
 
+# loaded before serve_workers sets PROMETHEUS_MULTIPROC_DIR: prometheus_client picks its value class at import,
+# so a first import under that variable would leave every later Metrics of this process in multiprocess mode
+import prometheus_client  # noqa: F401,E402
+
 
 def _stand_in(folder: str, cfg, address, family, index: int, ready) -> None:
     """Worker 1 serves; worker 0 serves once, dies, and is refused at every later start."""
