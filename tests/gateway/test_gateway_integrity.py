@@ -392,7 +392,8 @@ def test_a_trickled_head_an_idle_keep_alive_and_a_slow_body_are_cut(art):
         s.settimeout(5)
         assert s.recv(65536).startswith(b"HTTP/1.1 200")
         dt, _ = _until_closed(s, 5.0)
-        assert dt is not None and 0.5 < dt < 2.0
+        # (the server's 0.5 s idle timer starts when it writes the reply, before this client reads it: 0.4995 s seen)
+        assert dt is not None and 0.4 < dt < 2.0
         s.close()
         s = socket.create_connection(("127.0.0.1", _port(g)))
         s.sendall(b"POST /v1/feedback HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
