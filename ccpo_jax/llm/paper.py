@@ -273,13 +273,28 @@ def verdict_uncertainty(logprobs: Sequence[tuple[str, float]] | None) -> float |
     return None
 
 
+def token_offset(logprobs: Sequence[tuple[str, float]] | None, text: str) -> int | None:
+    """Where ``text`` starts in the characters the tokens spell: 0 when they spell it exactly; the one
+    place it occurs when the server trimmed what it returned as ``content`` (whitespace after it, a code
+    fence around a JSON object: llama.cpp does both; measured on the real cache, docs/real-llms.md);
+    None without log-probs, or when ``text`` is not in them exactly once (the measure is never guessed)."""
+    if not logprobs or not text:
+        return None
+    spelled = "".join(t for t, _ in logprobs)
+    if spelled == text:
+        return 0
+    at = spelled.find(text)
+    return at if at >= 0 and spelled.find(text, at + 1) < 0 else None
+
+
 def answer_confidence(logprobs: Sequence[tuple[str, float]] | None, text: str,
                       span: tuple[int, int] | None) -> float | None:
     """exp(mean logprob) of the tokens overlapping ``text[span]``; None when it cannot be measured
-    (no log-probs, no answer span, or the tokens do not spell out ``text``)."""
-    if not logprobs or span is None or "".join(t for t, _ in logprobs) != text:
+    (no log-probs, no answer span, or the tokens do not spell out ``text``: :func:`token_offset`)."""
+    at = token_offset(logprobs, text)
+    if at is None or span is None:
         return None
-    s, e = span
+    s, e = span[0] + at, span[1] + at
     pos, lps = 0, []
     for tok, lp in logprobs:
         end = pos + len(tok)

@@ -102,14 +102,17 @@ class Protocol:
 def span_uncertainty(logprobs: Sequence[tuple[str, float]] | None, text: str,
                      span: tuple[int, int] | None) -> float | None:
     """1 - p of the first token that overlaps ``text[span]`` and holds a letter or digit (the verdict's
-    ``yes`` / ``no``); None when not measurable (no log-probs, no span, tokens that do not spell ``text``)."""
-    if not logprobs or span is None or "".join(t for t, _ in logprobs) != text:
+    ``yes`` / ``no``); None when not measurable (no log-probs, no span, tokens that do not spell ``text``:
+    :func:`~ccpo_jax.llm.paper.token_offset`)."""
+    at = P.token_offset(logprobs, text)
+    if at is None or span is None:
         return None
-    s, e = span
+    s, e = span[0] + at, span[1] + at
+    spelled = "".join(t for t, _ in logprobs)
     pos = 0
     for tok, lp in logprobs:
         end = pos + len(tok)
-        if end > s and pos < e and any(ch.isalnum() for ch in text[max(pos, s): min(end, e)]):
+        if end > s and pos < e and any(ch.isalnum() for ch in spelled[max(pos, s): min(end, e)]):
             return round(min(1.0, max(0.0, 1.0 - math.exp(lp))), 6)
         pos = end
     return None

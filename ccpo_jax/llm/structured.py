@@ -18,8 +18,13 @@ schema), so a reply is always one of them. The rule reads the question text only
 the gateway and ``live-eval`` constrain the same questions the same way.
 
 Reading a reply (:func:`read_json_answer`, :func:`read_json_verdict`) never guesses: the JSON object
-(code fences or text around it allowed), else the paper's free-text parsers
-(:mod:`ccpo_jax.llm.paper`) for a server that ignored the schema, else unreadable.
+(code fences or text around it allowed), else the *complete members* of an object the reply starts but
+does not close (:func:`complete_members`: a reply cut at ``max_tokens``, or one whose grammar let text
+follow an unclosed value), else the paper's free-text parsers (:mod:`ccpo_jax.llm.paper`) for a
+server that ignored the schema, else unreadable. A member is complete when its value was written to
+the end (a string's closing quote; another value followed by ``,`` or ``}``): a verdict written in full
+before the reply was cut is read, an answer cut mid-value is not. Measured on the real cache
+(docs/real-llms.md): 70 guide replies cut after a complete verdict, inside a runaway ``answer``.
 
 Measures (the paper protocol's, on the value inside the JSON): base ``confidence`` = exp(mean
 logprob) of the tokens that overlap the ``answer`` value's characters; guide ``uncertainty`` =
@@ -113,6 +118,46 @@ def find_object(text: str) -> dict | None:
     return None
 
 
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"\s*")
+
+
+def complete_members(text: str) -> dict:
+    """The members of the JSON object that ``text`` starts (after whitespace or a code fence) whose
+    values were written to the end, in order, stopping at the first member that was not (the reply
+    was cut there) or at anything that is not JSON; ``{}`` when the text starts no object.
+
+    ``'{"verdict": "yes", "answer": "10000'`` gives ``{"verdict": "yes"}``; ``'{"answer": 12'`` gives
+    ``{}`` (the number may have gone on); a closed object gives all its members (duplicates: the last).
+    """
+    s = text.lstrip()
+    if s.startswith("```"):
+        s = s[s.find("\n") + 1:] if "\n" in s else ""
+    s = s.lstrip()
+    if not s.startswith("{"):
+        return {}
+    out: dict[str, Any] = {}
+    i = _WS.match(s, 1).end()
+    while i < len(s) and s[i] == '"':
+        try:
+            key, i = _DECODER.raw_decode(s, i)
+            i = _WS.match(s, i).end()
+            if s[i:i + 1] != ":":
+                break
+            value, j = _DECODER.raw_decode(s, _WS.match(s, i + 1).end())
+        except (json.JSONDecodeError, ValueError):
+            break
+        k = _WS.match(s, j).end()
+        closed = k < len(s) and s[k] in ",}"
+        if not (closed or isinstance(value, str)):
+            break  # a number or a literal at the cut: it may have gone on
+        out[key] = value
+        if not closed or s[k] == "}":
+            break
+        i = _WS.match(s, k + 1).end()
+    return out
+
+
 def value_span(text: str, key: str) -> tuple[int, int] | None:
     """Character span of the string value of ``key`` in the reply text (inside the quotes), or None
     (absent, not a string, or written with escapes that make the raw and decoded values differ)."""
@@ -141,8 +186,8 @@ def to_label(answer: str, labels: Sequence[str] | None) -> str:
 def read_json_answer(text: str, labels: Sequence[str] | None) -> tuple[str, tuple[int, int] | None] | None:
     """(answer, its span in ``text`` for the confidence, None when not measurable) from a base reply
     in the JSON shape; None when the reply holds no such object or its answer is empty."""
-    obj = find_object(text)
-    if obj is None or not isinstance(obj.get("answer"), (str, int, float)) or isinstance(obj.get("answer"), bool):
+    obj = find_object(text) or complete_members(text)
+    if not isinstance(obj.get("answer"), (str, int, float)) or isinstance(obj.get("answer"), bool):
         return None
     ans = to_label(str(obj["answer"]), labels)
     if not ans:
@@ -152,10 +197,9 @@ def read_json_answer(text: str, labels: Sequence[str] | None) -> tuple[str, tupl
 
 def read_json_verdict(text: str, labels: Sequence[str] | None) -> tuple[bool, str | None, tuple[int, int] | None] | None:
     """(verdict, correction or None, span of the verdict value) from a guide reply in the JSON shape;
-    None when there is no object or its verdict is not yes/no (true/false also read)."""
-    obj = find_object(text)
-    if obj is None:
-        return None
+    None when there is no object or its verdict is not yes/no (true/false also read). A cut reply's
+    complete members are read (:func:`complete_members`): a cut ``answer`` is no correction."""
+    obj = find_object(text) or complete_members(text)
     v = obj.get("verdict")
     if isinstance(v, bool):
         verdict = v

@@ -244,3 +244,63 @@ def test_recorded_real_replies_are_read_with_their_measures():
         else:
             g = JSON.read_guide(r["question"], r["text"], lps, "A")
             assert g.verdict is not None and g.uncertainty is not None and 0.0 <= g.uncertainty <= 1.0
+
+
+IRREGULAR = REPO / "tests" / "fixtures" / "real_llms" / "irregular_replies.json"
+
+
+@pytest.mark.parametrize("text, members", [
+    ('{"verdict": "yes", "answer": "10000', {"verdict": "yes"}),               # cut inside the answer
+    ('{\n  "verdict": "no",\n  "answer": "C"', {"verdict": "no", "answer": "C"}),  # closed string at the cut
+    ('{"verdict": "ye', {}),                                                     # cut inside the verdict
+    ('{"answer": 12', {}),                                                       # a number at the cut may go on
+    ('{"answer": 12, "verdict": "no"}', {"answer": 12, "verdict": "no"}),
+    ('{"verdict": "yes", "answer": "100} If the answer is correct', {"verdict": "yes"}),  # unterminated string
+    ('```json\n{"verdict": "no", "answer": {"x": 1}, "z": tr', {"verdict": "no", "answer": {"x": 1}}),
+    ('Sure! {"verdict": "yes"', {}),                                             # does not start an object
+    ("", {}), ("{", {}), ('{"verdict" "yes"}', {}),
+])
+def test_complete_members_of_a_cut_reply(text, members):
+    assert S.complete_members(text) == members
+
+
+def test_cut_guide_reply_reads_its_complete_verdict_hand_derived():
+    text = '{"verdict": "no", "answer": "12345678'                 # cut at max_tokens
+    toks = [('{"verdict": "', -0.1), ("no", -0.7), ('", "answer": "', -0.01), ("1234", -0.2), ("5678", -0.3)]
+    g = JSON.read_guide("What is 6 * 7?", text, toks, "40")
+    assert (g.verdict, g.correction, g.answer) == (False, None, "")   # a cut answer is no correction
+    assert g.uncertainty == pytest.approx(1 - math.exp(-0.7), abs=1e-6)
+    b = JSON.read_base("What is 6 * 7?", '{"answer": "4242', [('{"answer": "', -0.1), ("4242", -0.2)])
+    assert not b.parsed and b.confidence is None                       # the answer itself was cut: unreadable
+
+
+@pytest.mark.parametrize("spelled, text, expected", [
+    ("abc", "abc", 0),
+    ("```json\n{}\n```", "{}", 8),          # the server returned the object without its fence
+    ('{"a": "b"}\n\n', '{"a": "b"}', 0),    # ... or without trailing whitespace
+    ("ab ab", "ab", None),                  # twice: which tokens measured it is unknown
+    ("abc", "abd", None), ("abc", "", None),
+])
+def test_token_offset(spelled, text, expected):
+    from ccpo_jax.llm import paper as P
+
+    toks = [(ch, -0.5) for ch in spelled]
+    assert P.token_offset(toks, text) == expected
+
+
+def test_real_replies_the_reader_once_missed():
+    """Verbatim replies of the real cache's call log that were unreadable or unmeasured before the cut-reply
+    reader and the token offset: each guide reply's verdict is read and its uncertainty is 1 - p of the token
+    named by hand in the fixture; the cut base answer stays unreadable (its value is incomplete)."""
+    rec = json.loads(IRREGULAR.read_text())
+    assert len(rec["replies"]) >= 5
+    for r in rec["replies"]:
+        lps = [tuple(x) for x in r["logprobs"]]
+        if r["role"] == "guide":
+            g = JSON.read_guide(r["question"], r["text"], lps, "7")
+            assert g.verdict is (r["expect"]["verdict"] == "yes"), r["id"]
+            want = 1 - math.exp(lps[r["expect"]["verdict_token"]][1])
+            assert g.uncertainty == pytest.approx(want, abs=1e-6), r["id"]
+        else:
+            b = JSON.read_base(r["question"], r["text"], lps)
+            assert b.parsed is r["expect"]["parsed"] and b.confidence is None, r["id"]
