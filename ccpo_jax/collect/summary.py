@@ -106,12 +106,14 @@ def signal_lines(m: Meter, s: Settings) -> list[str]:
 
 def cut_notes(m: Meter, s: Settings) -> list[str]:
     """One note per kind of call with replies stopped at max_tokens (finish_reason 'length'): each
-    kind has its own flag, and only a cut base answer can lose its 'Answer:' line."""
+    kind has its own flag; a cut base answer loses its ``Answer:`` line (paper protocol) or its JSON
+    answer's end (json protocol), a cut verdict is read from its start."""
     out = []
     n, bad = m.cut["base answer"]
     if n:
         out.append(f"note: {n} base answer(s) stopped at --base-max-tokens {s.base_max_tokens} (finish_reason "
-                   f"'length'), {bad} of them without an 'Answer:' line"
+                   f"'length'), {bad} of them unreadable "
+                   f"({'no complete JSON answer' if s.proto.structured else 'no Answer: line'})"
                    + ("; raise --base-max-tokens" if bad else ""))
     for kind, flag, v in (("guide verdict", "--guide-max-tokens", s.guide_max_tokens),
                           ("decision", "--decision-max-tokens", s.decision_max_tokens)):

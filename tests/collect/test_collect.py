@@ -466,7 +466,7 @@ def test_cut_replies_are_counted_per_kind_of_call(server, questions_file, refere
     out2 = tmp_path / "cut-base.jsonl"
     assert main(_args(server, questions_file, out2, "--limit", "1", "--base-max-tokens", "5")) == 0
     m = re.search(r"note: (\d+) base answer\(s\) stopped at --base-max-tokens 5 \(finish_reason 'length'\), "
-                  r"(\d+) of them without an 'Answer:' line; raise --base-max-tokens", capsys.readouterr().out)
+                  r"(\d+) of them unreadable \(no Answer: line\); raise --base-max-tokens", capsys.readouterr().out)
     assert m and int(m.group(1)) == int(m.group(2)) >= 4  # every base answer of q0 was cut before its last line
 
 
