@@ -134,7 +134,7 @@ def _live_eval(args) -> int:
 
     opts, cfg = _options(LiveEvalOptions, args, LIVE_EVAL_FLAGS)
     try:
-        report = live_eval(opts.artifact, cfg, opts.questions, results=opts.results, budget_cents=opts.budget_cents,
+        report = live_eval(opts.artifact, cfg, opts.questions, results=opts.results, cache=opts.cache, budget_cents=opts.budget_cents,
                            concurrency=opts.concurrency, echo=print)
         if opts.report:
             import json

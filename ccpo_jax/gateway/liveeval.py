@@ -17,6 +17,14 @@ the report gives the share of empty sets and the accuracy of the reply (its cont
 reply is wrong) under each choice of ``--on-empty``, all read from the same rounds, since a fallback
 makes no call.
 
+Two predictions (docs/gateway.md, "live-eval"). *This router over the cache*: the exported router's own
+replay over every question of the cache it was trained on (:func:`ccpo_jax.gateway.prediction.router_replay`;
+training and calibration questions included), at the prices the gateway charges: one policy, one threshold,
+the deployed router's prediction; cost and rounds differences are against it. *The row's mean over
+splits* (results.json): the training run's test-split figure of the row, a mean over splits x seeds each
+recalibrated with its own threshold, so not one deployed router's; kept as before (``prediction``,
+``prediction_inside``, ``coverage_diff``, ``cost_diff_cents``).
+
 Budget: before a question starts, the worst case of its T rounds (the engine's
 per-round reservation, completions at max_tokens) is reserved; a question whose
 reservation would cross ``--budget-cents`` is not started.
@@ -29,21 +37,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from scipy.stats import binomtest
 
 from ccpo_jax.ccpo import settings
 from ccpo_jax.errors import UserError
-from ccpo_jax.gateway.service import GatewayConfig, load_gateway
+from ccpo_jax.gateway.service import Gateway, GatewayConfig
 from ccpo_jax.gateway.engine import ON_EMPTY, Caps, fallback_answer, per_round, round_reserve
+from ccpo_jax.gateway.prediction import clopper_pearson, find_cache, router_replay
 from ccpo_jax.llm import paper as P
 from ccpo_jax.llm.questions import load_questions
-
-
-def clopper_pearson(k: int, n: int) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
-    return float(ci.low), float(ci.high)
+from ccpo_jax.serving import Router
 
 
 def served_row(manifest: dict) -> str:
@@ -81,18 +83,28 @@ def _find_results(artefact: str | Path, given: str | None) -> Path | None:
 
 
 def live_eval(artefact: str | Path, cfg: GatewayConfig, questions: str | Path, *, results: str | None = None,
-              budget_cents: float | None = None, concurrency: int = 4,
+              budget_cents: float | None = None, concurrency: int = 4, cache: str | None = None,
               echo: Callable[[str], Any] = print) -> dict:
+    """``questions`` through the gateway's code; the report against the router's own replay over its
+    training ``cache`` (given, or the one the training run's run.json names) and the row's mean of the
+    training run's ``results`` (given, or found beside the artefact's run)."""
     qs, _ = load_questions(questions)
     if budget_cents is not None and not budget_cents > 0:
         raise UserError(f"budget_cents: expected a number > 0, got {budget_cents}", field="budget_cents")
     if cfg.journal is None or Path(cfg.journal).exists():
         raise UserError(f"{cfg.journal}: already exists; live-eval writes a new journal", field="journal")
     res_path = _find_results(artefact, results)
-    gw = load_gateway(artefact, cfg)
-    pred = replay_prediction(res_path, served_row(gw.router.manifest)) if res_path else None
+    router = Router.load(artefact)
+    pred = replay_prediction(res_path, served_row(router.manifest)) if res_path else None
+    own, note = find_cache(router, cache)  # before the journal and the first call: a bad --cache leaves nothing
+    gw = Gateway(router, cfg)
+    gw.warm_up()  # (as load_gateway)
+    if own is not None:
+        echo(f"live-eval: replaying the router over its cache ({own.n_questions} questions) for its own prediction")
+        own = router_replay(gw.router, own, gw.prices)
     rows = asyncio.run(_run_all(gw, qs, budget_cents, concurrency))
-    report = summarise(rows, pred, len(qs), 1.0 - gw.router.alpha)
+    report = summarise(rows, pred, len(qs), 1.0 - gw.router.alpha, own)
+    report["prediction_router_note"] = note
     report["journal"] = str(cfg.journal)
     for line in format_report(report):
         echo(line)
@@ -142,7 +154,9 @@ async def _run_all(gw, qs, budget_cents, concurrency) -> list[dict]:
     return [r for r in rows if r is not None]
 
 
-def summarise(rows: list[dict], pred: dict | None, n_questions: int, target: float) -> dict:
+def summarise(rows: list[dict], pred: dict | None, n_questions: int, target: float, own: dict | None = None) -> dict:
+    """The report: realised figures with their intervals, against ``own`` (the router's replay over its
+    cache, :func:`router_replay`) and ``pred`` (the row's mean over splits, results.json)."""
     n = len(rows)
     k_set = sum(r["covered"] for r in rows)
     k_upper = sum(r["covered"] or r["none_seen"] for r in rows)
@@ -170,7 +184,41 @@ def summarise(rows: list[dict], pred: dict | None, n_questions: int, target: flo
         out["coverage_diff"] = [k_set / n - pred["coverage"], k_upper / n - pred["coverage"]]
         if pred.get("cost_cents_per_question") is not None:
             out["cost_diff_cents"] = out["cost_cents_per_question"] - pred["cost_cents_per_question"]
+    out["prediction_router"] = own
+    out["empty_set_share"] = out["empty_sets"] / n if n else None
+    if own is not None and n:
+        lo, hi = out["coverage_set_ci95"][0], out["coverage_set_or_none_seen_ci95"][1]
+        out["prediction_router_inside"] = lo <= own["coverage"] <= hi
+        out["coverage_diff_router"] = [k_set / n - own["coverage_set"], k_upper / n - own["coverage_set_or_none_seen"]]
+        out["cost_diff_cents_router"] = out["cost_cents_per_question"] - own["cost_cents_per_question"]
+        out["rounds_diff_router"] = out["rounds_mean"] - own["rounds_mean"]
     return out
+
+
+def _table(r: dict, f) -> list[str]:
+    """The table: realised, this router over its cache (and the difference), the row's mean (and the difference)."""
+    p, o = r["prediction"] or {}, r.get("prediction_router") or {}
+    ci_a, ci_b = r["coverage_set_ci95"], r["coverage_set_or_none_seen_ci95"]
+    d = lambda a, b: None if a is None or b is None else a - b  # noqa: E731
+    n_own = f"{o['questions']} questions" if o else "not computed"
+    lines = [f"| measure | realised | this router over the cache ({n_own}) | difference | the row's mean over "
+             "splits (results.json) | difference |", "|---|---|---|---|---|---|"]
+    for name, live, own, row in (
+            ("cost per question (cents)", r["cost_cents_per_question"], o.get("cost_cents_per_question"),
+             p.get("cost_cents_per_question")),
+            ("rounds per question", r["rounds_mean"], o.get("rounds_mean"), p.get("avg_len")),
+            (f"coverage: set (CP 95%) | {f(r['coverage_set'])} [{ci_a[0]:.3f}, {ci_a[1]:.3f}]", r["coverage_set"],
+             o.get("coverage_set"), p.get("coverage")),
+            (f"coverage: set or none seen (CP 95%) | {f(r['coverage_set_or_none_seen'])} [{ci_b[0]:.3f}, "
+             f"{ci_b[1]:.3f}]", r["coverage_set_or_none_seen"], o.get("coverage_set_or_none_seen"), p.get("coverage")),
+            ("empty final sets (share)", r.get("empty_set_share"), o.get("empty_set_share"), None)):
+        shown = name if "|" in name else f"{name} | {f(live)}"
+        lines.append(f"| {shown} | {f(own)} | {f(d(live, own))} | {f(row)} | {f(d(live, row))} |")
+    if o:
+        oc = o["coverage_ci95"]
+        lines.append(f"| coverage: matched (the replay's rule) | between set and set or none seen | {f(o['coverage'])} "
+                     f"[{oc[0]:.3f}, {oc[1]:.3f}] | | {f(p.get('coverage'))} | |")
+    return lines
 
 
 def format_report(r: dict) -> list[str]:
@@ -179,15 +227,7 @@ def format_report(r: dict) -> list[str]:
     ci_a, ci_b = r["coverage_set_ci95"], r["coverage_set_or_none_seen_ci95"]
     lines = [f"live-eval: {r['questions']} question(s) answered"
              + (f", {r['not_started_budget']} not started (--budget-cents)" if r["not_started_budget"] else ""),
-             "| measure | realised | replay prediction | difference |", "|---|---|---|---|",
-             f"| cost per question (cents) | {f(r['cost_cents_per_question'])} | {f(p.get('cost_cents_per_question'))} "
-             f"| {f(r.get('cost_diff_cents'))} |",
-             f"| rounds per question | {f(r['rounds_mean'])} | {f(p.get('avg_len'))} | "
-             f"{f(None if not p or r['rounds_mean'] is None else r['rounds_mean'] - p['avg_len'])} |",
-             f"| coverage: set (CP 95%) | {f(r['coverage_set'])} [{ci_a[0]:.3f}, {ci_a[1]:.3f}] | "
-             f"{f(p.get('coverage'))} | {f((r.get('coverage_diff') or [None])[0])} |",
-             f"| coverage: set or none seen (CP 95%) | {f(r['coverage_set_or_none_seen'])} [{ci_b[0]:.3f}, "
-             f"{ci_b[1]:.3f}] | {f(p.get('coverage'))} | {f((r.get('coverage_diff') or [None, None])[1])} |"]
+             *_table(r, f)]
     lines.append(f"empty final sets: {r['empty_sets']} of {r['questions']}; reply accuracy (content correct, "
                  "CP 95%) by --on-empty: " + "; ".join(
                      f"{c} {f(a['value'], 3)} [{a['ci95'][0]:.3f}, {a['ci95'][1]:.3f}]"
@@ -198,11 +238,20 @@ def format_report(r: dict) -> list[str]:
                      + (f"on after {a['first_on_after']} outcome(s)" if a["first_on_after"] else "never on")
                      + f"; at the end {'on' if a['on_at_end'] else 'off'}, rolling coverage "
                      f"{f(a['rolling_coverage_at_end'], 3)}")
+    o = r.get("prediction_router")
+    if o:
+        lines.append(f"prediction of this router (its replay over the cache {o['cache']!r}, {o['questions']} "
+                     f"questions, training and calibration questions included; {r.get('prediction_router_note')}): "
+                     f"matched coverage {f(o['coverage'])} inside [{ci_a[0]:.3f}, {ci_b[1]:.3f}]: "
+                     f"{'yes' if r.get('prediction_router_inside') else 'no'}")
+    else:
+        lines.append(r.get("prediction_router_note") or "the router's own replay prediction skipped (pass --cache)")
     if p:
-        lines.append(f"prediction ({p['row']}, {p['source']}) inside [{ci_a[0]:.3f}, {ci_b[1]:.3f}]: "
+        lines.append(f"the row's mean over splits ({p['row']}, {p['source']}; splits x seeds, each recalibrated: "
+                     f"not one deployed router's) inside [{ci_a[0]:.3f}, {ci_b[1]:.3f}]: "
                      f"{'yes' if r.get('prediction_inside') else 'no'}")
     else:
-        lines.append("no replay prediction (no results.json found; pass --results)")
+        lines.append("no row mean over splits (no results.json found; pass --results)")
     from ccpo_jax.ccpo.table import COVERAGE_RULE
 
     lines.append(f"coverage: {COVERAGE_RULE}; 'set': an answer of the set matches the gold; 'set or none seen' "

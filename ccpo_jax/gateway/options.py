@@ -233,6 +233,10 @@ class LiveEvalOptions(EndpointOptions):
     journal: str = option("--journal", help="the journal (a cache) to write", metavar="FILE.jsonl", required=True)
     results: str | None = option("--results", help="the training run's results.json", metavar="results.json",
                                  default_doc="RUN_DIR/results.json of the artefact's run if found")
+    cache: str | None = option("--cache", help="the cache the router was trained on (its checksum must match the "
+                               "artefact's): the router's own replay over it is the prediction the live figures are "
+                               "compared with", metavar="PATH", default_doc="the one the training run's run.json names, "
+                               "if found; else that prediction is skipped")
     budget_cents: float | None = option("--budget-cents", help="stop before a question whose worst case would cross "
                                         "this total", type=float)
     concurrency: int = option("--concurrency", help="questions in flight", type=int, default=4,
@@ -244,6 +248,6 @@ class LiveEvalOptions(EndpointOptions):
 #: Field -> flag, for UserError.for_cli: the options' own and the library's names (GatewayConfig, live_eval).
 LIBRARY_FLAGS = {"base": "--base", "guide": "--guide", "on_empty": "--on-empty", "journal": "--journal",
                  "online_eta": "--online-kappa", "questions": "--questions", "budget_cents": "--budget-cents",
-                 "results": "--results", "row": "--row", "spool": "--spool"}
+                 "results": "--results", "cache": "--cache", "row": "--row", "spool": "--spool"}
 GATEWAY_FLAGS = {**LIBRARY_FLAGS, **options.flag_names(GatewayOptions)}
 LIVE_EVAL_FLAGS = {**LIBRARY_FLAGS, **options.flag_names(LiveEvalOptions)}

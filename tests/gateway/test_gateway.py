@@ -392,9 +392,12 @@ def test_live_eval_table_against_the_replay_prediction(art, tmp_path):
 
     k = sum(any(is_correct(a["answer"], [r["gold"]]) for a in r["gateway"]["answer_set"]) for r in recs)
     lo, hi = beta.ppf(0.025, k, 10 - k + 1) if k else 0.0, beta.ppf(0.975, k + 1, 10 - k) if k < 10 else 1.0
-    assert f"| coverage: set (CP 95%) | {k / 10:.4g} [{lo:.3f}, {hi:.3f}] | 0.9 |" in res.stdout
+    # (no cache found for this artefact, so no router's own prediction: its columns say n/a)
+    assert f"| coverage: set (CP 95%) | {k / 10:.4g} [{lo:.3f}, {hi:.3f}] | n/a | n/a | 0.9 |" in res.stdout
     cost = np.mean([r["gateway"]["cost_cents"] for r in recs])
-    assert f"| cost per question (cents) | {cost:.4g} | 0.01 |" in res.stdout
+    assert f"| cost per question (cents) | {cost:.4g} | n/a | n/a | 0.01 |" in res.stdout
+    assert "the router's own replay prediction skipped: no run.json of the training run found (pass --cache)" \
+        in res.stdout
     assert "inside" in res.stdout
     assert "drift alarm (gold feedback after each question): never on; at the end off" in res.stdout
 

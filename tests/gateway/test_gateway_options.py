@@ -60,6 +60,7 @@ R0 = {
         (('--questions',), 'questions', None, True, None),
         (('--journal',), 'journal', None, True, None),
         (('--results',), 'results', None, False, None),
+        (('--cache',), 'cache', None, False, None),
         (('--budget-cents',), 'budget_cents', None, False, None),
         (('--concurrency',), 'concurrency', 4, False, None),
         (('--report',), 'report', None, False, None),
