@@ -139,9 +139,12 @@ def serve(port: int, parallel: int, threads: int, log: Path, model: Path | None 
     raise SystemExit(f"llama-server did not answer {url} within 120 s; see {log}")
 
 
-def plot(reports: list[Path], out: Path) -> None:
+def plot(reports: list[Path], out: Path):
     """Predicted against realised (live-eval ``--report`` files): coverage with its Clopper-Pearson bracket
-    (the set's lower bound to the set-or-none-seen upper bound) and cost per question, one row per report."""
+    (the set's lower bound to the set-or-none-seen upper bound) and cost per question, one row per report.
+    Predictions: the router's own replay over its cache (``prediction_router``, a red x; its matched
+    coverage with its Clopper-Pearson interval) when the report has it, and the row's mean over splits
+    (``prediction``, a grey +). Returns the figure (saved to ``out``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,25 +153,36 @@ def plot(reports: list[Path], out: Path) -> None:
     rs = [json.loads(Path(r).read_text()) for r in reports]
     labels = [Path(r).stem for r in reports]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rs) + 1.8))
+    own_seen = row_seen = False
     for i, r in enumerate(rs):
         lo, hi = r["coverage_set_ci95"][0], r["coverage_set_or_none_seen_ci95"][1]
         a.plot([lo, hi], [i, i], color="tab:blue", lw=3, alpha=0.5)
         a.plot([r["coverage_set"], r["coverage_set_or_none_seen"]], [i, i], "o", color="tab:blue", ms=4)
-        if r.get("prediction"):
-            a.plot(r["prediction"]["coverage"], i, "x", color="tab:red", ms=9, mew=2)
-            if r["prediction"].get("cost_cents_per_question") is not None:
-                b.plot(r["prediction"]["cost_cents_per_question"], i, "x", color="tab:red", ms=9, mew=2)
+        row, own = r.get("prediction"), r.get("prediction_router")
+        if row:
+            row_seen = True
+            a.plot(row["coverage"], i + 0.15, "+", color="grey", ms=9, mew=2)
+            if row.get("cost_cents_per_question") is not None:
+                b.plot(row["cost_cents_per_question"], i + 0.15, "+", color="grey", ms=9, mew=2)
+        if own:
+            own_seen = True
+            a.plot(own["coverage_ci95"], [i - 0.15, i - 0.15], color="tab:red", lw=1)
+            a.plot(own["coverage"], i - 0.15, "x", color="tab:red", ms=9, mew=2)
+            b.plot(own["cost_cents_per_question"], i - 0.15, "x", color="tab:red", ms=9, mew=2)
         a.axvline(r["target"], color="grey", ls=":", lw=1)
         b.plot(r["cost_cents_per_question"], i, "o", color="tab:blue", ms=6)
     for ax in (a, b):
         ax.set_yticks(range(len(rs)), labels)
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
-    a.set_xlabel("coverage: realised bracket (CP 95%, set .. set or none seen), x = replay prediction")
-    b.set_xlabel("cost per question (cents): o realised, x predicted")
+    marks = (["x = this router over its cache"] if own_seen else []) + (["+ = the row's mean over splits"]
+                                                                        if row_seen else [])
+    a.set_xlabel("coverage: realised bracket (CP 95%, set .. set or none seen); " + ", ".join(marks))
+    b.set_xlabel("cost per question (cents): o realised; " + ", ".join(marks))
     fig.suptitle("SmolLM2-135M-Instruct (base and guide) behind the CCPO gateway: replay prediction vs live")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> None:

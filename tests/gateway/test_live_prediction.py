@@ -187,3 +187,27 @@ def test_the_cache_is_found_through_the_training_runs_run_json(crafted, tmp_path
             assert note.endswith("pass --cache")
     finally:
         run.unlink()
+
+
+def test_the_picture_draws_the_routers_own_prediction_and_the_row_mean(tmp_path):
+    """experiments.real_llms plot: an x at the router's own prediction (coverage and cost) when the report
+    has it, a + at the row's mean; a report from before (no prediction_router) still draws."""
+    from experiments.real_llms import plot
+
+    old = Path(__file__).parents[2] / "experiments/results/real_llms/live-p10-live.json"
+    r = json.loads(old.read_text())
+    r["prediction_router"] = {"coverage": 0.987, "coverage_ci95": [0.97, 0.995], "cost_cents_per_question": 0.0611}
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(r))
+    fig = plot([old, new], tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+    cov, cost = fig.axes
+
+    def marks(ax, m):
+        return sorted((round(float(x), 6), round(float(y), 2)) for ln in ax.get_lines() if ln.get_marker() == m
+                      for x, y in zip(ln.get_xdata(), ln.get_ydata()))
+
+    row = r["prediction"]
+    assert marks(cov, "x") == [(0.987, 0.85)] and marks(cost, "x") == [(0.0611, 0.85)]
+    assert marks(cov, "+") == [(round(row["coverage"], 6), 0.15), (round(row["coverage"], 6), 1.15)]
+    assert "x = this router over its cache" in cov.get_xlabel()
