@@ -73,4 +73,6 @@ def test_the_loop_against_a_real_llm(tmp_path):
                    "journal.jsonl", "--results", "run/results.json", "--max-batch", "1", cwd=tmp_path).stdout
     assert f"live-eval: {N_LIVE} question(s) answered" in out and "| coverage: set (CP 95%) |" in out
     assert "reply accuracy (content correct, CP 95%) by --on-empty: guide" in out
+    # the router's own prediction: its replay over the cache that run/run.json names
+    assert "prediction of this router (its replay over the cache" in out and "this router over the cache (" in out
     _cli("data", "check", "journal.jsonl", cwd=tmp_path)

@@ -22,7 +22,7 @@ from tests.helpers import run_cli
 def crafted(tmp_path_factory):
     """(cache path, artefact) of a SYNTHETIC cache, half its questions without log-prob signals (so this
     random sharp router stops at round 1 on some and runs to the last round on others), a third made
-    unsolvable."""
+    unsolvable, two groups."""
     from envs.cache.jsonl import cache_to_records, read_jsonl
     from envs.generators.synthetic import generate
 
@@ -37,6 +37,8 @@ def crafted(tmp_path_factory):
         rec["gold"] = "no model says this"
         for rd in rec["rounds"]:
             rd["base"]["correct"] = rd["guide"]["correct"] = False
+    for i, rec in enumerate(recs):  # groups (used by a Mondrian router only)
+        rec["group"] = "a" if i % 4 < 2 else "b"
     src = root / "c.jsonl"
     src.write_text("".join(json.dumps(x) + "\n" for x in [{"manifest": full.manifest.to_dict()}] + recs))
     return src, build_artefact(root, kappa=0.4, cache=read_jsonl(src))
@@ -107,6 +109,35 @@ def test_router_replay_equals_a_brute_force_walk_of_route_every_round(crafted, t
     m = router.manifest["models"]
     dbl = {r: (2 * m[r]["price_in"], 2 * m[r]["price_out"]) for r in ("base", "guide")}
     assert router_replay(router, cache, dbl)["cost_cents_per_question"] == pytest.approx(2 * o["cost"].mean(), rel=1e-9)
+
+
+def test_a_mondrian_router_replays_each_question_at_its_groups_threshold(crafted):
+    """Per-group thresholds: the replay equals a one-question-at-a-time walk of Router.decide (unscreened,
+    unbatched) with each question's group, and differs from the walk without groups (the pooled one)."""
+    from ccpo_jax.gateway.prediction import router_replay
+    from ccpo_jax.serving import Router
+
+    cache, art = crafted
+    router = Router.load(art)
+    router.group_kappas, router.rest_kappa = {"a": np.float32(0.05)}, np.float32(0.4)
+    recs = [json.loads(x) for x in cache.read_text().splitlines()[1:]]
+
+    def walk(with_group: bool) -> tuple[float, float]:
+        rounds_run, covered = [], []
+        for rec in recs:
+            rs, flags = rec["rounds"], []
+            for t in range(len(rs)):
+                d = router.decide(rs[: t + 1], t + 1 < len(rs), rec["group"] if with_group else None)
+                flags += [rs[t][a]["correct"] for a in ("base", "guide") if a in d["action_set"]]
+                if not d["continue"]:
+                    break
+            rounds_run.append(t + 1)
+            covered.append(any(flags) or not any(r[a]["correct"] for r in rs for a in ("base", "guide")))
+        return float(np.mean(rounds_run)), float(np.mean(covered))
+
+    got = router_replay(router, cache)
+    assert (got["rounds_mean"], got["coverage"]) == pytest.approx(walk(True), abs=1e-12)
+    assert walk(True) != walk(False)
 
 
 def test_a_mismatched_cache_is_one_line_naming_the_flag(crafted, tmp_path):
