@@ -22,6 +22,7 @@ from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.ccpo.rowid import CPO_BATCH, Twin
 from ccpo_jax.core import conformal
 from ccpo_jax.core.guarantee import LTT_GRID, Guarantee
+from ccpo_jax.runtime import executables
 from envs.replay.env import EnvParams, evaluate_actions, evaluate_sets, reached_rounds, summarise
 
 #: A router is degenerate when its set holds every available action on (at least) this
@@ -296,8 +297,10 @@ def evaluate_members(config: TrainConfig, params: EnvParams, variants: list[Vari
     alpha_list = [float(var.alpha) for var in variants]
     alphas = jnp.asarray(alpha_list, jnp.float32)  # each at its own alpha
     host = CalibrationInputs.of(guarantee, alpha_list, n_cal_all, question_cost_max(params) if ltt else None)
-    got = jax.device_get(over_members(one, retrain)(pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys,
-                                                    alphas, *map(jnp.asarray, host)))
+    args = (pol, kap, jnp.asarray(cal_idx), jnp.asarray(test_idx), keys, alphas, *map(jnp.asarray, host))
+    # ``one`` closes over these (and the code): with the arguments' shapes, the program's key on disk
+    closed = (config, params, retrain, ensemble, guarantee, traced_ranks, ltt, n_cal_all, LTT_GRID, groups)
+    got = jax.device_get(executables.compile("evaluate-members", over_members(one, retrain), args, closed)(*args))
     group_ev = None
     if got.mondrian is not None:
         m = got.mondrian

@@ -17,7 +17,7 @@ import numpy as np
 from ccpo_jax.ccpo.config import TrainConfig, Variant
 from ccpo_jax.ccpo.train import make_train, variant_arrays
 from ccpo_jax.errors import UserError
-from ccpo_jax.runtime import loop, sharding
+from ccpo_jax.runtime import executables, loop, sharding
 from ccpo_jax.runtime.execution import Execution
 from envs.replay.env import EnvParams
 
@@ -130,8 +130,12 @@ def train_many(config: TrainConfig, params: EnvParams, variants: list[Variant], 
     # One compiled program: run eagerly, the initialisers' random draws and reshapes are
     # compiled one operation at a time. Jitted, the state was the same bit for bit (checked on
     # jax 0.10.2 when this changed). One flat member axis.
-    init = _cached(params, ("init", config), lambda: jax.jit(jax.vmap(trainer.init)))
-    state = init(keys.reshape(V * S, -1))
+    # The trainer's programs close over the configuration and the env (``make_train``): with their
+    # arguments' shapes that is their whole key in the executables kept on disk.
+    member_keys = keys.reshape(V * S, -1)
+    init = _cached(params, ("init", config, _signature(member_keys)), lambda: executables.compile(
+        "train-init", jax.jit(jax.vmap(trainer.init)), (member_keys,), (config, params)))
+    state = init(member_keys)
     n_members = V * S
     layout = sharding.MemberLayout(n_members, mesh, member_block)
     flat_idx, flat_var = layout.place((flat_idx, flat_var))
@@ -139,7 +143,10 @@ def train_many(config: TrainConfig, params: EnvParams, variants: list[Variant], 
     def compile_chunk(n: int, placed_state):
         key = ("chunk", config, n, member_block, layout.devices(), _signature((placed_state, flat_idx, flat_var)))
         fn = sharding.blocked_vmap(lambda s, idx, v: trainer.run_chunk(s, idx, v, n), member_block)
-        program = _cached(params, key, lambda: layout.compile(fn, placed_state, flat_idx, flat_var))
+        args = (placed_state, flat_idx, flat_var)
+        build = (lambda: layout.compile(fn, *args)) if mesh is not None else (
+            lambda: executables.compile("train-chunk", jax.jit(fn), args, (config, params, n, member_block)))
+        program = _cached(params, key, build)
 
         def step(s):
             s, m = program(s, flat_idx, flat_var)

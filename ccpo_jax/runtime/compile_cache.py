@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import MutableMapping
 
 ENV = "CCPO_JAX_COMPILATION_CACHE"
+#: The executables' layer's variable (:data:`ccpo_jax.runtime.executables.ENV`; not imported: this module
+#: runs before jax is).
+EXECUTABLES = "CCPO_JAX_EXECUTABLES"
 OFF = ("0", "off", "false", "no", "none")
 #: JAX evicts least recently used entries beyond this many bytes (a default reproduce writes ~3 MB).
 MAX_BYTES = 1 << 30
@@ -62,18 +65,28 @@ def configure(environ: MutableMapping[str, str] | None = None) -> str | None:
     choice = (environ.get(ENV) or "").strip()
     if choice.lower() in OFF and choice:
         environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+        environ[EXECUTABLES] = "off"
         if env is None:
             _update_jax(None)
         return None
     if environ.get("JAX_COMPILATION_CACHE_DIR"):
+        _executables(environ, environ["JAX_COMPILATION_CACHE_DIR"])
         return environ["JAX_COMPILATION_CACHE_DIR"]
     path = str(Path(choice).expanduser()) if choice else str(default_dir(environ))
     environ["JAX_COMPILATION_CACHE_DIR"] = path
+    _executables(environ, path)
     environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(MAX_BYTES))
     if env is None:
         _update_jax(path)
     return path
+
+
+def _executables(environ: MutableMapping[str, str], path: str) -> None:
+    """The executables kept without tracing (:mod:`ccpo_jax.runtime.executables`) go to ``path/executables``,
+    unless ``CCPO_JAX_EXECUTABLES=off`` turns that layer off alone."""
+    if (environ.get(EXECUTABLES) or "").strip().lower() not in OFF:
+        environ[EXECUTABLES] = str(Path(path) / "executables")
 
 
 def _update_jax(path: str | None) -> None:
