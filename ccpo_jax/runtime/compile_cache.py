@@ -3,7 +3,8 @@
 A second ``ccpo-jax reproduce`` of the same shapes compiles nothing: every XLA program (the trainer's
 chunk, the evaluations, the eager operations) is read back from disk, the same executable, so the
 results are the same bits (docs/performance.md#the-persistent-compilation-cache: the default reproduce's
-CPU time, first and second run). Tracing and lowering still run; only XLA's compilation is skipped.
+CPU time, first and second run). Tracing and lowering still run; only XLA's compilation is skipped (the
+run's big programs skip those too: :mod:`ccpo_jax.runtime.executables`, in ``<folder>/executables``).
 
 Where it lives: ``$XDG_CACHE_HOME/ccpo-jax/xla/<host>`` (default ``~/.cache/ccpo-jax/xla/<host>``), one
 folder per CPU model and instruction set (:func:`host_key`), so a home directory shared by machines of

@@ -2,8 +2,8 @@
 
 JAX's persistent compilation cache (:mod:`ccpo_jax.runtime.compile_cache`) skips XLA's compilation on a
 second run, but finds its entry by hashing the lowered module: every program is traced and lowered again
-first, about 2.4 s of CPU on a second default ``reproduce`` for the trainer's two programs and the
-evaluations (docs/performance.md#the-executable-cache). :func:`compile` keys a program by what it is made
+first, most of it for the trainer's two programs and the evaluations
+(docs/performance.md#the-executable-cache). :func:`compile` keys a program by what it is made
 of instead, and reads the executable back with ``jax.experimental.serialize_executable``:
 
 * the program's name and the explicit ``static`` values it closes over (the configuration; arrays such
@@ -49,7 +49,7 @@ import numpy as np
 
 ENV = "CCPO_JAX_EXECUTABLES"
 OFF = ("0", "off", "false", "no", "none")
-#: Entries beyond this many bytes go, least recently used first (a default reproduce writes ~15 MB).
+#: Entries beyond this many bytes go, least recently used first (a default reproduce writes a few MB).
 MAX_BYTES = 512 << 20
 MAGIC = b"ccpo-jax executable 1\n"
 #: The packages whose code is traced into the programs, besides jax and jaxlib.
