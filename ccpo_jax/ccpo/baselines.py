@@ -53,6 +53,7 @@ from flax import struct
 from ccpo_jax.ccpo.ladder_rows import LADDER
 from ccpo_jax.ccpo.registry import BASELINES, Baseline, register_baseline
 from ccpo_jax.ccpo.rowid import RANDOM, UALA, Family, RowId, exit_row, llm_policy_row
+from ccpo_jax.runtime import executables
 from envs.cache.schema import A_NEXT, ResponseCache
 from envs.replay.env import EnvParams, SetMetrics, evaluate_actions, evaluate_sets, summarise
 
@@ -186,6 +187,21 @@ def _rows_program(plan: tuple):
     return jax.jit(jax.vmap(one, in_axes=(None, None, 0, 0, 0, None)))
 
 
+def _plan_key(plan: tuple) -> Any:
+    """What :func:`_rows_program`'s program closes over, for its key on disk
+    (:func:`ccpo_jax.runtime.executables.compile`): each baseline's family, its ``metrics`` function (module,
+    name, line: the source hash covers its code) and rows. A ``metrics`` outside this library's code, or with a
+    closure, has no such key: an ``object()``, which no key encodes, so that program is traced as before."""
+    out = []
+    for b, named in plan:
+        fn = b.metrics
+        if not fn.__module__.startswith(("ccpo_jax.", "envs.")) or getattr(fn, "__closure__", None) or not hasattr(
+                fn, "__code__"):
+            return object()
+        out.append((b.family, fn.__module__, fn.__qualname__, fn.__code__.co_firstlineno, named))
+    return tuple(out)
+
+
 def non_learned_rows(
     cache: ResponseCache,
     params: EnvParams,
@@ -213,7 +229,8 @@ def non_learned_rows(
     data = make_baseline_data(cache)
     keys = jax.random.split(key, test_idx.shape[0])
     # params and data are arguments (not closed over) so they are not baked into the program as constants
-    out = _rows_program(plan)(params, data, keys, cal_idx, test_idx, jnp.float32(alpha))
+    args = (params, data, keys, cal_idx, test_idx, jnp.float32(alpha))
+    out = executables.compile("non-learned-rows", _rows_program(plan), args, _plan_key(plan))(*args)
     rows: dict[str, dict[str, np.ndarray]] = {}
     for b, named in plan:
         rows.update({r: {k: np.asarray(v) for k, v in out[r].items()} for r, _ in named})

@@ -185,6 +185,13 @@ def _box_panel(ax, rows: list[str], data: list[np.ndarray], annotate: bool = Fal
                             xytext=(0, 4), ha="center", fontsize=7)
 
 
+def preload_plotting() -> None:
+    """Import what :func:`write_boxplots` draws with, so that a thread can pay for it while the main one waits
+    on the training (``ccpo_jax.ccpo.reproduce``); importing changes nothing the plots show."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+
+
 def write_boxplots(
     out_dir: str | os.PathLike,
     results: Mapping[str, Any],

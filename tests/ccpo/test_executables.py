@@ -159,3 +159,31 @@ def test_the_trainer_keys_its_configuration_and_env_by_content(monkeypatch):
     assert base[0] == "train-init" and init_key(cfg, params) == base
     assert init_key(TrainConfig(iterations=2, chunk=2, critic_lr=2e-3), params) != base
     assert init_key(cfg, params.replace(cost=params.cost * 2)) != base
+
+
+def test_the_non_learned_rows_key_their_plan_or_are_traced():
+    """The baselines' program closes over its plan: the key names each baseline's family, ``metrics`` function
+    and rows; a ``metrics`` from outside the library (or with a closure) makes it uncacheable, never a guess."""
+    from ccpo_jax.ccpo.baselines import _plan_key
+    from ccpo_jax.ccpo.registry import BASELINES, Baseline
+    from ccpo_jax.ccpo.rowid import Family
+
+    traced = [b for b in BASELINES if b.metrics is not None]
+    plan = tuple((b, ((f"{b.family} row", None),)) for b in traced)
+    key = ex.digest(_plan_key(plan))
+    assert ex.digest(_plan_key(plan)) == key
+    assert ex.digest(_plan_key(plan[:-1])) != key
+    assert ex.digest(_plan_key(plan[:-1] + ((plan[-1][0], (("another row", 1),)),))) != key
+    outside = Baseline(Family.RANDOM, lambda cache, used: {}, lambda cache, used: [], lambda *a: None)
+    with pytest.raises(ex.Uncacheable):
+        ex.digest(_plan_key(plan + ((outside, (("x", None),)),)))
+
+
+def test_exit_now_runs_the_atexit_handlers_and_flushes():
+    import subprocess
+    import sys
+
+    code = ("import atexit; from ccpo_jax.cli.main import exit_now; "
+            "atexit.register(lambda: print(' handler', end='')); print('output', end=''); exit_now(3)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stdout) == (3, "output handler")
