@@ -33,7 +33,23 @@ def _version() -> str:
         return "unknown (not installed; run from a checkout)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: The module that registers each command. A command line that names one imports that module alone: the
+#: others' options pull in their stacks (the gateway's aiohttp, Starlette, pydantic; docs/performance.md#figures-
+#: behind-code-comments). tests/end_to_end/test_cli_commands.py checks this against what the modules register.
+COMMANDS = {"data": "ccpo_jax.cli.data", "export": "ccpo_jax.cli.export", "gateway": "ccpo_jax.cli.gateway",
+            "live-eval": "ccpo_jax.cli.gateway", "multihost": "ccpo_jax.cli.multihost",
+            "reproduce": "ccpo_jax.cli.reproduce", "route": "ccpo_jax.cli.serve", "serve": "ccpo_jax.cli.serve",
+            "stackelberg": "ccpo_jax.cli.stackelberg", "sweep": "ccpo_jax.cli.sweep"}
+
+
+def command_modules(argv: list[str] | None) -> tuple[str, ...]:
+    """The modules to register for ``argv``: the named command's, or all of them (no command yet, ``--help``,
+    ``--version``, a name no module registers: the full parser answers those)."""
+    return (COMMANDS[argv[0]],) if argv and argv[0] in COMMANDS else COMMAND_MODULES
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``ccpo-jax`` parser; with ``argv``, only the command it names (:func:`command_modules`)."""
     parser = argparse.ArgumentParser(
         prog="ccpo-jax",
         description="Cost-aware LLM orchestration: CCPO training/evaluation on cached LLM responses, "
@@ -43,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
+    for name in command_modules(argv):
         importlib.import_module(name).register(sub)
     return parser
 
@@ -96,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     from ccpo_jax.runtime import progress
 
     progress.restart_clock()  # the phase lines count seconds from the command's start
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(given)
+    args = parser.parse_args(given)
     force_host_devices(getattr(args, "devices", None))
     from ccpo_jax.runtime.compile_cache import configure
 
