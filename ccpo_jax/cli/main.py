@@ -34,8 +34,9 @@ def _version() -> str:
 
 
 #: The module that registers each command. A command line that names one imports that module alone: the
-#: others' options pull in their stacks (the gateway's aiohttp, Starlette, pydantic; docs/performance.md#figures-
-#: behind-code-comments). tests/end_to_end/test_cli_commands.py checks this against what the modules register.
+#: others' options pull in their stacks (the gateway's aiohttp, Starlette, pydantic;
+#: docs/performance.md#figures-behind-code-comments). tests/end_to_end/test_cli_commands.py checks this map
+#: against what the modules register.
 COMMANDS = {"data": "ccpo_jax.cli.data", "export": "ccpo_jax.cli.export", "gateway": "ccpo_jax.cli.gateway",
             "live-eval": "ccpo_jax.cli.gateway", "multihost": "ccpo_jax.cli.multihost",
             "reproduce": "ccpo_jax.cli.reproduce", "route": "ccpo_jax.cli.serve", "serve": "ccpo_jax.cli.serve",
