@@ -6,8 +6,10 @@ ratio exists, with absolute times labelled with the machine.
         [--reproduce-args "--splits 100"] [--requests 300] [--torch-python PATH]
 
 * ``reproduce``: ``ccpo-jax reproduce`` (default setting) twice in fresh processes sharing one new
-  persistent compilation cache folder (the first run compiles, the second reads; docs/performance.md),
-  wall and CPU seconds of each, its ``timing``, and whether the two results.json are equal value for value
+  persistent compilation cache folder (the first run compiles, the second reads, the trainer's and the
+  evaluations' executables without tracing them: ``executables/`` beside it; docs/performance.md),
+  wall and CPU seconds of each, its ``timing``, the executables kept, and whether the two results.json are
+  equal value for value
   (``benchmarks/diff_results.py``); then once more with the cache off (the run a user without the cache
   pays).
 * ``gateway``: ``benchmarks/gateway_overhead.py`` on the default export of the first run (``ccpo-jax
@@ -79,6 +81,9 @@ def reproduce_section(rec: Recorder, work: Path, args) -> Path:
         rec.add("reproduce_cpu_s", cpu, "s", **cfg)
         for k in ("compile_s", "train_s", "eval_s"):
             rec.add(f"reproduce_{k}", res["timing"].get(k, 0.0), "s", **cfg)
+        if value != "off":  # the programs kept without tracing (ccpo_jax.runtime.executables): the second run adds none
+            kept = sorted(p.name for p in (cache / "executables").glob("*.exe"))
+            rec.add("reproduce_executables_kept", len(kept), "count", **cfg, names=",".join(k.rsplit("-", 1)[0] for k in kept))
     walls = {r["config"]["run"]: r["value"] for r in rec.records if r["name"] == "reproduce_wall_s"}
     rec.add("reproduce_second_over_first_wall", walls["second"] / walls["first"], "ratio")
     for other in ("second", "no_cache"):
