@@ -171,16 +171,27 @@ def plot(reports: list[Path], out: Path):
             b.plot(own["cost_cents_per_question"], i - 0.15, "x", color="tab:red", ms=9, mew=2)
         a.axvline(r["target"], color="grey", ls=":", lw=1)
         b.plot(r["cost_cents_per_question"], i, "o", color="tab:blue", ms=6)
+    a.set_yticks(range(len(rs)), labels)
+    b.set_yticks(range(len(rs)), [""] * len(rs))
     for ax in (a, b):
-        ax.set_yticks(range(len(rs)), labels)
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
-    marks = (["x = this router over its cache"] if own_seen else []) + (["+ = the row's mean over splits"]
-                                                                        if row_seen else [])
-    a.set_xlabel("coverage: realised bracket (CP 95%, set .. set or none seen); " + ", ".join(marks))
-    b.set_xlabel("cost per question (cents): o realised; " + ", ".join(marks))
+    a.set_xlabel("coverage")
+    b.set_xlabel("cost per question (cents)")
+    from matplotlib.lines import Line2D
+
+    keys = [Line2D([], [], color="tab:blue", lw=3, alpha=0.5, marker="o", ms=4,
+                   label="realised: set .. set or none seen (CP 95% bracket; cost: o)"),
+            Line2D([], [], color="grey", ls=":", lw=1, label="target 1 - alpha")]
+    if own_seen:
+        keys.append(Line2D([], [], color="tab:red", ls="none", marker="x", ms=9, mew=2,
+                           label="predicted: this router over its cache (matched coverage, CP 95%)"))
+    if row_seen:
+        keys.append(Line2D([], [], color="grey", ls="none", marker="+", ms=9, mew=2,
+                           label="predicted: the row's mean over splits (results.json)"))
+    fig.legend(handles=keys, loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle("SmolLM2-135M-Instruct (base and guide) behind the CCPO gateway: replay prediction vs live")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     fig.savefig(out, dpi=110)
     return fig
 
