@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     force_host_devices(getattr(args, "devices", None))
     from ccpo_jax.runtime.compile_cache import configure
 
-    configure()  # JAX's persistent compilation cache (off: CCPO_JAX_COMPILATION_CACHE=off; docs/performance.md)
+    # JAX's persistent compilation cache (off: CCPO_JAX_COMPILATION_CACHE=off; docs/performance.md), and the big
+    # programs' executables beside it when this is the process's own command line
+    configure(executables=argv is None)
     if os.environ.get("CCPO_JAX_DISTRIBUTED"):
         # Multi-host: jax.distributed.initialize() before any other JAX call
         # (ccpo_jax.runtime.sharding.init_distributed reads the variable; unset = single host).

@@ -55,13 +55,16 @@ def default_dir(environ: MutableMapping[str, str] = os.environ) -> Path:
     return Path(base) / "ccpo-jax" / "xla" / host_key()
 
 
-def configure(environ: MutableMapping[str, str] | None = None) -> str | None:
+def configure(environ: MutableMapping[str, str] | None = None, executables: bool = True) -> str | None:
     """Turn the cache on for this process (and its children) through JAX's environment variables,
     before JAX is imported; returns the folder, or None when off. ``CCPO_JAX_COMPILATION_CACHE``: unset
     = :func:`default_dir`, ``off`` = no cache, else a folder. A ``JAX_COMPILATION_CACHE_DIR`` already set
     is kept. Programs of any compile time are cached (small eager operations too: on a second default
     reproduce they are most of the compilation left; docs/performance.md#figures-behind-code-comments).
-    ``environ``: another mapping to fill instead (then JAX's configuration is not touched)."""
+    ``environ``: another mapping to fill instead (then JAX's configuration is not touched). ``executables``:
+    also keep the big programs' executables beside it (:mod:`ccpo_jax.runtime.executables`); the command line
+    does for its own process only, not when ``main`` is called in a Python process (tests), whose traced code
+    may be patched at run time, which no key of those executables sees."""
     env, environ = environ, os.environ if environ is None else environ
     choice = (environ.get(ENV) or "").strip()
     if choice.lower() in OFF and choice:
@@ -71,11 +74,13 @@ def configure(environ: MutableMapping[str, str] | None = None) -> str | None:
             _update_jax(None)
         return None
     if environ.get("JAX_COMPILATION_CACHE_DIR"):
-        _executables(environ, environ["JAX_COMPILATION_CACHE_DIR"])
+        if executables:
+            _executables(environ, environ["JAX_COMPILATION_CACHE_DIR"])
         return environ["JAX_COMPILATION_CACHE_DIR"]
     path = str(Path(choice).expanduser()) if choice else str(default_dir(environ))
     environ["JAX_COMPILATION_CACHE_DIR"] = path
-    _executables(environ, path)
+    if executables:
+        _executables(environ, path)
     environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(MAX_BYTES))
     if env is None:

@@ -23,8 +23,9 @@ cannot hash deterministically makes the program uncacheable (traced as before), 
 An entry is one file ``<name>-<key>.exe``: a magic line, the SHA-256 of its payload, the payload (the
 pickled executable and its argument trees). One that is unreadable, truncated or fails its checksum is
 removed with a warning and the program is traced and compiled again: never a crash. Entries beyond
-:data:`MAX_BYTES` are removed, least recently used first. On only where the command line turned the
-persistent cache on (``CCPO_JAX_EXECUTABLES``, set by ``compile_cache.configure``: ``<cache>/executables``);
+:data:`MAX_BYTES` are removed, least recently used first. On only in the command line's own process, beside
+its persistent cache (``CCPO_JAX_EXECUTABLES``, set by ``compile_cache.configure``: ``<cache>/executables``;
+not when ``main([...])`` runs in a Python process, whose code may be patched at run time: no key sees that);
 ``CCPO_JAX_COMPILATION_CACHE=off`` turns both off, ``CCPO_JAX_EXECUTABLES=off`` this one alone.
 The files are pickles: load only a folder you wrote (as JAX's own cache).
 """

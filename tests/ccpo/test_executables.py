@@ -124,6 +124,19 @@ def test_configure_turns_the_layer_on_beside_the_jax_cache(tmp_path):
     cc.configure(env)
     assert ex.directory(env) is None
     assert ex.directory({}) is None  # Python imports: off unless the command line turned it on
+    env = {cc.ENV: str(tmp_path / "xla")}
+    cc.configure(env, executables=False)
+    assert ex.directory(env) is None
+
+
+def test_main_called_in_a_python_process_leaves_the_layer_off(monkeypatch):
+    """``main([...])`` in a Python process (the tests' in-process CLI) may run traced code patched at run time,
+    which no key sees: only the process's own command line (``main()``) turns the layer on."""
+    from tests.helpers import run_cli
+
+    monkeypatch.delenv(ex.ENV, raising=False)
+    assert run_cli(["reproduce", "--list-settings"]).returncode == 0
+    assert ex.directory() is None
 
 
 def test_the_trainer_keys_its_configuration_and_env_by_content(monkeypatch):
