@@ -52,7 +52,7 @@ ENV = "CCPO_JAX_EXECUTABLES"
 OFF = ("0", "off", "false", "no", "none")
 #: Entries beyond this many bytes go, least recently used first (a default reproduce writes a few MB).
 MAX_BYTES = 512 << 20
-MAGIC = b"ccpo-jax executable 1\n"
+MAGIC = b"ccpo-jax executable 2\n"  # part of every key: another format is another key
 #: The packages whose code is traced into the programs, besides jax and jaxlib.
 LIBRARIES = ("flax", "optax", "chex", "distrax", "numpy")
 #: JAX settings that do not change a program (where caches live, what is logged).
@@ -175,14 +175,18 @@ def _read(path: Path):
         raise ValueError("bad header or checksum")
     from jax.experimental import serialize_executable
 
-    serialized, in_tree, out_tree = pickle.loads(body)
-    return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
+    serialized, in_tree, out_tree, device_ids = pickle.loads(body)
+    by_id = {d.id: d for d in jax.devices()}
+    return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree,
+                                                     execution_devices=[by_id[i] for i in device_ids])
 
 
 def _write(path: Path, compiled) -> None:
     from jax.experimental import serialize_executable
 
-    body = pickle.dumps(serialize_executable.serialize(compiled), protocol=pickle.HIGHEST_PROTOCOL)
+    # the devices it runs on: loaded onto all of a host's devices, a one-device program fails when called
+    devices = tuple(d.id for d in compiled._executable.xla_executable.local_devices())
+    body = pickle.dumps((*serialize_executable.serialize(compiled), devices), protocol=pickle.HIGHEST_PROTOCOL)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with io.open(tmp, "wb") as f:
@@ -206,7 +210,7 @@ def compile(name: str, jitted: Callable, args: tuple, static: Any = None):
     entry of the same :func:`program_key` is there (no tracing, no lowering); a new one is written.
     ``static``: everything ``jitted`` closes over that is not in ``args`` (see the module's docstring)."""
     folder = directory()
-    if folder is None:
+    if folder is None or jax.process_count() > 1:  # a multi-host program is not one process's to keep
         return jitted.lower(*args).compile()
     try:
         path = folder / f"{name}-{program_key(name, args, static)[:40]}.exe"

@@ -4,6 +4,8 @@ shape or weak type, or changed source misses; a corrupted entry is traced again 
 the trainer's call site keys its configuration and env by content. Speed: benchmarks/perf.py, not here."""
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -200,3 +202,31 @@ def test_exit_now_runs_the_atexit_handlers_and_flushes():
             "atexit.register(lambda: print(' handler', end='')); print('output', end=''); exit_now(3)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (p.returncode, p.stdout) == (3, "output handler")
+
+
+def test_a_kept_program_runs_on_its_own_device_among_several(tmp_path):
+    """With several devices (``--devices 2`` forces two host devices) an executable is loaded onto the devices it
+    was compiled for: loaded onto all of them, a one-device program failed when called ("Expected args to
+    execute_sharded_on_local_devices to have 2 shards")."""
+    import subprocess
+    import sys
+
+    code = f"""
+import os, warnings
+os.environ["{ex.ENV}"] = {str(tmp_path)!r}
+import jax, jax.numpy as jnp
+from ccpo_jax.runtime import executables as ex
+assert len(jax.devices()) == 2
+warnings.simplefilter("error")
+make = lambda: jax.jit(lambda x: jnp.tanh(x) * 2)
+for x in (jnp.ones(4), jax.device_put(jnp.ones(4), jax.devices()[1])):
+    want = make()(x)
+    for _ in range(2):
+        got = ex.compile("two", make(), (x,), None)(x)
+        assert (got == want).all() and got.devices() == want.devices()
+print(sorted(ex.stats.items()))
+"""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip() == "[('hit', 2), ('miss', 2)]"
